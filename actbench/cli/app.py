@@ -1,0 +1,15 @@
+"""The Typer app shared by every command module, and options used by several commands."""
+
+import typer
+
+app = typer.Typer(
+    name="actbench",
+    help=(
+        "Benchmark memory-saving training strategies (ActNN levels L0-L5, swapping, checkpointing) "
+        "against plain fp32 on torchvision models: memory, maximum batch/depth/width/resolution, "
+        "and throughput. Rows go to results/<run>/rows.jsonl and table.csv."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)

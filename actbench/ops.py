@@ -1,0 +1,335 @@
+"""The only module that names ``torch.ops.actbench``: typed wrappers, fake kernels and the packed type.
+
+Every op is a pure function: randomness enters as explicit ``seed`` and ``offset`` arguments, which
+the wrappers here draw from a (CPU) ``torch.Generator`` — so ``opcheck`` passes and CPU and CUDA
+kernels can be compared bit for bit. The layout is specified in :mod:`actbench.reference`.
+
+Backends: ``"extension"`` (the compiled ops, default) or ``"reference"`` (pure PyTorch, slow),
+chosen explicitly by the caller; a missing extension is an error, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from actbench import reference
+
+Backend = Literal["extension", "reference"]
+BACKENDS: tuple[str, ...] = ("extension", "reference")
+DEFAULT_GROUP_SIZE = 256
+PACKABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+OPS = (
+    "group_minmax",
+    "quantize",
+    "quantize_mixed",
+    "dequantize",
+    "dequantize_mixed",
+    "pack_mask",
+    "unpack_mask",
+    "max_pool2d_with_argmax",
+    "max_pool2d_backward",
+    "allocate_bits",
+)
+
+
+@functools.cache
+def _lib():
+    """Build (once, cached on disk) and load the extension, then register the fake kernels."""
+    from actbench import extension
+
+    extension.load()
+    _register_fakes()
+    return torch.ops.actbench
+
+
+def ensure_loaded() -> None:
+    """Load the compiled extension now (building it on first use); raises ExtensionError."""
+    _lib()
+
+
+# ----------------------------------------------------------------------------------------------
+# Fake (meta) kernels: shapes and dtypes only, so the ops run on FakeTensors and the meta device.
+# ----------------------------------------------------------------------------------------------
+
+
+def _groups(x: torch.Tensor, group_size: int):
+    n = x.shape[0]
+    per_sample = x.numel() // n if n else 0
+    return n, (per_sample + group_size - 1) // group_size
+
+
+def _register_fakes() -> None:
+    lib = "actbench::"
+
+    @torch.library.register_fake(lib + "group_minmax")
+    def _(x, group_size):
+        n, g = _groups(x, group_size)
+        return x.new_empty((n, g), dtype=torch.float32), x.new_empty((n, g), dtype=torch.float32)
+
+    @torch.library.register_fake(lib + "quantize")
+    def _(x, mn, mx, bits, group_size, seed, offset):
+        n, g = _groups(x, group_size)
+        codes = x.new_empty((n * g * group_size * bits // 8,), dtype=torch.uint8)
+        return codes, mn.new_empty(mn.shape, dtype=torch.bfloat16), mn.new_empty(mn.shape, dtype=torch.bfloat16)
+
+    @torch.library.register_fake(lib + "quantize_mixed")
+    def _(x, mn, mx, bits, total_bits, group_size, seed, offset):
+        n, g = _groups(x, group_size)
+        codes = x.new_empty((g * group_size * total_bits // 8,), dtype=torch.uint8)
+        return codes, mn.new_empty(mn.shape, dtype=torch.bfloat16), mn.new_empty(mn.shape, dtype=torch.bfloat16)
+
+    @torch.library.register_fake(lib + "dequantize")
+    def _(codes, lo, scale, bits, group_size, shape, dtype):
+        return codes.new_empty(shape, dtype=dtype)
+
+    @torch.library.register_fake(lib + "dequantize_mixed")
+    def _(codes, lo, scale, bits, group_size, shape, dtype):
+        return codes.new_empty(shape, dtype=dtype)
+
+    @torch.library.register_fake(lib + "pack_mask")
+    def _(mask):
+        return mask.new_empty(((mask.numel() + 7) // 8,), dtype=torch.uint8)
+
+    @torch.library.register_fake(lib + "unpack_mask")
+    def _(packed, shape):
+        return packed.new_empty(shape, dtype=torch.bool)
+
+    @torch.library.register_fake(lib + "max_pool2d_with_argmax")
+    def _(x, kernel_size, stride, padding, dilation, ceil_mode):
+        oh, ow = pool_output_size(x.shape[-2:], kernel_size, stride, padding, dilation, ceil_mode)
+        shape = (*x.shape[:-2], oh, ow)
+        return x.new_empty(shape), x.new_empty(shape, dtype=torch.int8)
+
+    @torch.library.register_fake(lib + "max_pool2d_backward")
+    def _(grad_out, argmax, input_shape, kernel_size, stride, padding, dilation):
+        return grad_out.new_empty(input_shape)
+
+    @torch.library.register_fake(lib + "allocate_bits")
+    def _(cost, weight, target, min_bits, max_bits):
+        return cost.new_empty(cost.shape, dtype=torch.int32)
+
+
+def pool_output_size(in_hw, kernel_size, stride, padding, dilation, ceil_mode) -> tuple[int, int]:
+    """Output height and width of a 2-D max pool, PyTorch's formula (ceil_mode included)."""
+    out = []
+    for size, k, s, p, d in zip(in_hw, kernel_size, stride, padding, dilation):
+        span = size + 2 * p - d * (k - 1) - 1
+        o = (span + (s - 1 if ceil_mode else 0)) // s + 1
+        if ceil_mode and (o - 1) * s >= size + p:
+            o -= 1
+        out.append(o)
+    return out[0], out[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# The packed activation.
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PackedTensor:
+    """A quantized activation: packed codes plus per-group bf16 metadata.
+
+    ``bits`` is an int (uniform) or a uint8 tensor [N] (per-sample mixed precision, kept on the
+    same device as the codes). ``nbytes`` is the exact storage: codes + lo + scale (+ bits).
+    """
+
+    codes: torch.Tensor  # uint8 [total_bytes]
+    lo: torch.Tensor  # bf16 [N, G]
+    scale: torch.Tensor  # bf16 [N, G]
+    bits: int | torch.Tensor
+    group_size: int
+    shape: torch.Size
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        extra = self.bits.numel() * self.bits.element_size() if isinstance(self.bits, torch.Tensor) else 0
+        return _storage_bytes(self.codes) + _storage_bytes(self.lo) + _storage_bytes(self.scale) + extra
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensors that hold the data (for save_for_backward or moving between devices)."""
+        base = (self.codes, self.lo, self.scale)
+        return base + (self.bits,) if isinstance(self.bits, torch.Tensor) else base
+
+    def with_tensors(self, tensors: tuple[torch.Tensor, ...]) -> "PackedTensor":
+        """The same packed value backed by other tensors (e.g. after saving or offloading)."""
+        bits = tensors[3] if isinstance(self.bits, torch.Tensor) else self.bits
+        return PackedTensor(tensors[0], tensors[1], tensors[2], bits, self.group_size, self.shape, self.dtype)
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def packed_nbytes(shape: tuple[int, ...], bits: float, group_size: int = DEFAULT_GROUP_SIZE, mixed: bool = False) -> int:
+    """Bytes a quantized tensor of ``shape`` takes at (average) ``bits`` per value, metadata included.
+
+    With ``mixed`` (per-sample bits) the greedy allocator with unit weights lands exactly on
+    max(N, floor(bits * N)) sample-bits (DESIGN.md §2), so the size is known before the data;
+    the per-sample bit widths add one byte per sample.
+    """
+    n = shape[0]
+    g = -(-math.prod(shape[1:]) // group_size)
+    total_bits = max(n, math.floor(bits * n)) if mixed else int(bits) * n
+    return g * group_size * total_bits // 8 + 2 * 2 * n * g + (n if mixed else 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API.
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"actbench.ops: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
+def _draw_seed_offset(generator: torch.Generator | None) -> tuple[int, int]:
+    """Seed and offset for the Philox stream, drawn from a CPU generator (no device sync)."""
+    if generator is not None and generator.device.type != "cpu":
+        raise ValueError(f"actbench.ops: generator must be a CPU torch.Generator, got one on {generator.device}")
+    draw = torch.randint(0, 2**62, (2,), generator=generator, dtype=torch.int64)
+    return int(draw[0]), int(draw[1])
+
+
+def _check_input(x: torch.Tensor, group_size: int) -> None:
+    if x.dtype not in PACKABLE_DTYPES:
+        raise TypeError(f"actbench.quantize: x must be float32, float16 or bfloat16, got {x.dtype}")
+    if x.dim() == 0 or x.numel() == 0:
+        raise ValueError(f"actbench.quantize: x must be non-empty with a batch dimension, got shape {tuple(x.shape)}")
+    if group_size <= 0 or group_size % 8:
+        raise ValueError(f"actbench.quantize: group_size must be a positive multiple of 8, got {group_size}")
+
+
+def _check_bits(bits: int | torch.Tensor, n: int) -> None:
+    if isinstance(bits, torch.Tensor):
+        if bits.shape != (n,) or bits.is_floating_point():
+            raise ValueError(
+                f"actbench.quantize: per-sample bits must be an integer tensor of shape ({n},), "
+                f"got {bits.dtype} {tuple(bits.shape)}"
+            )
+        if bits.numel() and (int(bits.min()) < 1 or int(bits.max()) > 8):
+            bad = bits[(bits < 1) | (bits > 8)][0].item()
+            raise ValueError(f"actbench.quantize: per-sample bits must be in 1..8, got {bad}")
+    elif isinstance(bits, bool) or not isinstance(bits, int) or bits not in (1, 2, 4, 8):
+        raise ValueError(f"actbench.quantize: bits must be 1, 2, 4 or 8 (or a per-sample tensor of 1..8), got {bits!r}")
+
+
+def group_minmax(
+    x: torch.Tensor, group_size: int = DEFAULT_GROUP_SIZE, *, backend: Backend = "extension"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-group min and max of each sample: float32 [N, G]; NaN where a group holds NaN/inf."""
+    _check_backend(backend)
+    _check_input(x, group_size)
+    if backend == "reference":
+        mn, mx = reference.group_minmax(x.cpu(), group_size)
+        return mn.to(x.device), mx.to(x.device)
+    return _lib().group_minmax.default(x, group_size)
+
+
+def quantize(
+    x: torch.Tensor,
+    bits: int | torch.Tensor,
+    *,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    generator: torch.Generator | None = None,
+    backend: Backend = "extension",
+    seed_offset: tuple[int, int] | None = None,
+) -> PackedTensor:
+    """Stochastically quantize x [N, ...] to ``bits`` per value (int, or per-sample tensor [N]).
+
+    ``seed_offset`` pins the Philox stream (tests, reproducibility); otherwise it is drawn from
+    ``generator`` (a CPU generator; torch's default when None).
+    """
+    _check_backend(backend)
+    _check_input(x, group_size)
+    _check_bits(bits, x.shape[0])
+    seed, offset = seed_offset if seed_offset is not None else _draw_seed_offset(generator)
+    mn, mx = group_minmax(x, group_size, backend=backend)
+    if backend == "reference":
+        bits_t = bits.cpu() if isinstance(bits, torch.Tensor) else torch.full((x.shape[0],), bits)
+        codes, lo, scale = reference.quantize(x, mn, mx, bits_t, group_size, seed, offset)
+        codes, lo, scale = codes.to(x.device), lo.to(x.device), scale.to(x.device)
+    elif isinstance(bits, torch.Tensor):
+        # Summing on the host is free when the allocator produced the bits there (the usual case).
+        total = int(bits.sum()) if bits.device.type == "cpu" else int(bits.sum().item())
+        bits = bits.to(device=x.device, dtype=torch.int32, non_blocking=True)
+        codes, lo, scale = _lib().quantize_mixed.default(x, mn, mx, bits, total, group_size, seed, offset)
+    else:
+        codes, lo, scale = _lib().quantize.default(x, mn, mx, bits, group_size, seed, offset)
+    if isinstance(bits, torch.Tensor):
+        bits = bits.to(device=x.device, dtype=torch.uint8)
+    return PackedTensor(codes, lo, scale, bits, group_size, x.shape, x.dtype)
+
+
+def dequantize(packed: PackedTensor, *, backend: Backend = "extension") -> torch.Tensor:
+    """Unpack and dequantize back to the original shape and dtype."""
+    _check_backend(backend)
+    p = packed
+    if backend == "reference":
+        bits = p.bits if isinstance(p.bits, torch.Tensor) else torch.full((p.shape[0],), p.bits)
+        return reference.dequantize(p.codes, p.lo, p.scale, bits, p.group_size, tuple(p.shape), p.dtype)
+    if isinstance(p.bits, torch.Tensor):
+        bits = p.bits.to(torch.int32)
+        return _lib().dequantize_mixed.default(p.codes, p.lo, p.scale, bits, p.group_size, list(p.shape), p.dtype)
+    return _lib().dequantize.default(p.codes, p.lo, p.scale, p.bits, p.group_size, list(p.shape), p.dtype)
+
+
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """bool tensor -> uint8 [ceil(numel / 8)], 8 values a byte, least significant bit first."""
+    if mask.dtype != torch.bool:
+        raise TypeError(f"actbench.pack_mask: mask must be bool, got {mask.dtype}")
+    return _lib().pack_mask.default(mask)
+
+
+def unpack_mask(packed: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+    """Inverse of :func:`pack_mask` -> bool tensor of ``shape``."""
+    return _lib().unpack_mask.default(packed, list(shape))
+
+
+def max_pool2d_with_argmax(
+    x: torch.Tensor,
+    kernel_size: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int] = (0, 0),
+    dilation: tuple[int, int] = (1, 1),
+    ceil_mode: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """2-D max pool of x [N, C, H, W] (or [C, H, W]) -> (output, int8 argmax inside each window)."""
+    return _lib().max_pool2d_with_argmax.default(
+        x, list(kernel_size), list(stride), list(padding), list(dilation), ceil_mode
+    )
+
+
+def max_pool2d_backward(
+    grad_out: torch.Tensor,
+    argmax: torch.Tensor,
+    input_shape: torch.Size | tuple[int, ...],
+    kernel_size: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int] = (0, 0),
+    dilation: tuple[int, int] = (1, 1),
+) -> torch.Tensor:
+    """Gradient of the input of :func:`max_pool2d_with_argmax` (deterministic, no atomics)."""
+    return _lib().max_pool2d_backward.default(
+        grad_out, argmax, list(input_shape), list(kernel_size), list(stride), list(padding), list(dilation)
+    )
+
+
+def allocate_bits(
+    cost: torch.Tensor, weight: torch.Tensor, target: float, min_bits: int = 1, max_bits: int = 8
+) -> torch.Tensor:
+    """Greedy bit allocation (DESIGN.md §2): minimise sum C_i / (2^b_i - 1)^2 s.t. sum w_i b_i <= target.
+
+    ``cost`` and ``weight`` are float64 [K] on the CPU; returns int32 [K] in min_bits..max_bits.
+    """
+    cost = cost.detach().to(device="cpu", dtype=torch.float64).contiguous()
+    weight = weight.detach().to(device="cpu", dtype=torch.float64).contiguous()
+    return _lib().allocate_bits.default(cost, weight, float(target), min_bits, max_bits)

@@ -1,0 +1,447 @@
+// CPU kernels of every actbench op. Per-element math comes from quant_math.h (shared with CUDA);
+// the loops here are parallel over groups (at::parallel_for) with simple inner loops that the
+// compiler vectorizes.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <queue>
+#include <utility>
+#include <vector>
+
+#include "actbench/checks.h"
+#include "actbench/quant_math.h"
+
+namespace actbench {
+namespace {
+
+constexpr int64_t kGroupGrain = 16;  // groups per parallel task: ~16 KiB of fp32 input
+
+template <int D>
+void minmax_groups(const at::Tensor& x, const Groups& gr, float* mn, float* mx) {
+  using T = typename Format<D>::T;
+  const T* data = reinterpret_cast<const T*>(x.data_ptr());
+  at::parallel_for(0, gr.n * gr.g, kGroupGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t n = t / gr.g, gi = t % gr.g;
+      int64_t first = gi * gr.group_size;
+      int64_t len = std::min(gr.group_size, gr.per_sample - first);
+      const T* p = data + n * gr.per_sample + first;
+      // Eight independent lanes so the loop vectorizes; v * 0 is NaN exactly for NaN and +-inf.
+      float lmn[8], lmx[8], lbad[8];
+      for (int j = 0; j < 8; ++j) {
+        lmn[j] = bits_float(0x7F800000u);
+        lmx[j] = bits_float(0xFF800000u);
+        lbad[j] = 0.0f;
+      }
+      int64_t full = len / 8 * 8;
+      for (int64_t i = 0; i < full; i += 8) {
+        for (int j = 0; j < 8; ++j) {
+          float v = Format<D>::load(p[i + j]);
+          lmn[j] = v < lmn[j] ? v : lmn[j];
+          lmx[j] = v > lmx[j] ? v : lmx[j];
+          lbad[j] += v * 0.0f;
+        }
+      }
+      for (int64_t i = full; i < len; ++i) {
+        float v = Format<D>::load(p[i]);
+        lmn[0] = v < lmn[0] ? v : lmn[0];
+        lmx[0] = v > lmx[0] ? v : lmx[0];
+        lbad[0] += v * 0.0f;
+      }
+      float a = lmn[0], b = lmx[0];
+      bool bad = false;
+      for (int j = 0; j < 8; ++j) {
+        a = lmn[j] < a ? lmn[j] : a;
+        b = lmx[j] > b ? lmx[j] : b;
+        bad = bad || is_nan(lbad[j]);
+      }
+      mn[t] = bad ? bits_float(0x7FC00000u) : a;
+      mx[t] = bad ? bits_float(0x7FC00000u) : b;
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> group_minmax_cpu(const at::Tensor& x_in, int64_t group_size) {
+  Groups gr = groups_of(x_in.sizes(), group_size, "group_minmax");
+  int code = dtype_code(x_in.scalar_type(), "group_minmax", "x");
+  at::Tensor x = x_in.contiguous();
+  auto opts = x.options().dtype(at::kFloat);
+  at::Tensor mn = at::empty({gr.n, gr.g}, opts), mx = at::empty({gr.n, gr.g}, opts);
+  float *pmn = mn.data_ptr<float>(), *pmx = mx.data_ptr<float>();
+  switch (code) {
+    case kF32: minmax_groups<kF32>(x, gr, pmn, pmx); break;
+    case kF16: minmax_groups<kF16>(x, gr, pmn, pmx); break;
+    default: minmax_groups<kBF16>(x, gr, pmn, pmx); break;
+  }
+  return {mn, mx};
+}
+
+// The CPU loop works on blocks of up to 256 values in three vectorizable passes (uniforms,
+// codes, packing) over the same per-element functions the CUDA kernel calls chunk by chunk.
+constexpr int64_t kBlock = 256;
+
+template <int D>
+void quantize_block(const typename Format<D>::T* sample, int64_t per_sample, int64_t first, int64_t len,
+                    const GroupParams& p, int bits, uint64_t first_chunk, uint64_t seed, uint64_t offset,
+                    uint8_t* out) {
+  float u[kBlock];
+  uint32_t q[kBlock];
+  const int64_t chunks = len / 8;
+  for (int64_t c = 0; c < chunks; ++c) {
+    Uint4 r = philox4x32_10(first_chunk + c, seed, offset);
+    for (int j = 0; j < 8; ++j) u[c * 8 + j] = chunk_uniform(r, j);
+  }
+  const int64_t valid = std::max<int64_t>(0, std::min(len, per_sample - first));
+  for (int64_t i = 0; i < valid; ++i) q[i] = stochastic_code(Format<D>::load(sample[first + i]), p, u[i], bits);
+  for (int64_t i = valid; i < len; ++i) q[i] = 0u;  // padding of the last group
+  for (int64_t c = 0; c < chunks; ++c) pack8(q + c * 8, bits, out + c * bits);
+}
+
+template <int D>
+void dequantize_block(const uint8_t* in, int bits, float lo, float scale, int64_t per_sample, int64_t first,
+                      int64_t len, typename Format<D>::T* sample) {
+  uint32_t q[kBlock];
+  for (int64_t c = 0; c < len / 8; ++c) unpack8(in + c * bits, bits, q + c * 8);
+  const int64_t valid = std::max<int64_t>(0, std::min(len, per_sample - first));
+  for (int64_t i = 0; i < valid; ++i) sample[first + i] = Format<D>::store(dequantize_code(q[i], lo, scale));
+}
+
+template <int D>
+void quantize_groups(const at::Tensor& x, const Groups& gr, const float* mn, const float* mx, SampleLayout layout,
+                     uint64_t seed, uint64_t offset, uint8_t* codes, uint16_t* lo, uint16_t* scale) {
+  using T = typename Format<D>::T;
+  const T* data = reinterpret_cast<const T*>(x.data_ptr());
+  const int64_t cps = gr.chunks_per_sample();
+  at::parallel_for(0, gr.n * gr.g, kGroupGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t n = t / gr.g, gi = t % gr.g;
+      int bits = layout.bits_of(n);
+      GroupParams p = group_params(mn[t], mx[t], bits);
+      lo[t] = p.lo_bits;
+      scale[t] = p.scale_bits;
+      uint8_t* out = codes + layout.start_of(n, cps);
+      for (int64_t first = gi * gr.group_size; first < (gi + 1) * gr.group_size; first += kBlock) {
+        int64_t len = std::min(kBlock, (gi + 1) * gr.group_size - first);
+        quantize_block<D>(data + n * gr.per_sample, gr.per_sample, first, len, p, bits,
+                          static_cast<uint64_t>(n * cps + first / 8), seed, offset, out + first / 8 * bits);
+      }
+    }
+  });
+}
+
+template <int D>
+void dequantize_groups(const uint8_t* codes, const uint16_t* lo, const uint16_t* scale, const Groups& gr,
+                       SampleLayout layout, void* out_ptr) {
+  using T = typename Format<D>::T;
+  T* out = reinterpret_cast<T*>(out_ptr);
+  const int64_t cps = gr.chunks_per_sample();
+  at::parallel_for(0, gr.n * gr.g, kGroupGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t n = t / gr.g, gi = t % gr.g;
+      int bits = layout.bits_of(n);
+      float l = bf16_to_float(lo[t]), s = bf16_to_float(scale[t]);
+      const uint8_t* in = codes + layout.start_of(n, cps);
+      for (int64_t first = gi * gr.group_size; first < (gi + 1) * gr.group_size; first += kBlock) {
+        int64_t len = std::min(kBlock, (gi + 1) * gr.group_size - first);
+        dequantize_block<D>(in + first / 8 * bits, bits, l, s, gr.per_sample, first, len, out + n * gr.per_sample);
+      }
+    }
+  });
+}
+
+// Byte offset of each sample's codes: chunks_per_sample * exclusive prefix sum of bits.
+std::vector<int64_t> byte_starts(const at::Tensor& bits_cpu, const Groups& gr) {
+  std::vector<int64_t> starts(gr.n);
+  const int32_t* b = bits_cpu.data_ptr<int32_t>();
+  int64_t acc = 0;
+  for (int64_t i = 0; i < gr.n; ++i) {
+    starts[i] = acc * gr.chunks_per_sample();
+    acc += b[i];
+  }
+  return starts;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_impl(const char* op, const at::Tensor& x_in,
+                                                             const at::Tensor& mn_in, const at::Tensor& mx_in,
+                                                             SampleLayout layout, int64_t total_bits,
+                                                             int64_t group_size, int64_t seed, int64_t offset) {
+  Groups gr = groups_of(x_in.sizes(), group_size, op);
+  int code = dtype_code(x_in.scalar_type(), op, "x");
+  check_minmax(x_in, mn_in, mx_in, gr, op);
+  at::Tensor x = x_in.contiguous(), mn = mn_in.contiguous(), mx = mx_in.contiguous();
+  at::Tensor codes = at::empty({gr.chunks_per_sample() * total_bits}, x.options().dtype(at::kByte));
+  at::Tensor lo = at::empty({gr.n, gr.g}, x.options().dtype(at::kBFloat16));
+  at::Tensor scale = at::empty({gr.n, gr.g}, x.options().dtype(at::kBFloat16));
+  auto* pc = codes.data_ptr<uint8_t>();
+  auto* pl = reinterpret_cast<uint16_t*>(lo.data_ptr());
+  auto* ps = reinterpret_cast<uint16_t*>(scale.data_ptr());
+  const float *pmn = mn.data_ptr<float>(), *pmx = mx.data_ptr<float>();
+  auto s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(offset);
+  switch (code) {
+    case kF32: quantize_groups<kF32>(x, gr, pmn, pmx, layout, s, o, pc, pl, ps); break;
+    case kF16: quantize_groups<kF16>(x, gr, pmn, pmx, layout, s, o, pc, pl, ps); break;
+    default: quantize_groups<kBF16>(x, gr, pmn, pmx, layout, s, o, pc, pl, ps); break;
+  }
+  return {codes, lo, scale};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& x, const at::Tensor& mn,
+                                                            const at::Tensor& mx, int64_t bits, int64_t group_size,
+                                                            int64_t seed, int64_t offset) {
+  check_uniform_bits(bits, "quantize");
+  SampleLayout layout{static_cast<int>(bits), nullptr, nullptr};
+  int64_t n = x.dim() > 0 ? x.size(0) : 0;
+  return quantize_impl("quantize", x, mn, mx, layout, bits * n, group_size, seed, offset);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_mixed_cpu(const at::Tensor& x, const at::Tensor& mn,
+                                                                  const at::Tensor& mx, const at::Tensor& bits_in,
+                                                                  int64_t total_bits, int64_t group_size,
+                                                                  int64_t seed, int64_t offset) {
+  Groups gr = groups_of(x.sizes(), group_size, "quantize_mixed");
+  check_mixed_bits(bits_in, gr, "quantize_mixed");
+  at::Tensor bits = bits_in.contiguous();
+  check_mixed_bits_values(bits, total_bits, "quantize_mixed");
+  std::vector<int64_t> starts = byte_starts(bits, gr);
+  SampleLayout layout{0, bits.data_ptr<int32_t>(), starts.data()};
+  return quantize_impl("quantize_mixed", x, mn, mx, layout, total_bits, group_size, seed, offset);
+}
+
+at::Tensor dequantize_impl(const char* op, const at::Tensor& codes_in, const at::Tensor& lo_in,
+                           const at::Tensor& scale_in, SampleLayout layout, int64_t total_bits, int64_t group_size,
+                           c10::SymIntArrayRef shape_sym, at::ScalarType dtype) {
+  c10::IntArrayRef shape = C10_AS_INTARRAYREF_SLOW(shape_sym);
+  Groups gr = groups_of(shape, group_size, op);
+  int code = dtype_code(dtype, op, "dtype");
+  check_packed(codes_in, lo_in, scale_in, gr, op);
+  TORCH_CHECK(codes_in.numel() == gr.chunks_per_sample() * total_bits, "actbench::", op, ": codes must hold ",
+              gr.chunks_per_sample() * total_bits, " bytes for shape ", shape, ", got ", codes_in.numel());
+  at::Tensor codes = codes_in.contiguous(), lo = lo_in.contiguous(), scale = scale_in.contiguous();
+  at::Tensor out = at::empty(shape, codes.options().dtype(dtype));
+  const auto* pc = codes.data_ptr<uint8_t>();
+  const auto* pl = reinterpret_cast<const uint16_t*>(lo.data_ptr());
+  const auto* ps = reinterpret_cast<const uint16_t*>(scale.data_ptr());
+  switch (code) {
+    case kF32: dequantize_groups<kF32>(pc, pl, ps, gr, layout, out.data_ptr()); break;
+    case kF16: dequantize_groups<kF16>(pc, pl, ps, gr, layout, out.data_ptr()); break;
+    default: dequantize_groups<kBF16>(pc, pl, ps, gr, layout, out.data_ptr()); break;
+  }
+  return out;
+}
+
+at::Tensor dequantize_cpu(const at::Tensor& codes, const at::Tensor& lo, const at::Tensor& scale, int64_t bits,
+                          int64_t group_size, c10::SymIntArrayRef shape, at::ScalarType dtype) {
+  check_uniform_bits(bits, "dequantize");
+  SampleLayout layout{static_cast<int>(bits), nullptr, nullptr};
+  int64_t n = shape.empty() ? 0 : shape[0].guard_int(__FILE__, __LINE__);
+  return dequantize_impl("dequantize", codes, lo, scale, layout, bits * n, group_size, shape, dtype);
+}
+
+at::Tensor dequantize_mixed_cpu(const at::Tensor& codes, const at::Tensor& lo, const at::Tensor& scale,
+                                const at::Tensor& bits_in, int64_t group_size, c10::SymIntArrayRef shape,
+                                at::ScalarType dtype) {
+  Groups gr = groups_of(C10_AS_INTARRAYREF_SLOW(shape), group_size, "dequantize_mixed");
+  check_mixed_bits(bits_in, gr, "dequantize_mixed");
+  at::Tensor bits = bits_in.contiguous();
+  check_mixed_bits_values(bits, -1, "dequantize_mixed");
+  std::vector<int64_t> starts = byte_starts(bits, gr);
+  int64_t total = 0;
+  for (int64_t i = 0; i < gr.n; ++i) total += bits.data_ptr<int32_t>()[i];
+  SampleLayout layout{0, bits.data_ptr<int32_t>(), starts.data()};
+  return dequantize_impl("dequantize_mixed", codes, lo, scale, layout, total, group_size, shape, dtype);
+}
+
+at::Tensor pack_mask_cpu(const at::Tensor& mask_in) {
+  TORCH_CHECK(mask_in.scalar_type() == at::kBool, "actbench::pack_mask: mask must be bool, got ",
+              mask_in.scalar_type());
+  at::Tensor mask = mask_in.contiguous();
+  const int64_t numel = mask.numel(), nbytes = (numel + 7) / 8;
+  at::Tensor out = at::empty({nbytes}, mask.options().dtype(at::kByte));
+  const bool* m = mask.data_ptr<bool>();
+  uint8_t* o = out.data_ptr<uint8_t>();
+  at::parallel_for(0, nbytes, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      uint8_t byte = 0;
+      for (int j = 0; j < 8; ++j) {
+        int64_t idx = i * 8 + j;
+        if (idx < numel && m[idx]) byte |= static_cast<uint8_t>(1u << j);
+      }
+      o[i] = byte;
+    }
+  });
+  return out;
+}
+
+at::Tensor unpack_mask_cpu(const at::Tensor& packed_in, c10::SymIntArrayRef shape_sym) {
+  c10::IntArrayRef shape = C10_AS_INTARRAYREF_SLOW(shape_sym);
+  int64_t numel = 1;
+  for (auto d : shape) numel *= d;
+  TORCH_CHECK(packed_in.scalar_type() == at::kByte && packed_in.dim() == 1 && packed_in.numel() == (numel + 7) / 8,
+              "actbench::unpack_mask: packed must be uint8 [", (numel + 7) / 8, "] for shape ", shape, ", got ",
+              packed_in.scalar_type(), " ", packed_in.sizes());
+  at::Tensor packed = packed_in.contiguous();
+  at::Tensor out = at::empty(shape, packed.options().dtype(at::kBool));
+  const uint8_t* p = packed.data_ptr<uint8_t>();
+  bool* o = out.data_ptr<bool>();
+  at::parallel_for(0, numel, 32768, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) o[i] = (p[i >> 3] >> (i & 7)) & 1u;
+  });
+  return out;
+}
+
+template <int D>
+void pool_forward_planes(const at::Tensor& x, const Pool2d& p, int64_t planes, at::Tensor& out, at::Tensor& arg) {
+  using T = typename Format<D>::T;
+  const T* in = reinterpret_cast<const T*>(x.data_ptr());
+  T* o = reinterpret_cast<T*>(out.data_ptr());
+  int8_t* a = arg.data_ptr<int8_t>();
+  const int64_t in_plane = p.in_h * p.in_w, out_plane = p.out_h * p.out_w;
+  at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      for (int64_t oh = 0; oh < p.out_h; ++oh) {
+        for (int64_t ow = 0; ow < p.out_w; ++ow) {
+          float best;
+          a[c * out_plane + oh * p.out_w + ow] = window_argmax<Format<D>>(in + c * in_plane, p, oh, ow, &best);
+          o[c * out_plane + oh * p.out_w + ow] = Format<D>::store(best);
+        }
+      }
+    }
+  });
+}
+
+template <int D>
+void pool_backward_planes(const at::Tensor& grad, const at::Tensor& arg, const Pool2d& p, int64_t planes,
+                          at::Tensor& gin) {
+  using T = typename Format<D>::T;
+  const T* g = reinterpret_cast<const T*>(grad.data_ptr());
+  const int8_t* a = arg.data_ptr<int8_t>();
+  T* o = reinterpret_cast<T*>(gin.data_ptr());
+  const int64_t in_plane = p.in_h * p.in_w, out_plane = p.out_h * p.out_w;
+  at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      for (int64_t h = 0; h < p.in_h; ++h) {
+        for (int64_t w = 0; w < p.in_w; ++w) {
+          float v = pool_input_grad<Format<D>>(g + c * out_plane, a + c * out_plane, p, h, w);
+          o[c * in_plane + h * p.in_w + w] = Format<D>::store(v);
+        }
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> max_pool2d_with_argmax_cpu(const at::Tensor& x_in, c10::IntArrayRef kernel,
+                                                              c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                                              c10::IntArrayRef dilation, bool ceil_mode) {
+  const char* op = "max_pool2d_with_argmax";
+  Pool2d p = pool_geometry(x_in.sizes(), kernel, stride, padding, dilation, ceil_mode, op);
+  int code = dtype_code(x_in.scalar_type(), op, "x");
+  at::Tensor x = x_in.contiguous();
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape[shape.size() - 2] = p.out_h;
+  shape[shape.size() - 1] = p.out_w;
+  at::Tensor out = at::empty(shape, x.options()), arg = at::empty(shape, x.options().dtype(at::kChar));
+  int64_t planes = x.numel() / (p.in_h * p.in_w);
+  switch (code) {
+    case kF32: pool_forward_planes<kF32>(x, p, planes, out, arg); break;
+    case kF16: pool_forward_planes<kF16>(x, p, planes, out, arg); break;
+    default: pool_forward_planes<kBF16>(x, p, planes, out, arg); break;
+  }
+  return {out, arg};
+}
+
+at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_in, const at::Tensor& arg_in, c10::SymIntArrayRef in_sym,
+                                   c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                   c10::IntArrayRef dilation) {
+  const char* op = "max_pool2d_backward";
+  c10::IntArrayRef in_shape = C10_AS_INTARRAYREF_SLOW(in_sym);
+  Pool2d p = pool_geometry(in_shape, kernel, stride, padding, dilation, false, op);
+  // ceil_mode may have added a last window: trust the saved argmax's spatial size.
+  TORCH_CHECK(arg_in.scalar_type() == at::kChar && arg_in.sizes() == grad_in.sizes() &&
+                  arg_in.dim() == static_cast<int64_t>(in_shape.size()),
+              "actbench::", op, ": argmax must be int8 with grad_out's shape ", grad_in.sizes(), ", got ",
+              arg_in.scalar_type(), " ", arg_in.sizes());
+  p.out_h = grad_in.size(-2);
+  p.out_w = grad_in.size(-1);
+  int code = dtype_code(grad_in.scalar_type(), op, "grad_out");
+  at::Tensor grad = grad_in.contiguous(), arg = arg_in.contiguous();
+  at::Tensor gin = at::empty(in_shape, grad.options());
+  int64_t planes = gin.numel() / (p.in_h * p.in_w);
+  switch (code) {
+    case kF32: pool_backward_planes<kF32>(grad, arg, p, planes, gin); break;
+    case kF16: pool_backward_planes<kF16>(grad, arg, p, planes, gin); break;
+    default: pool_backward_planes<kBF16>(grad, arg, p, planes, gin); break;
+  }
+  return gin;
+}
+
+// Greedy allocation of DESIGN.md §2. The objective is separable and convex in each b_i (every
+// further decrement costs more), so repeatedly taking the cheapest decrement per unit of weight
+// is optimal for equal weights and a good heuristic otherwise.
+at::Tensor allocate_bits_cpu(const at::Tensor& cost_in, const at::Tensor& weight_in, double target, int64_t min_bits,
+                             int64_t max_bits) {
+  const char* op = "allocate_bits";
+  TORCH_CHECK(cost_in.scalar_type() == at::kDouble && weight_in.scalar_type() == at::kDouble && cost_in.dim() == 1 &&
+                  cost_in.sizes() == weight_in.sizes(),
+              "actbench::", op, ": cost and weight must be float64 1-D tensors of one length, got ",
+              cost_in.scalar_type(), " ", cost_in.sizes(), " and ", weight_in.scalar_type(), " ", weight_in.sizes());
+  TORCH_CHECK(1 <= min_bits && min_bits <= max_bits && max_bits <= 8, "actbench::", op,
+              ": need 1 <= min_bits <= max_bits <= 8, got min_bits=", min_bits, ", max_bits=", max_bits);
+  at::Tensor cost = cost_in.contiguous(), weight = weight_in.contiguous();
+  const double* c = cost.data_ptr<double>();
+  const double* w = weight.data_ptr<double>();
+  const int64_t k = cost.numel();
+  double floor_total = 0.0, total = 0.0;
+  for (int64_t i = 0; i < k; ++i) {
+    TORCH_CHECK(std::isfinite(c[i]) && c[i] >= 0.0, "actbench::", op, ": cost[", i,
+                "] must be finite and >= 0, got ", c[i]);
+    TORCH_CHECK(std::isfinite(w[i]) && w[i] > 0.0, "actbench::", op, ": weight[", i, "] must be finite and > 0, got ",
+                w[i]);
+    floor_total += w[i] * static_cast<double>(min_bits);
+    total += w[i] * static_cast<double>(max_bits);
+  }
+  TORCH_CHECK(floor_total <= target, "actbench::", op, ": target ", target, " is below the smallest possible total ",
+              floor_total, " (every item at min_bits=", min_bits, ")");
+  at::Tensor out = at::empty({k}, cost.options().dtype(at::kInt));
+  int32_t* b = out.data_ptr<int32_t>();
+  auto inv_sq = [](int64_t bits) {
+    double levels = static_cast<double>((int64_t{1} << bits) - 1);
+    return 1.0 / (levels * levels);
+  };
+  using Item = std::pair<double, int64_t>;  // (added variance per unit weight, index): ties -> lower index
+  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> heap;
+  for (int64_t i = 0; i < k; ++i) {
+    b[i] = static_cast<int32_t>(max_bits);
+    if (max_bits > min_bits) heap.emplace(c[i] * (inv_sq(max_bits - 1) - inv_sq(max_bits)) / w[i], i);
+  }
+  while (total > target && !heap.empty()) {
+    int64_t i = heap.top().second;
+    heap.pop();
+    b[i] -= 1;
+    total -= w[i];
+    if (b[i] > min_bits) heap.emplace(c[i] * (inv_sq(b[i] - 1) - inv_sq(b[i])) / w[i], i);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(actbench, CPU, m) {
+  m.impl("group_minmax", &group_minmax_cpu);
+  m.impl("quantize", &quantize_cpu);
+  m.impl("quantize_mixed", &quantize_mixed_cpu);
+  m.impl("dequantize", &dequantize_cpu);
+  m.impl("dequantize_mixed", &dequantize_mixed_cpu);
+  m.impl("pack_mask", &pack_mask_cpu);
+  m.impl("unpack_mask", &unpack_mask_cpu);
+  m.impl("max_pool2d_with_argmax", &max_pool2d_with_argmax_cpu);
+  m.impl("max_pool2d_backward", &max_pool2d_backward_cpu);
+  m.impl("allocate_bits", &allocate_bits_cpu);
+}
+
+}  // namespace actbench

@@ -1,0 +1,222 @@
+// CUDA registrations: argument checks (shared with the CPU side), allocation, device guard,
+// current stream, and a launch check after every kernel. No host synchronisation per call.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/cumsum.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "actbench/checks.h"
+#include "launchers.h"
+
+namespace actbench {
+namespace {
+
+void check_launch(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, "actbench::", op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
+}
+
+void check_cuda(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK(t.is_cuda(), "actbench::", op, ": ", name, " must be a CUDA tensor, got one on ", t.device());
+}
+
+std::tuple<at::Tensor, at::Tensor> group_minmax_cuda(const at::Tensor& x_in, int64_t group_size) {
+  const char* op = "group_minmax";
+  Groups gr = groups_of(x_in.sizes(), group_size, op);
+  int code = dtype_code(x_in.scalar_type(), op, "x");
+  c10::cuda::CUDAGuard guard(x_in.device());
+  at::Tensor x = x_in.contiguous();
+  auto opts = x.options().dtype(at::kFloat);
+  at::Tensor mn = at::empty({gr.n, gr.g}, opts), mx = at::empty({gr.n, gr.g}, opts);
+  check_launch(launch_group_minmax(code, x.data_ptr(), gr, mn.data_ptr<float>(), mx.data_ptr<float>(),
+                                   c10::cuda::getCurrentCUDAStream()),
+               op);
+  return {mn, mx};
+}
+
+// starts[n] = chunks_per_sample * sum_{m<n} bits[m], computed on the device (no sync).
+at::Tensor byte_starts(const at::Tensor& bits, const Groups& gr) {
+  return at::cumsum(bits, 0, at::kLong).sub_(bits).mul_(gr.chunks_per_sample());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_impl(const char* op, const at::Tensor& x_in,
+                                                             const at::Tensor& mn_in, const at::Tensor& mx_in,
+                                                             SampleLayout layout, int64_t total_bits,
+                                                             int64_t group_size, int64_t seed, int64_t offset) {
+  Groups gr = groups_of(x_in.sizes(), group_size, op);
+  int code = dtype_code(x_in.scalar_type(), op, "x");
+  check_minmax(x_in, mn_in, mx_in, gr, op);
+  c10::cuda::CUDAGuard guard(x_in.device());
+  at::Tensor x = x_in.contiguous(), mn = mn_in.contiguous(), mx = mx_in.contiguous();
+  const int64_t total_bytes = gr.chunks_per_sample() * total_bits;
+  at::Tensor codes = at::empty({total_bytes}, x.options().dtype(at::kByte));
+  at::Tensor lo = at::empty({gr.n, gr.g}, x.options().dtype(at::kBFloat16));
+  at::Tensor scale = at::empty({gr.n, gr.g}, x.options().dtype(at::kBFloat16));
+  check_launch(launch_quantize(code, x.data_ptr(), gr, mn.data_ptr<float>(), mx.data_ptr<float>(), layout,
+                               total_bytes, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset),
+                               codes.data_ptr<uint8_t>(), reinterpret_cast<uint16_t*>(lo.data_ptr()),
+                               reinterpret_cast<uint16_t*>(scale.data_ptr()), c10::cuda::getCurrentCUDAStream()),
+               op);
+  return {codes, lo, scale};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_cuda(const at::Tensor& x, const at::Tensor& mn,
+                                                             const at::Tensor& mx, int64_t bits, int64_t group_size,
+                                                             int64_t seed, int64_t offset) {
+  check_uniform_bits(bits, "quantize");
+  SampleLayout layout{static_cast<int>(bits), nullptr, nullptr};
+  int64_t n = x.dim() > 0 ? x.size(0) : 0;
+  return quantize_impl("quantize", x, mn, mx, layout, bits * n, group_size, seed, offset);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_mixed_cuda(const at::Tensor& x, const at::Tensor& mn,
+                                                                   const at::Tensor& mx, const at::Tensor& bits_in,
+                                                                   int64_t total_bits, int64_t group_size,
+                                                                   int64_t seed, int64_t offset) {
+  const char* op = "quantize_mixed";
+  Groups gr = groups_of(x.sizes(), group_size, op);
+  check_mixed_bits(bits_in, gr, op);
+  check_same_device(x, bits_in, op, "bits");
+  TORCH_CHECK(total_bits >= gr.n && total_bits <= 8 * gr.n, "actbench::", op, ": total_bits must be in [", gr.n,
+              ", ", 8 * gr.n, "] for ", gr.n, " samples, got ", total_bits);
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor bits = bits_in.contiguous();
+  at::Tensor starts = byte_starts(bits, gr);
+  SampleLayout layout{0, bits.data_ptr<int32_t>(), starts.data_ptr<int64_t>()};
+  return quantize_impl(op, x, mn, mx, layout, total_bits, group_size, seed, offset);
+}
+
+at::Tensor dequantize_impl(const char* op, const at::Tensor& codes_in, const at::Tensor& lo_in,
+                           const at::Tensor& scale_in, SampleLayout layout, int64_t expected_bytes,
+                           int64_t group_size, c10::IntArrayRef shape, at::ScalarType dtype) {
+  Groups gr = groups_of(shape, group_size, op);
+  int code = dtype_code(dtype, op, "dtype");
+  check_packed(codes_in, lo_in, scale_in, gr, op);
+  TORCH_CHECK(expected_bytes < 0 || codes_in.numel() == expected_bytes, "actbench::", op, ": codes must hold ",
+              expected_bytes, " bytes for shape ", shape, ", got ", codes_in.numel());
+  c10::cuda::CUDAGuard guard(codes_in.device());
+  at::Tensor codes = codes_in.contiguous(), lo = lo_in.contiguous(), scale = scale_in.contiguous();
+  at::Tensor out = at::empty(shape, codes.options().dtype(dtype));
+  check_launch(launch_dequantize(code, codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(lo.data_ptr()),
+                                 reinterpret_cast<const uint16_t*>(scale.data_ptr()), gr, layout, codes.numel(),
+                                 out.data_ptr(), c10::cuda::getCurrentCUDAStream()),
+               op);
+  return out;
+}
+
+at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& lo, const at::Tensor& scale, int64_t bits,
+                           int64_t group_size, c10::SymIntArrayRef shape_sym, at::ScalarType dtype) {
+  check_uniform_bits(bits, "dequantize");
+  c10::IntArrayRef shape = C10_AS_INTARRAYREF_SLOW(shape_sym);
+  Groups gr = groups_of(shape, group_size, "dequantize");
+  SampleLayout layout{static_cast<int>(bits), nullptr, nullptr};
+  return dequantize_impl("dequantize", codes, lo, scale, layout, gr.chunks_per_sample() * bits * gr.n, group_size,
+                         shape, dtype);
+}
+
+at::Tensor dequantize_mixed_cuda(const at::Tensor& codes, const at::Tensor& lo, const at::Tensor& scale,
+                                 const at::Tensor& bits_in, int64_t group_size, c10::SymIntArrayRef shape_sym,
+                                 at::ScalarType dtype) {
+  const char* op = "dequantize_mixed";
+  c10::IntArrayRef shape = C10_AS_INTARRAYREF_SLOW(shape_sym);
+  Groups gr = groups_of(shape, group_size, op);
+  check_mixed_bits(bits_in, gr, op);
+  check_same_device(codes, bits_in, op, "bits");
+  c10::cuda::CUDAGuard guard(codes.device());
+  at::Tensor bits = bits_in.contiguous();
+  at::Tensor starts = byte_starts(bits, gr);
+  SampleLayout layout{0, bits.data_ptr<int32_t>(), starts.data_ptr<int64_t>()};
+  // The expected size needs sum(bits) on the host; the kernel bounds every read by codes.numel().
+  return dequantize_impl(op, codes, lo, scale, layout, -1, group_size, shape, dtype);
+}
+
+at::Tensor pack_mask_cuda(const at::Tensor& mask_in) {
+  TORCH_CHECK(mask_in.scalar_type() == at::kBool, "actbench::pack_mask: mask must be bool, got ",
+              mask_in.scalar_type());
+  c10::cuda::CUDAGuard guard(mask_in.device());
+  at::Tensor mask = mask_in.contiguous();
+  at::Tensor out = at::empty({(mask.numel() + 7) / 8}, mask.options().dtype(at::kByte));
+  check_launch(launch_pack_mask(mask.data_ptr<bool>(), mask.numel(), out.data_ptr<uint8_t>(),
+                                c10::cuda::getCurrentCUDAStream()),
+               "pack_mask");
+  return out;
+}
+
+at::Tensor unpack_mask_cuda(const at::Tensor& packed_in, c10::SymIntArrayRef shape_sym) {
+  c10::IntArrayRef shape = C10_AS_INTARRAYREF_SLOW(shape_sym);
+  int64_t numel = 1;
+  for (auto d : shape) numel *= d;
+  TORCH_CHECK(packed_in.scalar_type() == at::kByte && packed_in.dim() == 1 && packed_in.numel() == (numel + 7) / 8,
+              "actbench::unpack_mask: packed must be uint8 [", (numel + 7) / 8, "] for shape ", shape, ", got ",
+              packed_in.scalar_type(), " ", packed_in.sizes());
+  c10::cuda::CUDAGuard guard(packed_in.device());
+  at::Tensor packed = packed_in.contiguous();
+  at::Tensor out = at::empty(shape, packed.options().dtype(at::kBool));
+  check_launch(launch_unpack_mask(packed.data_ptr<uint8_t>(), numel, out.data_ptr<bool>(),
+                                  c10::cuda::getCurrentCUDAStream()),
+               "unpack_mask");
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> max_pool2d_with_argmax_cuda(const at::Tensor& x_in, c10::IntArrayRef kernel,
+                                                               c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                                               c10::IntArrayRef dilation, bool ceil_mode) {
+  const char* op = "max_pool2d_with_argmax";
+  Pool2d p = pool_geometry(x_in.sizes(), kernel, stride, padding, dilation, ceil_mode, op);
+  int code = dtype_code(x_in.scalar_type(), op, "x");
+  c10::cuda::CUDAGuard guard(x_in.device());
+  at::Tensor x = x_in.contiguous();
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape[shape.size() - 2] = p.out_h;
+  shape[shape.size() - 1] = p.out_w;
+  at::Tensor out = at::empty(shape, x.options()), arg = at::empty(shape, x.options().dtype(at::kChar));
+  int64_t planes = x.numel() / (p.in_h * p.in_w);
+  check_launch(launch_max_pool2d(code, x.data_ptr(), planes, p, out.data_ptr(), arg.data_ptr<int8_t>(),
+                                 c10::cuda::getCurrentCUDAStream()),
+               op);
+  return {out, arg};
+}
+
+at::Tensor max_pool2d_backward_cuda(const at::Tensor& grad_in, const at::Tensor& arg_in, c10::SymIntArrayRef in_sym,
+                                    c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                    c10::IntArrayRef dilation) {
+  const char* op = "max_pool2d_backward";
+  c10::IntArrayRef in_shape = C10_AS_INTARRAYREF_SLOW(in_sym);
+  Pool2d p = pool_geometry(in_shape, kernel, stride, padding, dilation, false, op);
+  TORCH_CHECK(arg_in.scalar_type() == at::kChar && arg_in.sizes() == grad_in.sizes() &&
+                  arg_in.dim() == static_cast<int64_t>(in_shape.size()),
+              "actbench::", op, ": argmax must be int8 with grad_out's shape ", grad_in.sizes(), ", got ",
+              arg_in.scalar_type(), " ", arg_in.sizes());
+  check_cuda(arg_in, op, "argmax");
+  p.out_h = grad_in.size(-2);
+  p.out_w = grad_in.size(-1);
+  int code = dtype_code(grad_in.scalar_type(), op, "grad_out");
+  c10::cuda::CUDAGuard guard(grad_in.device());
+  at::Tensor grad = grad_in.contiguous(), arg = arg_in.contiguous();
+  at::Tensor gin = at::empty(in_shape, grad.options());
+  int64_t planes = gin.numel() / (p.in_h * p.in_w);
+  check_launch(launch_max_pool2d_backward(code, grad.data_ptr(), arg.data_ptr<int8_t>(), planes, p, gin.data_ptr(),
+                                          c10::cuda::getCurrentCUDAStream()),
+               op);
+  return gin;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(actbench, CUDA, m) {
+  m.impl("group_minmax", &group_minmax_cuda);
+  m.impl("quantize", &quantize_cuda);
+  m.impl("quantize_mixed", &quantize_mixed_cuda);
+  m.impl("dequantize", &dequantize_cuda);
+  m.impl("dequantize_mixed", &dequantize_mixed_cuda);
+  m.impl("pack_mask", &pack_mask_cuda);
+  m.impl("unpack_mask", &unpack_mask_cuda);
+  m.impl("max_pool2d_with_argmax", &max_pool2d_with_argmax_cuda);
+  m.impl("max_pool2d_backward", &max_pool2d_backward_cuda);
+}
+
+}  // namespace actbench
