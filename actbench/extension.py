@@ -85,7 +85,9 @@ def find_cuda_home() -> str | None:
     if nvcc:
         candidates.append(str(Path(nvcc).resolve().parent.parent))
     for c in candidates:
-        if c and (Path(c) / "bin" / "nvcc").exists() and any((Path(c) / d).glob("libcudart.so*") for d in ("lib64", "lib")):
+        if not c or not (Path(c) / "bin" / "nvcc").exists():
+            continue
+        if any(next((Path(c) / d).glob("libcudart.so*"), None) for d in ("lib64", "lib")):
             return c
     return None
 

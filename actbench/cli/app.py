@@ -13,3 +13,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def fail(message: str, code: int = 2) -> "typer.Exit":
+    """Print one clear line on stderr and exit with ``code`` (used for every bad input)."""
+    typer.echo(f"actbench: error: {message}", err=True)
+    raise typer.Exit(code)

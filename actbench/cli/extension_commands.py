@@ -1,0 +1,147 @@
+"""Extension commands: doctor, build, bench-kernels. Parse, call the library, render."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from actbench.cli.app import app, fail
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+@app.command()
+def doctor() -> None:
+    """Show torch, CUDA, nvcc and GPU as found; build/load the extension and self-check it.
+
+    Exits non-zero when something is broken, with the cause on the failing line.
+    """
+    from actbench.doctor import diagnose
+
+    report = diagnose()
+    table = Table(title="actbench doctor", show_header=True)
+    table.add_column("check")
+    table.add_column("")
+    table.add_column("detail", overflow="fold")
+    for c in report.checks:
+        table.add_row(c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail)
+    console.print(table)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def build(
+    force: Annotated[bool, typer.Option("--force", help="Delete the cached build and compile from scratch.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show the compiler output.")] = False,
+) -> None:
+    """Compile actbench's C++/CUDA extension now (otherwise it builds on first use, once).
+
+    CUDA kernels are compiled whenever nvcc is found (set ACTBENCH_WITH_CUDA=0 to skip them);
+    TORCH_CUDA_ARCH_LIST picks the GPU architectures. The build is cached under
+    ~/.cache/actbench (or $ACTBENCH_CACHE_DIR), keyed by sources, torch version and CUDA.
+    """
+    from actbench import extension
+
+    start = time.perf_counter()
+    try:
+        plan = extension.load(force_rebuild=force, verbose=verbose)
+    except extension.ExtensionError as err:
+        fail(str(err), code=1)
+    kinds = f"CPU + CUDA ({plan.cuda_archs})" if plan.with_cuda else "CPU only"
+    console.print(f"extension ready: {kinds}, {plan.library} ({time.perf_counter() - start:.1f} s)")
+
+
+def _parse_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        fail(f"--sizes-mib must be a comma list of whole MiB like 1,16,256, got {text!r}")
+    if not sizes or any(s <= 0 for s in sizes):
+        fail(f"--sizes-mib must be positive whole MiB, got {text!r}")
+    return sizes
+
+
+def _parse_bits(text: str) -> tuple[int, ...]:
+    bits = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not bits or any(b not in ("1", "2", "4", "8") for b in bits):
+        fail(f"--bits must be a comma list of 1, 2, 4, 8, got {text!r}")
+    return tuple(int(b) for b in bits)
+
+
+@app.command("bench-kernels")
+def bench_kernels(
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    sizes_mib: Annotated[str, typer.Option("--sizes-mib", help="Input sizes in MiB of fp32.")] = "1,4,16,64,256,1024",
+    bits: Annotated[str, typer.Option("--bits", help="Bit widths to time, comma list of 1,2,4,8.")] = "2",
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed calls per point (after one warm-up).")] = 5,
+    reference_max_mib: Annotated[
+        int, typer.Option("--reference-max-mib", help="Time the pure-torch reference up to this size.")
+    ] = 256,
+    out: Annotated[Path, typer.Option("--out", help="Results root; writes OUT/bench-kernels_<device>_<time>/.")] = Path(
+        "results"
+    ),
+) -> None:
+    """Time quantize+pack and unpack+dequantize against the torch reference and a plain copy.
+
+    Rates are GB/s of fp32 input. Each size also times x.clone() in the same run: the bandwidth
+    ceiling the kernels are judged against (targets at 256 MiB: CPU >= 50% of copy and >= 5x the
+    reference; GPU >= 70% of copy). Writes kernels.csv and env.json; prints a table.
+    """
+    from actbench import kernel_bench
+    from actbench.measure.environment import capture_environment
+
+    if device not in ("cpu", "cuda"):
+        fail(f"--device must be cpu or cuda, got {device!r}")
+    if repeats < 1:
+        fail(f"--repeats must be >= 1, got {repeats}")
+    config = kernel_bench.KernelBenchConfig(
+        device=device,
+        sizes_mib=_parse_sizes(sizes_mib),
+        bits=_parse_bits(bits),
+        repeats=repeats,
+        reference_max_mib=reference_max_mib,
+    )
+    run_dir = out / f"bench-kernels_{device}_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=False)
+    except OSError as err:
+        fail(f"cannot create output directory {run_dir}: {err.strerror or err}")
+    (run_dir / "env.json").write_text(json.dumps(capture_environment(device), indent=2, default=str))
+    fields = [f.name for f in dataclasses.fields(kernel_bench.KernelRow)]
+    csv_path = run_dir / "kernels.csv"
+    table = Table(title=f"bench-kernels on {device} (GB/s of fp32 input)")
+    for name in ("size", "op", "backend", "bits", "GB/s", "copy GB/s", "of copy", "vs ref"):
+        table.add_column(name, justify="right")
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+
+        def on_row(row: kernel_bench.KernelRow) -> None:
+            writer.writerow(dataclasses.asdict(row))
+            fh.flush()  # rows survive an interrupted run
+            err_console.print(f"  {row.input_bytes // 2**20} MiB {row.op} {row.backend}: {row.input_gb_per_s:.2f} GB/s")
+            table.add_row(
+                f"{row.input_bytes // 2**20} MiB", row.op, row.backend, str(row.bits or ""),
+                f"{row.input_gb_per_s:.2f}", f"{row.copy_gb_per_s:.2f}",
+                f"{row.fraction_of_copy:.0%}",
+                f"{row.speedup_vs_reference:.1f}x" if row.speedup_vs_reference else "",
+            )
+
+        try:
+            rows = kernel_bench.run(config, on_row=on_row)
+        except ValueError as err:
+            fail(str(err))
+    console.print(table)
+    for text, ok in kernel_bench.verdicts(rows, device):
+        console.print(("[green]met[/]  " if ok else "[red]missed[/] ") + text)
+    console.print(f"wrote {csv_path}")

@@ -1,0 +1,74 @@
+"""Building and loading: cache key, clear errors for broken or mismatched binaries."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from actbench import extension
+
+
+def test_plan_key_depends_on_torch_version_and_cuda(tmp_path):
+    a = extension.plan(cache_dir=tmp_path, with_cuda=False)
+    assert a.directory.parent == tmp_path / "extension"
+    assert "cpu" in a.directory.name and torch.__version__.split("+")[0] in a.directory.name
+    if extension.find_cuda_home() and torch.version.cuda:
+        b = extension.plan(cache_dir=tmp_path, with_cuda=True)
+        assert b.directory != a.directory and b.cuda_archs
+
+
+def test_gencode_flags():
+    assert extension._gencode_flags("8.0;9.0+PTX") == [
+        "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_90,code=sm_90",
+        "-gencode=arch=compute_90,code=compute_90",
+    ]
+
+
+def test_mismatched_cached_binary_gives_clear_error(tmp_path):
+    """Upstream users hit bare `undefined symbol` errors here; we name the cause and the fix."""
+    p = extension.plan(cache_dir=tmp_path, with_cuda=False)
+    p.directory.mkdir(parents=True)
+    p.library.write_bytes(b"not a shared library")
+    p.marker.write_text(json.dumps({"torch_version": "0.0.0"}))
+    with pytest.raises(extension.ExtensionError, match="failed to load.*actbench build --force"):
+        extension._load_library(p)
+
+
+def test_failed_build_gives_clear_error(tmp_path, monkeypatch):
+    """A compile error surfaces as one ExtensionError naming the compiler's error line and the log."""
+    csrc = tmp_path / "csrc"
+    shutil.copytree(extension.CSRC, csrc)
+    (csrc / "cpu" / "ops_cpu.cpp").write_text("#include <torch/library.h>\nthis is not C++;\n")
+    monkeypatch.setattr(extension, "CSRC", csrc)
+    p = extension.plan(cache_dir=tmp_path / "cache", with_cuda=False)
+    with pytest.raises(extension.ExtensionError, match=r"failed to build.*error:.*Full log: .*build\.log"):
+        extension.build(p)
+    assert (p.directory / "build.log").read_text()
+
+
+def test_bad_with_cuda_setting(monkeypatch):
+    monkeypatch.setenv("ACTBENCH_WITH_CUDA", "yes")
+    with pytest.raises(extension.ExtensionError, match="ACTBENCH_WITH_CUDA must be 0 or 1.*got 'yes'"):
+        extension.load()
+
+
+def test_cuda_home_needs_runtime_library(tmp_path, monkeypatch):
+    """A folder with bin/nvcc but no libcudart (the /usr/local wrapper case) is not a toolkit."""
+    fake = tmp_path / "fakecuda"
+    (fake / "bin").mkdir(parents=True)
+    (fake / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    monkeypatch.setenv("CUDA_HOME", str(fake))
+    found = extension.find_cuda_home()
+    assert found != str(fake)
+    (fake / "lib64").mkdir()
+    (fake / "lib64" / "libcudart.so").write_text("")
+    assert extension.find_cuda_home() == str(fake)
+
+
+def test_loaded_extension_is_the_cached_build():
+    p = extension.load()
+    assert p.marker.exists() and Path(p.library).exists()
+    assert hasattr(torch.ops.actbench, "quantize")

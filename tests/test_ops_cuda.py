@@ -1,0 +1,86 @@
+"""CUDA kernels: bit-identical to the CPU kernels for the same seed, and 64-bit indexing.
+
+These need a GPU; without one they are skipped with that reason (scripts/gpu_check.sh runs them
+on a lent GPU). The CPU kernels run the very same per-element functions (quant_math.h).
+"""
+
+import pytest
+import torch
+
+from actbench import ops
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: CUDA kernels cannot run on this machine"),
+]
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _x(shape, dtype):
+    return (torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 2 - 1).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 1000), (1, 256), (5, 7, 9, 11), (2, 3), (64, 3, 32, 32)])
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_cuda_codes_identical_to_cpu(shape, dtype, bits):
+    x = _x(shape, dtype)
+    cpu = ops.quantize(x, bits, seed_offset=(42, 7))
+    gpu = ops.quantize(x.cuda(), bits, seed_offset=(42, 7))
+    mn, mx = ops.group_minmax(x)
+    gmn, gmx = ops.group_minmax(x.cuda())
+    assert torch.equal(mn, gmn.cpu()) and torch.equal(mx, gmx.cpu())
+    assert torch.equal(cpu.codes, gpu.codes.cpu())
+    assert torch.equal(cpu.lo.view(torch.int16), gpu.lo.cpu().view(torch.int16))
+    assert torch.equal(cpu.scale.view(torch.int16), gpu.scale.cpu().view(torch.int16))
+    assert torch.equal(ops.dequantize(cpu), ops.dequantize(gpu).cpu())
+
+
+def test_cuda_mixed_bits_identical_to_cpu():
+    x = _x((16, 3, 17, 19), torch.float32)
+    bits = torch.randint(1, 9, (16,), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+    cpu = ops.quantize(x, bits, seed_offset=(5, 5))
+    gpu = ops.quantize(x.cuda(), bits, seed_offset=(5, 5))
+    assert torch.equal(cpu.codes, gpu.codes.cpu())
+    assert torch.equal(ops.dequantize(cpu), ops.dequantize(gpu).cpu())
+
+
+def test_cuda_masks_and_pool_identical_to_cpu():
+    x = _x((4, 8, 33, 31), torch.float32)
+    mask = x > 0
+    assert torch.equal(ops.pack_mask(mask), ops.pack_mask(mask.cuda()).cpu())
+    assert torch.equal(ops.unpack_mask(ops.pack_mask(mask).cuda(), mask.shape).cpu(), mask)
+    out, arg = ops.max_pool2d_with_argmax(x, (3, 3), (2, 2), (1, 1))
+    gout, garg = ops.max_pool2d_with_argmax(x.cuda(), (3, 3), (2, 2), (1, 1))
+    assert torch.equal(out, gout.cpu()) and torch.equal(arg, garg.cpu())
+    grad = torch.randn_like(out)
+    gin = ops.max_pool2d_backward(grad, arg, x.shape, (3, 3), (2, 2), (1, 1))
+    ggin = ops.max_pool2d_backward(grad.cuda(), garg, x.shape, (3, 3), (2, 2), (1, 1))
+    assert torch.equal(gin, ggin.cpu())  # both gather in the same order: bit-identical sums
+
+
+def test_cuda_batch_over_65535():
+    """Upstream launched one block per sample and broke past 65,535; we use grid-stride loops."""
+    x = torch.randn(70_000, 300, generator=torch.Generator().manual_seed(0))
+    gpu = ops.quantize(x.cuda(), 2, seed_offset=(1, 2))
+    cpu = ops.quantize(x, 2, seed_offset=(1, 2))
+    assert torch.equal(gpu.codes.cpu(), cpu.codes)
+    assert torch.equal(ops.dequantize(gpu).cpu(), ops.dequantize(cpu))
+
+
+def test_cuda_tensor_over_2_pow_31_values():
+    n = 2**31 + 2**20
+    free, _ = torch.cuda.mem_get_info()
+    if free < 12 * 2**30:
+        pytest.skip(f"needs 12 GiB of free GPU memory for a {n}-value tensor, {free / 2**30:.1f} GiB free")
+    x = torch.randn(2, n // 2, device="cuda", dtype=torch.float16)
+    p = ops.quantize(x, 2, seed_offset=(3, 4))
+    assert p.codes.numel() == 2 * ((n // 2 + 255) // 256) * 256 * 2 // 8
+    y = ops.dequantize(p)
+    # The last values of the second sample sit past 2^31: they must be reconstructed, not garbage.
+    tail, tail_hat = x[1, -4096:].float(), y[1, -4096:].float()
+    scale = p.scale[1, -16:].float().repeat_interleave(256)
+    assert bool(((tail_hat - tail).abs() <= 1 / scale + 1e-2).all())
+    mask = torch.ones(n, dtype=torch.bool, device="cuda")
+    assert int(ops.pack_mask(mask)[-1]) == 255

@@ -1,0 +1,151 @@
+"""1-bit masks, max pool with int8 argmax, and the greedy bit allocator (CPU kernels)."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from actbench import ops
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (8,), (3, 5, 7), (2, 64, 9, 9)])
+def test_mask_round_trip(shape):
+    mask = torch.rand(shape, generator=torch.Generator().manual_seed(0)) > 0.5
+    packed = ops.pack_mask(mask)
+    assert packed.dtype == torch.uint8 and packed.numel() == (mask.numel() + 7) // 8
+    assert torch.equal(ops.unpack_mask(packed, shape), mask)
+
+
+def test_mask_bit_order_is_lsb_first():
+    mask = torch.tensor([True, False, False, False, False, False, False, False, False, True])
+    assert ops.pack_mask(mask).tolist() == [1, 2]
+
+
+def test_mask_errors():
+    with pytest.raises(TypeError, match="mask must be bool, got torch.float32"):
+        ops.pack_mask(torch.ones(4))
+    with pytest.raises(RuntimeError, match="packed must be uint8 \\[2\\] for shape \\[3, 5\\]"):
+        ops.unpack_mask(torch.zeros(1, dtype=torch.uint8), (3, 5))
+
+
+POOLS = [
+    # kernel, stride, padding, dilation, ceil_mode
+    ((3, 3), (2, 2), (1, 1), (1, 1), False),  # ResNet stem
+    ((2, 2), (2, 2), (0, 0), (1, 1), False),  # VGG
+    ((3, 3), (2, 2), (0, 0), (1, 1), True),  # SqueezeNet / GoogLeNet (ceil_mode)
+    ((3, 2), (1, 2), (1, 0), (2, 1), False),  # dilation, asymmetric
+    ((5, 5), (3, 3), (2, 2), (1, 1), True),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kernel,stride,padding,dilation,ceil_mode", POOLS)
+def test_max_pool_matches_torch(kernel, stride, padding, dilation, ceil_mode, dtype):
+    x = torch.randn(2, 3, 13, 11, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_()
+    ref, idx = F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode, return_indices=True)
+    out, arg = ops.max_pool2d_with_argmax(x.detach(), kernel, stride, padding, dilation, ceil_mode)
+    assert arg.dtype == torch.int8 and out.shape == ref.shape
+    assert torch.equal(out, ref.detach())
+    # Same winner: translate the window index into torch's flat input index.
+    oh = torch.arange(out.shape[2]).view(-1, 1)
+    ow = torch.arange(out.shape[3]).view(1, -1)
+    h = oh * stride[0] - padding[0] + (arg.long() // kernel[1]) * dilation[0]
+    w = ow * stride[1] - padding[1] + (arg.long() % kernel[1]) * dilation[1]
+    assert torch.equal(h * x.shape[3] + w, idx)
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    (expected,) = torch.autograd.grad(ref, x, grad)
+    got = ops.max_pool2d_backward(grad, arg, x.shape, kernel, stride, padding, dilation)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2  # overlapping windows sum in another order
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+
+
+def test_max_pool_nan_propagates_like_torch():
+    x = torch.randn(1, 1, 4, 4)
+    x[0, 0, 1, 1] = float("nan")
+    out, _ = ops.max_pool2d_with_argmax(x, (2, 2), (2, 2))
+    ref = F.max_pool2d(x, 2, 2)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.equal(out.nan_to_num(), ref.nan_to_num())
+
+
+def test_max_pool_3d_input_and_bad_window():
+    x = torch.randn(4, 9, 9)
+    out, arg = ops.max_pool2d_with_argmax(x, (3, 3), (2, 2), (1, 1))
+    assert torch.equal(out, F.max_pool2d(x, 3, 2, 1))
+    with pytest.raises(RuntimeError, match="at most 127 values"):
+        ops.max_pool2d_with_argmax(torch.randn(1, 1, 20, 20), (12, 12), (1, 1))
+    with pytest.raises(RuntimeError, match="padding must be at most half"):
+        ops.max_pool2d_with_argmax(x, (2, 2), (2, 2), (2, 2))
+
+
+# ------------------------------------------------------------------------------------------------
+# Greedy allocation.
+# ------------------------------------------------------------------------------------------------
+
+
+def _objective(cost, bits):
+    return sum(c / (2**b - 1) ** 2 for c, b in zip(cost, bits))
+
+
+def _brute_force(cost, weight, target, lo=1, hi=8):
+    best = None
+    for bits in itertools.product(range(lo, hi + 1), repeat=len(cost)):
+        if sum(w * b for w, b in zip(weight, bits)) <= target:
+            value = _objective(cost, bits)
+            if best is None or value < best[0] - 1e-15:
+                best = (value, bits)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_allocation_equals_brute_force_for_equal_weights(seed):
+    """Equal weights: the objective is separable and convex per item, so greedy is optimal."""
+    g = torch.Generator().manual_seed(seed)
+    k = 4
+    cost = (torch.rand(k, generator=g, dtype=torch.float64) * 10) ** 3
+    weight = torch.full((k,), 3.0, dtype=torch.float64)
+    target = float(torch.randint(k, 6 * k, (), generator=g)) * 3.0
+    bits = ops.allocate_bits(cost, weight, target)
+    best_value, _ = _brute_force(cost.tolist(), weight.tolist(), target)
+    assert float((weight * bits).sum()) <= target
+    assert _objective(cost.tolist(), bits.tolist()) == pytest.approx(best_value, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_allocation_never_over_budget_and_close_to_optimal(seed):
+    g = torch.Generator().manual_seed(100 + seed)
+    k = 4
+    cost = torch.rand(k, generator=g, dtype=torch.float64) * 100
+    weight = torch.randint(1, 6, (k,), generator=g).to(torch.float64)
+    target = float(weight.sum()) * float(torch.rand((), generator=g) * 6 + 1.5)
+    bits = ops.allocate_bits(cost, weight, target)
+    assert bits.dtype == torch.int32 and int(bits.min()) >= 1 and int(bits.max()) <= 8
+    assert float((weight * bits).sum()) <= target
+    best_value, _ = _brute_force(cost.tolist(), weight.tolist(), target)
+    # Unequal weights make it a knapsack: greedy is a heuristic. It stays within 2x of the optimum
+    # on these cases (an allocation that ignored cost would be off by orders of magnitude).
+    assert _objective(cost.tolist(), bits.tolist()) <= 2 * best_value + 1e-12
+
+
+def test_allocation_unit_weights_land_exactly_on_target():
+    """DESIGN.md §2: unit weights end at exactly max(N, floor(target * N)) total bits."""
+    cost = torch.rand(64, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for avg in (1.0, 1.25, 2.0, 2.7, 8.0):
+        bits = ops.allocate_bits(cost, torch.ones(64, dtype=torch.float64), avg * 64)
+        assert int(bits.sum()) == max(64, int(avg * 64))
+
+
+def test_allocation_gives_sensitive_items_more_bits():
+    cost = torch.tensor([1e6, 1.0, 1.0, 1.0], dtype=torch.float64)
+    bits = ops.allocate_bits(cost, torch.ones(4, dtype=torch.float64), 8.0)
+    assert int(bits[0]) > int(bits[1:].max())
+
+
+def test_allocation_errors():
+    one = torch.ones(3, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="target 2 is below the smallest possible total 3"):
+        ops.allocate_bits(one, one, 2.0)
+    with pytest.raises(RuntimeError, match=r"weight\[1\] must be finite and > 0, got 0"):
+        ops.allocate_bits(one, torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64), 10.0)
+    with pytest.raises(RuntimeError, match="need 1 <= min_bits <= max_bits <= 8"):
+        ops.allocate_bits(one, one, 10.0, min_bits=0)

@@ -1,0 +1,239 @@
+"""The quantizer ops on CPU: layout, agreement with the reference, storage, statistics, bad input."""
+
+import math
+
+import pytest
+import torch
+
+from actbench import ops, reference
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# F not a multiple of 256, N = 1, N not a multiple of 8/b, 1-D to 5-D.
+SHAPES = [(3, 1000), (1, 256), (5, 7, 9, 11), (2, 3), (7,), (2, 3, 4, 5, 6), (9, 300)]
+
+
+def _x(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 3 + 1).to(dtype)
+
+
+def _unpacked_codes(p: ops.PackedTensor) -> torch.Tensor:
+    bits = p.bits.to(torch.int64) if isinstance(p.bits, torch.Tensor) else torch.full((p.shape[0],), p.bits)
+    return reference.unpack_codes(p.codes, bits, p.lo.shape[1] * p.group_size)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_extension_matches_reference_bit_for_bit(shape, dtype, bits):
+    x = _x(shape, dtype)
+    ext = ops.quantize(x, bits, seed_offset=(1234, 5))
+    ref = ops.quantize(x, bits, seed_offset=(1234, 5), backend="reference")
+    assert torch.equal(ext.codes, ref.codes)
+    assert torch.equal(ext.lo.view(torch.int16), ref.lo.view(torch.int16))
+    assert torch.equal(ext.scale.view(torch.int16), ref.scale.view(torch.int16))
+    out = ops.dequantize(ext)
+    assert out.shape == x.shape and out.dtype == dtype
+    assert torch.equal(out, ops.dequantize(ref, backend="reference"))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_mixed_bits_match_reference(shape):
+    x = _x(shape, torch.float32, seed=1)
+    bits = torch.randint(1, 9, (shape[0],), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
+    ext = ops.quantize(x, bits, seed_offset=(77, 0))
+    ref = ops.quantize(x, bits, seed_offset=(77, 0), backend="reference")
+    assert torch.equal(ext.codes, ref.codes)
+    assert torch.equal(ops.dequantize(ext), ops.dequantize(ref, backend="reference"))
+    assert torch.equal(ext.bits.to(torch.int32), bits)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_round_trip_within_one_step(bits, dtype):
+    """Every value dequantizes to one of the two levels around it: |x_hat - x| < 1 / scale."""
+    x = _x((4, 3, 33, 17), dtype)
+    p = ops.quantize(x, bits)
+    codes = _unpacked_codes(p)
+    assert int(codes.max()) <= 2**bits - 1
+    x_hat = ops.dequantize(p).float()
+    scale = p.scale.float().repeat_interleave(p.group_size, dim=1)[:, : x[0].numel()].reshape(x.shape)
+    # fp16/bf16 outputs round once more: allow one unit in the last place of the output dtype.
+    ulp = torch.finfo(dtype).eps * x.float().abs() * (0 if dtype == torch.float32 else 1)
+    assert bool(((x_hat - x.float()).abs() <= 1 / scale + ulp + 1e-6).all())
+
+
+def test_non_contiguous_input_equals_contiguous_copy():
+    base = _x((6, 40, 30), torch.float32)
+    x = base.transpose(1, 2)[::2]
+    assert not x.is_contiguous()
+    a = ops.quantize(x, 4, seed_offset=(3, 4))
+    b = ops.quantize(x.contiguous(), 4, seed_offset=(3, 4))
+    assert torch.equal(a.codes, b.codes)
+    assert torch.equal(ops.dequantize(a), ops.dequantize(b))
+
+
+def test_padding_codes_are_zero():
+    x = _x((2, 300), torch.float32)  # 300 = 256 + 44: the second group has 212 padding slots
+    codes = _unpacked_codes(ops.quantize(x, 8))
+    assert int(codes[:, 300:].abs().sum()) == 0
+
+
+def test_same_seed_same_codes_other_seed_other_codes():
+    x = _x((4, 1024), torch.float32)
+    a, b = ops.quantize(x, 2, seed_offset=(9, 9)), ops.quantize(x, 2, seed_offset=(9, 9))
+    c, d = ops.quantize(x, 2, seed_offset=(10, 9)), ops.quantize(x, 2, seed_offset=(9, 10))
+    assert torch.equal(a.codes, b.codes)
+    assert not torch.equal(a.codes, c.codes) and not torch.equal(a.codes, d.codes)
+
+
+def test_generator_draws_reproducible_streams():
+    x = _x((4, 1024), torch.float32)
+    a = ops.quantize(x, 2, generator=torch.Generator().manual_seed(5))
+    b = ops.quantize(x, 2, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a.codes, b.codes)
+
+
+@pytest.mark.parametrize("bits,per_elem", [(2, 2.125), (4, 4.125), (1, 1.125), (8, 8.125)])
+def test_storage_bits_per_element_exact(bits, per_elem):
+    """bf16 lo and scale per 256 values add 32/256 = 0.125 bit per value (DESIGN.md §2)."""
+    x = _x((8, 64, 32), torch.float32)  # 2048 values per sample: 8 full groups
+    p = ops.quantize(x, bits)
+    assert p.nbytes * 8 / x.numel() == per_elem
+    assert p.nbytes == ops.packed_nbytes(tuple(x.shape), bits)
+
+
+def test_storage_mixed_bits_counts_per_sample_widths():
+    x = _x((8, 512), torch.float32)
+    bits = torch.tensor([1, 2, 3, 2, 2, 1, 4, 1], dtype=torch.int32)  # sum 16 = 2 bits average
+    p = ops.quantize(x, bits)
+    assert p.nbytes == 512 * 16 // 8 + 8 * 2 * 2 * 2 + 8
+    assert p.nbytes == ops.packed_nbytes(tuple(x.shape), 2.0, mixed=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Statistics: unbiased, and variance within 1 / (4 scale^2) (DESIGN.md §2).
+# ------------------------------------------------------------------------------------------------
+
+K = 400  # independent quantizations of the same tensor (fixed seeds)
+
+
+def _samples(x, bits):
+    out = [ops.dequantize(ops.quantize(x, bits, seed_offset=(1000 + k, 0))).double() for k in range(K)]
+    return torch.stack(out), ops.quantize(x, bits, seed_offset=(0, 0)).scale.double()
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_unbiased(bits):
+    """Mean of K dequantizations converges to x.
+
+    Each x_hat is x plus independent noise of variance <= 1/(4 s^2), so the K-mean's error has
+    standard deviation <= 1/(2 s sqrt(K)). Tolerance: every one of the 2048 standardized errors
+    below 5 (a normal exceeds 5 with probability 6e-7 per value), and their average -- the
+    overall bias -- below 4 / sqrt(2048) standard units. A biased rounding (e.g. round-to-nearest,
+    or u drawn from [0, 0.9)) fails both by orders of magnitude.
+    """
+    x = _x((2, 1024), torch.float32)
+    xs, scale = _samples(x, bits)
+    s = scale.repeat_interleave(256, dim=1)
+    z = (xs.mean(0) - x.double()) * 2 * s * math.sqrt(K)
+    assert float(z.abs().max()) < 5.0
+    assert abs(float(z.mean())) < 4.0 / math.sqrt(z.numel())
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_variance_matches_stochastic_rounding(bits):
+    """Per-value variance is p(1-p)/s^2 <= 1/(4 s^2), p the fractional position between levels.
+
+    The sample variance over K = 400 draws of a Bernoulli-type variable has relative standard
+    error <= sqrt(2/K) ~ 7% per value; averaged over 2048 values the relative error of the
+    total is ~0.2%, so 3% is a generous but still failing-capable tolerance (a deterministic
+    rounding has zero variance; doubling the noise doubles it). The per-value bound is checked
+    with the 5-sigma margin of a single value.
+    """
+    x = _x((2, 1024), torch.float32)
+    xs, scale = _samples(x, bits)
+    s = scale.repeat_interleave(256, dim=1)
+    p = ops.quantize(x, bits, seed_offset=(0, 0))
+    lo = p.lo.double().repeat_interleave(256, dim=1)
+    pos = (x.double() - lo) * s
+    frac = pos - torch.floor(pos)
+    expected = frac * (1 - frac) / s**2
+    var = xs.var(0)
+    assert abs(float(var.sum() / expected.sum()) - 1) < 0.03
+    bound = 1 / (4 * s**2)
+    assert bool((var <= bound * (1 + 5 * math.sqrt(2 / K))).all())
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input and documented edge cases.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_nan_or_inf_poisons_only_its_group():
+    """Documented: a group with NaN or +-inf gets NaN metadata and dequantizes to NaN; others are exact."""
+    x = _x((2, 512), torch.float32)
+    x[0, 3] = float("nan")
+    x[1, 300] = float("inf")
+    p = ops.quantize(x, 4)
+    y = ops.dequantize(p)
+    assert bool(torch.isnan(y[0, :256]).all()) and bool(torch.isnan(y[1, 256:]).all())
+    assert bool(torch.isfinite(y[0, 256:]).all()) and bool(torch.isfinite(y[1, :256]).all())
+    ref = ops.quantize(x, 4, seed_offset=(1, 1), backend="reference")
+    assert torch.equal(ops.quantize(x, 4, seed_offset=(1, 1)).codes, ref.codes)
+
+
+@pytest.mark.parametrize("bits", [0, 3, 9, -1])
+def test_bad_uniform_bits(bits):
+    with pytest.raises(ValueError, match=f"bits must be 1, 2, 4 or 8.*got {bits}"):
+        ops.quantize(torch.randn(2, 8), bits)
+
+
+@pytest.mark.parametrize("bad", [0, 9])
+def test_bad_mixed_bits(bad):
+    with pytest.raises(ValueError, match=f"in 1..8, got {bad}"):
+        ops.quantize(torch.randn(2, 8), torch.tensor([2, bad]))
+
+
+def test_bits_outside_range_rejected_by_the_op_itself():
+    x = torch.randn(2, 8)
+    mn, mx = ops.group_minmax(x)
+    with pytest.raises(RuntimeError, match="actbench::quantize: bits must be 1, 2, 4 or 8, got 3"):
+        torch.ops.actbench.quantize(x, mn, mx, 3, 256, 0, 0)
+    with pytest.raises(RuntimeError, match=r"bits\[1\] must be in 1..8, got 12"):
+        torch.ops.actbench.quantize_mixed(x, mn, mx, torch.tensor([2, 12], dtype=torch.int32), 14, 256, 0, 0)
+    with pytest.raises(RuntimeError, match="total_bits must equal sum"):
+        torch.ops.actbench.quantize_mixed(x, mn, mx, torch.tensor([2, 2], dtype=torch.int32), 5, 256, 0, 0)
+
+
+def test_empty_and_integer_input_rejected():
+    with pytest.raises(ValueError, match="non-empty"):
+        ops.quantize(torch.empty(0, 4), 2)
+    with pytest.raises(TypeError, match="got torch.int64"):
+        ops.quantize(torch.arange(16).reshape(2, 8), 2)
+    with pytest.raises(RuntimeError, match="actbench::group_minmax: x must be float32, float16 or bfloat16, got Int"):
+        torch.ops.actbench.group_minmax(torch.zeros(2, 8, dtype=torch.int32), 256)
+    with pytest.raises(RuntimeError, match="x must be non-empty"):
+        torch.ops.actbench.group_minmax(torch.zeros(0, 8), 256)
+
+
+def test_bad_group_size_and_backend():
+    with pytest.raises(ValueError, match="group_size must be a positive multiple of 8, got 12"):
+        ops.quantize(torch.randn(2, 8), 2, group_size=12)
+    with pytest.raises(ValueError, match="backend must be one of extension, reference, got 'cuda'"):
+        ops.quantize(torch.randn(2, 8), 2, backend="cuda")
+
+
+def test_group_size_other_than_256_matches_reference():
+    x = _x((3, 700), torch.float32)
+    a = ops.quantize(x, 2, group_size=64, seed_offset=(8, 8))
+    b = ops.quantize(x, 2, group_size=64, seed_offset=(8, 8), backend="reference")
+    assert a.lo.shape == (3, 11) and torch.equal(a.codes, b.codes)
+
+
+def test_group_minmax_matches_reference_and_torch():
+    x = _x((4, 1000), torch.float32)
+    mn, mx = ops.group_minmax(x)
+    rmn, rmx = reference.group_minmax(x)
+    assert torch.equal(mn, rmn) and torch.equal(mx, rmx)
+    assert torch.equal(mn[:, 0], x[:, :256].amin(1)) and torch.equal(mx[:, 3], x[:, 768:].amax(1))
