@@ -195,8 +195,12 @@ def _draw_seed_offset(generator: torch.Generator | None) -> tuple[int, int]:
     """Seed and offset for the Philox stream, drawn from a CPU generator (no device sync)."""
     if generator is not None and generator.device.type != "cpu":
         raise ValueError(f"actbench.ops: generator must be a CPU torch.Generator, got one on {generator.device}")
-    draw = torch.randint(0, 2**62, (2,), generator=generator, dtype=torch.int64)
-    return int(draw[0]), int(draw[1])
+    from actbench import compat
+
+    # Real numbers even inside a FakeTensorMode (meta sizing): the draw is host bookkeeping.
+    with compat.dispatch_modes_disabled():
+        draw = torch.randint(0, 2**62, (2,), generator=generator, dtype=torch.int64)
+        return int(draw[0]), int(draw[1])
 
 
 def _check_input(x: torch.Tensor, group_size: int) -> None:
@@ -242,24 +246,32 @@ def quantize(
     generator: torch.Generator | None = None,
     backend: Backend = "extension",
     seed_offset: tuple[int, int] | None = None,
+    total_bits: int | None = None,
+    minmax: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> PackedTensor:
     """Stochastically quantize x [N, ...] to ``bits`` per value (int, or per-sample tensor [N]).
 
     ``seed_offset`` pins the Philox stream (tests, reproducibility); otherwise it is drawn from
-    ``generator`` (a CPU generator; torch's default when None).
+    ``generator`` (a CPU generator; torch's default when None). With per-sample bits on a GPU,
+    pass ``total_bits`` = sum(bits) known on the host to avoid reading the bits back (a sync);
+    the values are then trusted (the kernel still never writes out of bounds). ``minmax`` reuses
+    a :func:`group_minmax` result computed earlier (e.g. for the bit allocation).
     """
     _check_backend(backend)
     _check_input(x, group_size)
-    _check_bits(bits, x.shape[0])
+    if total_bits is None or not isinstance(bits, torch.Tensor):
+        _check_bits(bits, x.shape[0])
+    elif not (x.shape[0] <= total_bits <= 8 * x.shape[0]):
+        raise ValueError(f"actbench.quantize: total_bits must be in [{x.shape[0]}, {8 * x.shape[0]}], got {total_bits}")
     seed, offset = seed_offset if seed_offset is not None else _draw_seed_offset(generator)
-    mn, mx = group_minmax(x, group_size, backend=backend)
+    mn, mx = minmax if minmax is not None else group_minmax(x, group_size, backend=backend)
     if backend == "reference":
         bits_t = bits.cpu() if isinstance(bits, torch.Tensor) else torch.full((x.shape[0],), bits)
         codes, lo, scale = reference.quantize(x, mn, mx, bits_t, group_size, seed, offset)
         codes, lo, scale = codes.to(x.device), lo.to(x.device), scale.to(x.device)
     elif isinstance(bits, torch.Tensor):
         # Summing on the host is free when the allocator produced the bits there (the usual case).
-        total = int(bits.sum()) if bits.device.type == "cpu" else int(bits.sum().item())
+        total = total_bits if total_bits is not None else int(bits.sum())
         bits = bits.to(device=x.device, dtype=torch.int32, non_blocking=True)
         codes, lo, scale = _lib().quantize_mixed.default(x, mn, mx, bits, total, group_size, seed, offset)
     else:

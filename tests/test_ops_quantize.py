@@ -237,3 +237,24 @@ def test_group_minmax_matches_reference_and_torch():
     rmn, rmx = reference.group_minmax(x)
     assert torch.equal(mn, rmn) and torch.equal(mx, rmx)
     assert torch.equal(mn[:, 0], x[:, :256].amin(1)) and torch.equal(mx[:, 3], x[:, 768:].amax(1))
+
+
+def test_total_bits_and_minmax_shortcuts_give_the_same_result():
+    x = _x((4, 700), torch.float32)
+    bits = torch.tensor([1, 2, 3, 2], dtype=torch.int32)
+    plain = ops.quantize(x, bits, seed_offset=(6, 6))
+    fast = ops.quantize(x, bits, seed_offset=(6, 6), total_bits=8, minmax=ops.group_minmax(x))
+    assert torch.equal(plain.codes, fast.codes) and torch.equal(plain.lo, fast.lo)
+    with pytest.raises(ValueError, match=r"total_bits must be in \[4, 32\], got 40"):
+        ops.quantize(x, bits, total_bits=40)
+
+
+def test_quantize_inside_fake_tensor_mode_draws_real_seeds():
+    """Meta sizing runs whole training steps under FakeTensorMode; the seed draw must still work."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(8, 3, 16, 16)
+        p = ops.quantize(x, 2)
+        assert p.codes.shape == (8 * 768 * 2 // 8,)
+        assert ops.dequantize(p).shape == x.shape
