@@ -1,0 +1,341 @@
+"""Per-model adaptive state: the L3 bit allocator, the swap offloader, and the step boundary.
+
+One :class:`Controller` per converted model, held by the :class:`~actbench.actnn.convert.Conversion`
+and referenced by each converted layer through a :class:`LayerSlot` (no globals: upstream's class
+attributes broke as soon as two models existed).
+
+Mixed precision (DESIGN.md §2), arranged so the training loop stays ordinary and there is at most
+one small host round trip per step:
+
+* every quantizing backward records the per-sample ``||grad_output||^2`` of its layer, every
+  quantizing forward the per-sample sum of squared group ranges of its input (on the device);
+* at the first quantizing forward after a backward, the controller reads all of last step's
+  statistics in one transfer and runs the greedy ``ops.allocate_bits`` over all conv/linear
+  (layer, sample) pairs with cost ``factor_l * ||g_{l,n}||^2 * range^2_{l,n}`` (factor: see
+  ``_cost_factor``) and weight = elements per sample, so their *network* average meets the target
+  while sensitive layers get more bits. Each BatchNorm keeps its own budget (target * N) and
+  varies bits only across samples: its input error also reaches every earlier layer's gradient
+  through BN's input gradient, which a local cost cannot see (measured: sharing one budget with the
+  convs made ResNet-18's gradient noise 10x worse than uniform 2 bits; separate, it is below);
+* that gives each layer a multiset of per-sample widths; in the current step a layer hands the
+  widest of them to the samples with the largest *current* group ranges (a rank match on the
+  device: by the rearrangement inequality it is the best assignment of a fixed multiset when
+  costs scale with range^2), so per-sample choices follow the current activation without a sync.
+
+The first step, or a layer whose batch size changed, gets the uniform allocation of its target
+(``max(N, floor(target * N))`` sample-bits spread as evenly as possible): upstream's all-zero
+first-step costs gave a degenerate allocation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+
+from actbench import compat, ops
+from actbench.actnn.levels import UNIFORM_BITS, LevelConfig
+from actbench.actnn.offload import Offloader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """A compressing layer known to the controller; ``cost_factor`` scales its variance estimate."""
+
+    name: str
+    kind: str  # "conv" | "linear" | "bn" | "mask" | "pool"
+    cost_factor: float
+
+
+@dataclass(frozen=True)
+class LayerAllocation:
+    """Bits of one layer in one step: per-sample widths (sorted, widest first) and their mean."""
+
+    name: str
+    bits_desc: tuple[int, ...]
+    elements_per_sample: int
+
+    @property
+    def mean_bits(self) -> float:
+        return sum(self.bits_desc) / len(self.bits_desc)
+
+
+@dataclass(frozen=True)
+class PackSpec:
+    """How a saved activation was stored (no tensors: those go through save_for_backward)."""
+
+    kind: str  # "raw" | "packed" | "mask" | "argmax"
+    shape: torch.Size
+    dtype: torch.dtype
+    bits: int | None = None  # uniform bits; None when raw or per-sample
+    mixed: bool = False
+    group_size: int = ops.DEFAULT_GROUP_SIZE
+    view_shape: torch.Size | None = None  # original shape when a 0/1-D input was packed as [1, F]
+    offload: tuple[int, int] | None = None
+    device: torch.device | None = None
+
+
+def uniform_bits(n: int, target: float, min_bits: int = 1, max_bits: int = 8) -> list[int]:
+    """max(n, floor(target * n)) sample-bits spread evenly over n samples, widest first."""
+    total = min(max(n * min_bits, math.floor(target * n)), n * max_bits)
+    base, extra = divmod(total, n)
+    return [base + 1] * extra + [base] * (n - extra)
+
+
+class Controller:
+    """Adaptive state of one converted model (see the module docstring)."""
+
+    def __init__(self, config: LevelConfig, generator: torch.Generator | None = None) -> None:
+        self.config = config
+        self.generator = generator
+        self.layers: list[LayerInfo] = []
+        self.offloader = Offloader(config.prefetch_depth) if config.swap else None
+        self.step = 0  # counts forward passes that started after a backward
+        self._backward_seen = True
+        self._grad_sq: dict[int, torch.Tensor] = {}
+        self._range_sq: dict[int, torch.Tensor] = {}
+        self._elements: dict[int, int] = {}
+        self._spatial: dict[int, int] = {}
+        self._allocation: dict[int, LayerAllocation] = {}
+
+    # -- registration -------------------------------------------------------------------------
+
+    def register(self, name: str, kind: str, cost_factor: float = 1.0) -> "LayerSlot":
+        """Add a layer; returns the slot the layer keeps."""
+        self.layers.append(LayerInfo(name, kind, cost_factor))
+        return LayerSlot(self, len(self.layers) - 1)
+
+    def target_bits(self, kind: str) -> float | None:
+        """The level's bits for an input saved by a layer of ``kind`` (None: full precision)."""
+        return self.config.bn_bits if kind == "bn" else self.config.conv_bits
+
+    # -- the step boundary --------------------------------------------------------------------
+
+    def before_save(self) -> None:
+        """Called by every compressing forward: the first one after a backward starts a step."""
+        if not self._backward_seen:
+            return
+        self._backward_seen = False
+        self.step += 1
+        if self.offloader is not None:
+            self.offloader.new_step()
+        if self.config.mixed_precision and self._grad_sq:
+            self._reallocate()
+
+    def after_backward(self) -> None:
+        self._backward_seen = True
+
+    def draw_seed_offset(self) -> tuple[int, int]:
+        """Philox seed and offset for one quantization, from this controller's CPU generator.
+
+        Drawn with dispatch modes off, so a forward under FakeTensorMode (the harness's meta
+        sizing) gets real numbers instead of failing on a data-dependent ``int()``.
+        """
+        with compat.dispatch_modes_disabled():
+            seed, offset = torch.randint(0, 2**62, (2,), generator=self.generator, dtype=torch.int64, device="cpu").tolist()
+        return seed, offset
+
+    def record_grad(self, index: int, grad_output: torch.Tensor) -> None:
+        """Per-sample ||grad_output||^2 of a quantizing layer (kept on the device)."""
+        self._backward_seen = True
+        if not self.config.mixed_precision:
+            return
+        g = grad_output.detach()
+        n = g.shape[0] if g.dim() > 1 else 1
+        self._grad_sq[index] = torch.nan_to_num(g.reshape(n, -1).float().pow(2).sum(1), posinf=0.0)
+
+    # -- allocation ---------------------------------------------------------------------------
+
+    def _reallocate(self) -> None:
+        """One host round trip: last step's statistics -> per-layer multisets of widths."""
+        groups: dict[tuple, list[int]] = {}
+        for index in sorted(self._grad_sq):
+            r2 = self._range_sq.get(index)
+            if r2 is None or r2.numel() != self._grad_sq[index].numel():
+                continue
+            kind = self.layers[index].kind
+            target = self.target_bits(kind)
+            if target is None:
+                continue
+            # Conv/linear layers share one budget (per-layer + per-sample allocation). A BatchNorm
+            # input's error also flows into every earlier layer's gradient through BN's input
+            # gradient, which the local cost does not see: each BN keeps its own budget and only
+            # varies bits across samples (as upstream did).
+            key = (float(target), index if kind == "bn" else -1)
+            groups.setdefault(key, []).append(index)
+        self._allocation = {}
+        if not groups:
+            return
+        order = [i for key in sorted(groups) for i in groups[key]]
+        stacked = torch.cat([torch.stack([self._grad_sq[i], self._range_sq[i].to(self._grad_sq[i].device)]).reshape(-1) for i in order])
+        try:
+            host_values = stacked.to("cpu", torch.float64).tolist()  # the one device -> host transfer per step
+        except RuntimeError as exc:
+            # Fake tensors (the harness's meta sizing) carry no data: keep the uniform allocation,
+            # which has exactly the same packed sizes (DESIGN.md §2).
+            log.info("actnn: statistics have no data (%s); uniform allocation this step", type(exc).__name__)
+            return
+        with compat.dispatch_modes_disabled():  # plain CPU bookkeeping, also inside a FakeTensorMode
+            self._allocate(groups, order, torch.tensor(host_values, dtype=torch.float64))
+        log.debug("actnn step %d: network mean bits %.3f", self.step, self.network_mean_bits() or float("nan"))
+
+    def _allocate(self, groups: dict[tuple, list[int]], order: list[int], host: torch.Tensor) -> None:
+        """Greedy allocation per budget group from last step's statistics (float64 on the CPU)."""
+        pos = 0
+        stats: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for i in order:
+            n = self._grad_sq[i].numel()
+            stats[i] = (host[pos : pos + n], host[pos + n : pos + 2 * n])
+            pos += 2 * n
+        for (target, _), indices in groups.items():
+            cost = torch.cat([self._cost_factor(i) * stats[i][0] * stats[i][1] for i in indices])
+            weight = torch.cat([torch.full((stats[i][0].numel(),), float(self._elements[i]), dtype=torch.float64) for i in indices])
+            budget = target * float(weight.sum())
+            bits = ops.allocate_bits(cost, weight, budget, self.config.min_bits, self.config.max_bits)
+            pos = 0
+            for i in indices:
+                n = stats[i][0].numel()
+                desc = sorted(bits[pos : pos + n].tolist(), reverse=True)
+                self._allocation[i] = LayerAllocation(self.layers[i].name, tuple(int(b) for b in desc), self._elements[i])
+                pos += n
+
+    def _cost_factor(self, index: int) -> float:
+        """Variance of the weight gradient per unit of ||g||^2 * sum_groups range^2 (constants dropped).
+
+        Var(grad W) = sum over output positions of ||g_p||^2 * (the quantization variance summed
+        over the C_in * k elements p reads). With the mean per-element variance
+        S * sum range^2 / (4 B^2 F_in), that is ||g||^2 * S sum range^2 / (4 B^2) * C_in k / F_in:
+        for a linear layer the factor is 1, for a conv k / (input spatial size) — without it a
+        conv's cost is overstated by its map size and small layers (fc) are starved of bits.
+        """
+        return self.layers[index].cost_factor / self._spatial.get(index, 1)
+
+    def allocation(self) -> dict[str, LayerAllocation]:
+        """The current step's per-layer allocation (empty before the first adaptive step)."""
+        return {a.name: a for a in self._allocation.values()}
+
+    def network_mean_bits(self) -> float | None:
+        """Element-weighted mean bits of the current allocation (None before the first)."""
+        allocs = list(self._allocation.values())
+        if not allocs:
+            return None
+        total = sum(sum(a.bits_desc) * a.elements_per_sample for a in allocs)
+        return total / sum(len(a.bits_desc) * a.elements_per_sample for a in allocs)
+
+    def sample_bits(self, index: int, x: torch.Tensor) -> int | torch.Tensor:
+        """Bits for each sample of ``x`` [N, ...] saved by layer ``index`` (int when uniform)."""
+        kind = self.layers[index].kind
+        target = self.target_bits(kind)
+        n = x.shape[0]
+        self._elements[index] = x.numel() // n
+        if kind == "conv":
+            self._spatial[index] = math.prod(x.shape[2:])
+        if not self.config.mixed_precision:
+            return int(target)
+        mn, mx = ops.group_minmax(x, self.config.group_size, backend=self.config.backend)
+        r2 = torch.nan_to_num((mx - mn).pow(2), nan=0.0, posinf=0.0).sum(1)
+        self._range_sq[index] = r2
+        alloc = self._allocation.get(index)
+        if alloc is not None and len(alloc.bits_desc) == n:
+            desc = list(alloc.bits_desc)
+        else:
+            desc = uniform_bits(n, float(target), self.config.min_bits, self.config.max_bits)
+        if len(set(desc)) == 1 and desc[0] in UNIFORM_BITS:
+            return desc[0]
+        # Rank match on the device: the widest widths go to the samples with the largest ranges.
+        rank = torch.argsort(r2, descending=True, stable=True)
+        bits = torch.empty(n, dtype=torch.int32, device=x.device)
+        bits[rank] = torch.tensor(desc, dtype=torch.int32).to(x.device, non_blocking=True)
+        return bits
+
+
+class LayerSlot:
+    """A layer's handle on its controller: compress, store (maybe offload), restore."""
+
+    __slots__ = ("controller", "index")
+
+    def __init__(self, controller: Controller, index: int) -> None:
+        self.controller = controller
+        self.index = index
+
+    @property
+    def config(self) -> LevelConfig:
+        return self.controller.config
+
+    @property
+    def info(self) -> LayerInfo:
+        return self.controller.layers[self.index]
+
+    # -- saving ---------------------------------------------------------------------------------
+
+    def save_input(self, x: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], PackSpec]:
+        """Compress the input of a conv/linear/BN layer as the level says -> (tensors, spec)."""
+        c = self.controller
+        c.before_save()
+        target = c.target_bits(self.info.kind)
+        if target is None or x.dtype not in ops.PACKABLE_DTYPES or x.numel() == 0:
+            return self._stash((x,), PackSpec("raw", x.shape, x.dtype, device=x.device))
+        view_shape = None
+        if x.dim() < 2:
+            view_shape, x = x.shape, x.reshape(1, -1)
+        bits = c.sample_bits(self.index, x)
+        packed = ops.quantize(
+            x, bits, group_size=self.config.group_size, backend=self.config.backend, seed_offset=c.draw_seed_offset()
+        )
+        mixed = isinstance(bits, torch.Tensor)
+        spec = PackSpec(
+            "packed", x.shape, x.dtype, None if mixed else bits, mixed, self.config.group_size, view_shape, device=x.device
+        )
+        return self._stash(packed.tensors, spec)
+
+    def save_mask(self, mask: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], PackSpec]:
+        """A bool mask -> 1 bit per element."""
+        self.controller.before_save()
+        return self._stash((ops.pack_mask(mask),), PackSpec("mask", mask.shape, torch.bool, device=mask.device))
+
+    def save_argmax(self, argmax: torch.Tensor, input_shape: torch.Size) -> tuple[tuple[torch.Tensor, ...], PackSpec]:
+        """A max pool's int8 argmax (already compact)."""
+        self.controller.before_save()
+        return self._stash((argmax,), PackSpec("argmax", input_shape, argmax.dtype, device=argmax.device))
+
+    def _stash(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec):
+        off = self.controller.offloader
+        if off is None:
+            return tensors, spec
+        host, handle = off.offload(tensors)
+        return host, dataclasses.replace(spec, offload=handle)
+
+    # -- restoring ------------------------------------------------------------------------------
+
+    def _unstash(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec) -> tuple[torch.Tensor, ...]:
+        if spec.offload is None:
+            return tensors
+        return self.controller.offloader.fetch(spec.offload, tuple(tensors), spec.device)
+
+    def load_input(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec) -> torch.Tensor:
+        tensors = self._unstash(tensors, spec)
+        if spec.kind == "raw":
+            return tensors[0]
+        bits = tensors[3] if spec.mixed else spec.bits
+        packed = ops.PackedTensor(tensors[0], tensors[1], tensors[2], bits, spec.group_size, spec.shape, spec.dtype)
+        x = ops.dequantize(packed, backend=self.config.backend)
+        return x.reshape(spec.view_shape) if spec.view_shape is not None else x
+
+    def load_mask(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec) -> torch.Tensor:
+        (packed,) = self._unstash(tensors, spec)
+        return ops.unpack_mask(packed, spec.shape)
+
+    def load_argmax(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec) -> torch.Tensor:
+        (argmax,) = self._unstash(tensors, spec)
+        return argmax
+
+    def record_grad(self, grad_output: torch.Tensor) -> None:
+        self.controller.record_grad(self.index, grad_output)
+
+    def after_backward(self) -> None:
+        self.controller.after_backward()

@@ -1,0 +1,162 @@
+"""convert(model, level) -> Conversion: swap supported modules for their ActNN twins, in place of a copy.
+
+Conversion changes only each module's class (and attaches its slot): parameters, buffers, hooks and
+module names stay as they were, so state_dicts round-trip and nothing is re-initialised (upstream
+rebuilt layers and lost their weights, and turned AvgPool into MaxPool; here an AvgPool2d stays an
+AvgPool2d — its ActNN twin is a subclass that saves only the input's shape, where aten's own
+autograd saves the whole input).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from actbench.actnn.controller import Controller
+from actbench.actnn.layers import REPLACEMENTS, ActNNModule, QMaxPool2d, maxpool_supported
+from actbench.actnn.levels import LevelConfig, resolve
+from actbench.actnn.memory import SavedCensus, SavedGroup, saved_tensor_census
+
+log = logging.getLogger(__name__)
+
+# Leaf modules that keep no activation worth compressing (at most a shape, or a small input at
+# the network's end, which the census then reports with its bytes).
+KEPT_AS_IS: tuple[type[nn.Module], ...] = (
+    nn.Identity,
+    nn.Flatten,
+    nn.Unflatten,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d,
+)
+
+
+class UnsupportedModuleError(ValueError):
+    """Raised by ``convert(..., strict=True)`` when a module with saved state cannot be converted."""
+
+
+@dataclass(frozen=True)
+class ModuleEntry:
+    name: str
+    torch_type: str
+    actnn_type: str | None  # None when left as is
+
+
+@dataclass(frozen=True)
+class ConversionReport:
+    """What convert did: converted, kept and unsupported modules, and (when measured) saved bytes.
+
+    ``unsupported``: leaf modules left as they are that keep activations for backward — measured
+    when ``example_input`` was given (a leaf that saved nothing moves to ``kept``), otherwise every
+    unconverted leaf outside :data:`KEPT_AS_IS`.
+
+    ``census`` is None unless ``example_input`` was given to :func:`convert`; it lists every saved
+    activation storage of one training forward by owner and category (see
+    :class:`~actbench.actnn.memory.SavedGroup`).
+    """
+
+    level: str
+    converted: tuple[ModuleEntry, ...]
+    kept: tuple[ModuleEntry, ...]
+    unsupported: tuple[ModuleEntry, ...]
+    census: SavedCensus | None = None
+
+    @property
+    def uncompressed(self) -> tuple[SavedGroup, ...] | None:
+        """Saved tensors that stay uncompressed (functional calls, unsupported modules, fp32 by level)."""
+        return None if self.census is None else self.census.uncompressed
+
+    def summary(self) -> str:
+        lines = [
+            f"ActNN {self.level}: {len(self.converted)} modules converted, {len(self.kept)} kept as is, "
+            f"{len(self.unsupported)} unsupported"
+        ]
+        for e in self.unsupported:
+            lines.append(f"  unsupported: {e.name} ({e.torch_type})")
+        if self.census is not None:
+            for cat, b in sorted(self.census.bytes_by_category().items()):
+                lines.append(f"  saved {cat}: {b / 2**20:.2f} MiB")
+            for g in self.census.uncompressed:
+                lines.append(f"  uncompressed: {g.owner} ({g.owner_type}) via {g.saved_by}: {g.nbytes} B in {g.count} tensors")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """The converted model, its report, and the controller holding all of its adaptive state."""
+
+    model: nn.Module
+    report: ConversionReport
+    controller: Controller
+    config: LevelConfig
+
+
+def _has_own_state(m: nn.Module) -> bool:
+    return not any(True for _ in m.children())
+
+
+def convert(
+    model: nn.Module,
+    level: str | LevelConfig,
+    *,
+    example_input: torch.Tensor | tuple | None = None,
+    inplace: bool = False,
+    strict: bool = False,
+    generator: torch.Generator | None = None,
+) -> Conversion:
+    """Convert ``model`` to ActNN at ``level`` (a name "L0".."L5" or a :class:`LevelConfig`).
+
+    ``example_input``: measure what one training forward saves (bytes in the report).
+    ``strict``: raise :class:`UnsupportedModuleError` instead of reporting unsupported leaf modules.
+    ``generator``: CPU generator for the stochastic rounding (torch's default when None).
+    """
+    config = resolve(level)
+    if not inplace:
+        model = copy.deepcopy(model)
+    controller = Controller(config, generator=generator)
+    converted, kept, unsupported = [], [], []
+    for name, module in model.named_modules():
+        if isinstance(module, ActNNModule):
+            raise ValueError(f"actnn.convert: module {name or '<root>'} ({type(module).__name__}) is already converted")
+        twin = REPLACEMENTS.get(type(module))
+        if twin is QMaxPool2d and not maxpool_supported(module):
+            twin = None
+        if twin is not None:
+            module.__class__ = twin
+            module.attach(controller.register(name, twin.actnn_kind, module.actnn_cost_factor()))
+            converted.append(ModuleEntry(name, _torch_name(twin), twin.__name__))
+        elif _has_own_state(module):
+            entry = ModuleEntry(name, type(module).__name__, None)
+            (kept if isinstance(module, KEPT_AS_IS) else unsupported).append(entry)
+    census = None
+    if example_input is not None:
+        census = saved_tensor_census(model, example_input)
+        controller.after_backward()  # the measuring forward was not a training step
+        # Measured: a leaf that saved nothing (e.g. a Permute) is kept, not unsupported.
+        saving = {g.owner for g in census.groups}
+        kept += [e for e in unsupported if e.name not in saving]
+        unsupported = [e for e in unsupported if e.name in saving]
+    if unsupported:
+        listing = ", ".join(f"{e.name} ({e.torch_type})" for e in unsupported)
+        if strict:
+            raise UnsupportedModuleError(
+                f"actnn.convert: {len(unsupported)} module(s) keep activations actbench cannot compress: {listing}"
+            )
+        log.warning("actnn.convert: left uncompressed (unsupported): %s", listing)
+    report = ConversionReport(config.name, tuple(converted), tuple(kept), tuple(unsupported), census)
+    return Conversion(model, report, controller, config)
+
+
+def _torch_name(twin: type[nn.Module]) -> str:
+    for base, q in REPLACEMENTS.items():
+        if q is twin:
+            return base.__name__
+    return twin.__name__
+

@@ -1,0 +1,287 @@
+"""ActNN modules: subclasses of their PyTorch twins (same constructor, forward and state_dict keys).
+
+In training with gradients flowing they run the compressing functions of
+:mod:`actbench.actnn.functions`; in eval mode or without gradients they are exactly the torch
+module (nothing is compressed when nothing is saved). Each module keeps a :class:`LayerSlot`
+(its controller and index); :func:`actbench.actnn.convert` attaches it. A module built directly
+gets a private L2 controller of its own on first use.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.utils import _pair
+
+from actbench.actnn.controller import Controller, LayerSlot
+from actbench.actnn.functions import (
+    BatchNormFunction,
+    ClampFunction,
+    ConvFunction,
+    ConvParams,
+    DropoutFunction,
+    LinearFunction,
+    AvgPool2dFunction,
+    MaxPool2dFunction,
+    PoolParams,
+)
+from actbench.actnn.levels import level_config
+
+KIND_CONV, KIND_LINEAR, KIND_BN, KIND_MASK, KIND_POOL = "conv", "linear", "bn", "mask", "pool"
+
+
+class ActNNModule:
+    """Mixin: the slot, and the rule for when to compress."""
+
+    actnn_kind: str = ""
+
+    def attach(self, slot: LayerSlot) -> None:
+        """Bind this layer to a controller (done by convert)."""
+        object.__setattr__(self, "_actnn_slot", slot)
+
+    @property
+    def actnn_slot(self) -> LayerSlot:
+        slot = self.__dict__.get("_actnn_slot")
+        if slot is None:
+            slot = Controller(level_config("L2")).register(type(self).__name__, self.actnn_kind, self.actnn_cost_factor())
+            self.attach(slot)
+        return slot
+
+    def actnn_cost_factor(self) -> float:
+        """Scale of this layer's weight-gradient variance per unit of range^2 * ||grad||^2.
+
+        1 for linear layers; convs return their kernel area (the controller divides by the input's
+        spatial size, see Controller._cost_factor). The common 1/4 of DESIGN.md §2 is dropped.
+        """
+        return 1.0
+
+    def _compressing(self, *tensors: torch.Tensor | None) -> bool:
+        return (
+            self.training
+            and torch.is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in tensors)
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Convolutions
+# ---------------------------------------------------------------------------------------------
+
+
+class _QConvNd(ActNNModule):
+    actnn_kind = KIND_CONV
+    _nd = 2
+
+    def actnn_cost_factor(self) -> float:
+        return float(math.prod(self.kernel_size))
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._compressing(input, self.weight, self.bias):
+            return super().forward(input)
+        x, padding = input, self.padding
+        if isinstance(padding, str) or self.padding_mode != "zeros":
+            mode = "constant" if self.padding_mode == "zeros" else self.padding_mode
+            x = F.pad(x, self._reversed_padding_repeated_twice, mode=mode)
+            padding = (0,) * self._nd
+        unbatched = x.dim() == self._nd + 1
+        if unbatched:
+            x = x.unsqueeze(0)
+        p = ConvParams(tuple(self.stride), tuple(padding), tuple(self.dilation), False, (0,) * self._nd, self.groups)
+        out = ConvFunction.apply(x, self.weight, self.bias, self.actnn_slot, p)
+        return out.squeeze(0) if unbatched else out
+
+
+class QConv1d(_QConvNd, nn.Conv1d):
+    _nd = 1
+
+
+class QConv2d(_QConvNd, nn.Conv2d):
+    _nd = 2
+
+
+class QConv3d(_QConvNd, nn.Conv3d):
+    _nd = 3
+
+
+class _QConvTransposeNd(ActNNModule):
+    actnn_kind = KIND_CONV
+    _nd = 2
+
+    def actnn_cost_factor(self) -> float:
+        return float(math.prod(self.kernel_size))
+
+    def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
+        if not self._compressing(input, self.weight, self.bias) or self.padding_mode != "zeros":
+            return super().forward(input, output_size)  # torch raises for non-zero padding modes
+        output_padding = self._output_padding(
+            input, output_size, self.stride, self.padding, self.kernel_size, self._nd, self.dilation
+        )
+        x = input
+        unbatched = x.dim() == self._nd + 1
+        if unbatched:
+            x = x.unsqueeze(0)
+        p = ConvParams(
+            tuple(self.stride), tuple(self.padding), tuple(self.dilation), True, tuple(output_padding), self.groups
+        )
+        out = ConvFunction.apply(x, self.weight, self.bias, self.actnn_slot, p)
+        return out.squeeze(0) if unbatched else out
+
+
+class QConvTranspose1d(_QConvTransposeNd, nn.ConvTranspose1d):
+    _nd = 1
+
+
+class QConvTranspose2d(_QConvTransposeNd, nn.ConvTranspose2d):
+    _nd = 2
+
+
+class QConvTranspose3d(_QConvTransposeNd, nn.ConvTranspose3d):
+    _nd = 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear, BatchNorm
+# ---------------------------------------------------------------------------------------------
+
+
+class QLinear(ActNNModule, nn.Linear):
+    actnn_kind = KIND_LINEAR
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._compressing(input, self.weight, self.bias):
+            return super().forward(input)
+        return LinearFunction.apply(input, self.weight, self.bias, self.actnn_slot)
+
+
+class _QBatchNorm(ActNNModule):
+    actnn_kind = KIND_BN
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._compressing(input, self.weight, self.bias):
+            return super().forward(input)
+        self._check_input_dim(input)
+        # Same running-statistics bookkeeping as torch.nn.modules.batchnorm._BatchNorm.forward.
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        rm = self.running_mean if self.track_running_stats else None
+        rv = self.running_var if self.track_running_stats else None
+        return BatchNormFunction.apply(input, self.weight, self.bias, rm, rv, factor, self.eps, self.actnn_slot)
+
+
+class QBatchNorm1d(_QBatchNorm, nn.BatchNorm1d):
+    pass
+
+
+class QBatchNorm2d(_QBatchNorm, nn.BatchNorm2d):
+    pass
+
+
+class QBatchNorm3d(_QBatchNorm, nn.BatchNorm3d):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Masks: ReLU, ReLU6, Hardtanh, Dropout; MaxPool2d (int8 argmax)
+# ---------------------------------------------------------------------------------------------
+
+
+class _MaskModule(ActNNModule):
+    actnn_kind = KIND_MASK
+
+    def _masking(self, input: torch.Tensor) -> bool:
+        return self._compressing(input) and self.actnn_slot.config.masks
+
+
+class QReLU(_MaskModule, nn.ReLU):
+    """ReLU keeping a 1-bit mask; ``inplace`` is accepted but the output is a new tensor."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._masking(input):
+            return super().forward(input)
+        return ClampFunction.apply(input, None, None, self.actnn_slot)
+
+
+class QHardtanh(_MaskModule, nn.Hardtanh):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._masking(input):
+            return super().forward(input)
+        return ClampFunction.apply(input, float(self.min_val), float(self.max_val), self.actnn_slot)
+
+
+class QReLU6(_MaskModule, nn.ReLU6):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._masking(input):
+            return super().forward(input)
+        return ClampFunction.apply(input, 0.0, 6.0, self.actnn_slot)
+
+
+class QDropout(_MaskModule, nn.Dropout):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._masking(input) or not 0.0 < self.p < 1.0:
+            return super().forward(input)
+        return DropoutFunction.apply(input, float(self.p), self.actnn_slot)
+
+
+class QMaxPool2d(_MaskModule, nn.MaxPool2d):
+    """Max pool keeping an int8 argmax; only windows of at most 128 positions (convert checks)."""
+
+    actnn_kind = KIND_POOL
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._masking(input) or self.return_indices:
+            return super().forward(input)
+        p = PoolParams(
+            _pair(self.kernel_size),
+            _pair(self.stride if self.stride is not None else self.kernel_size),
+            _pair(self.padding),
+            _pair(self.dilation),
+            bool(self.ceil_mode),
+        )
+        return MaxPool2dFunction.apply(input, p, self.actnn_slot)
+
+
+class QAvgPool2d(_MaskModule, nn.AvgPool2d):
+    """Average pool (still an AvgPool: upstream turned it into a MaxPool) keeping only a shape."""
+
+    actnn_kind = KIND_POOL
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._compressing(input):
+            return super().forward(input)
+        k = _pair(self.kernel_size)
+        stride = _pair(self.stride) if self.stride is not None and self.stride != [] else k
+        return AvgPool2dFunction.apply(
+            input, list(k), list(stride), list(_pair(self.padding)), bool(self.ceil_mode),
+            bool(self.count_include_pad), self.divisor_override, self.actnn_slot,
+        )
+
+
+def maxpool_supported(m: nn.MaxPool2d) -> bool:
+    """int8 argmax fits windows of up to 128 positions; return_indices needs torch's own indices."""
+    return not m.return_indices and math.prod(_pair(m.kernel_size)) <= 128
+
+
+# Exact torch type -> ActNN twin (subclasses of these with their own forward are not converted).
+REPLACEMENTS: dict[type[nn.Module], type[nn.Module]] = {
+    nn.Conv1d: QConv1d,
+    nn.Conv2d: QConv2d,
+    nn.Conv3d: QConv3d,
+    nn.ConvTranspose1d: QConvTranspose1d,
+    nn.ConvTranspose2d: QConvTranspose2d,
+    nn.ConvTranspose3d: QConvTranspose3d,
+    nn.Linear: QLinear,
+    nn.BatchNorm1d: QBatchNorm1d,
+    nn.BatchNorm2d: QBatchNorm2d,
+    nn.BatchNorm3d: QBatchNorm3d,
+    nn.ReLU: QReLU,
+    nn.ReLU6: QReLU6,
+    nn.Hardtanh: QHardtanh,
+    nn.Dropout: QDropout,
+    nn.MaxPool2d: QMaxPool2d,
+    nn.AvgPool2d: QAvgPool2d,
+}

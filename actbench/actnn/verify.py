@@ -1,0 +1,150 @@
+"""verify-grads: bias and variance of ActNN's compressed gradients against fp32, per parameter.
+
+For a fixed batch, the fp32 gradient g is computed once; then K gradients g_k of the converted
+model, each with fresh rounding noise. Per parameter tensor:
+
+* ``rel_bias`` = ||mean_k g_k - g|| / ||g||
+* ``rel_std``  = sqrt(sum_k ||g_k - mean||^2 / (K - 1)) / ||g||   (spread of one draw)
+* ``bias_z``   = ||mean_k g_k - g|| / (rel_std ||g|| / sqrt(K)): the bias in units of its own
+  standard error. An unbiased estimator gives about 1; a real bias grows like sqrt(K).
+
+Dropout is put in eval mode in both models (the two would otherwise draw different masks, and
+the difference would not be compression); BatchNorm stays in training mode.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from actbench.actnn.convert import convert
+from actbench.actnn.levels import LevelConfig, resolve
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """One verification: model (torchvision name), level, batch, K seeds, input side, device."""
+
+    model: str
+    level: str | LevelConfig = "L3"
+    batch: int = 4
+    seeds: int = 8
+    image_size: int = 64
+    device: str = "cpu"
+    num_classes: int = 10
+    data_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch < 1:
+            raise ValueError(f"batch must be >= 1, got {self.batch}")
+        if self.seeds < 2:
+            raise ValueError(f"seeds must be >= 2 (a variance needs two draws), got {self.seeds}")
+        if self.image_size < 8:
+            raise ValueError(f"image_size must be >= 8, got {self.image_size}")
+
+
+@dataclass(frozen=True)
+class GradRow:
+    """Statistics of one parameter's compressed gradient (relative to the fp32 gradient's norm)."""
+
+    parameter: str
+    numel: int
+    fp32_norm: float
+    rel_bias: float
+    rel_std: float
+    bias_z: float
+
+
+def _eval_dropout(model: nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            m.eval()
+
+
+def _grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    from actbench.models import logits_of
+
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(logits_of(model(x)), y).backward()
+    return {n: p.grad.detach().to("cpu", torch.float64) for n, p in model.named_parameters() if p.grad is not None}
+
+
+def grad_statistics(reference: dict[str, torch.Tensor], draws: list[dict[str, torch.Tensor]]) -> list[GradRow]:
+    """Rows for every parameter in ``reference`` from K >= 2 draws."""
+    k = len(draws)
+    rows = []
+    for name, g in reference.items():
+        stack = torch.stack([d[name] for d in draws])
+        mean = stack.mean(0)
+        norm = float(g.norm()) or 1e-30
+        bias = float((mean - g).norm())
+        std = math.sqrt(float((stack - mean).pow(2).sum()) / (k - 1))
+        z = bias / (std / math.sqrt(k)) if std > 0 else (0.0 if bias == 0 else math.inf)
+        rows.append(GradRow(name, g.numel(), float(g.norm()), bias / norm, std / norm, z))
+    return rows
+
+
+def compare_gradients(
+    model: nn.Module,
+    level: str | LevelConfig,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    seeds: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[GradRow]:
+    """fp32 gradient of ``model`` on (x, y) vs ``seeds`` compressed draws at ``level``."""
+    config = resolve(level)
+    model = copy.deepcopy(model).train()
+    _eval_dropout(model)
+    reference = _grads(copy.deepcopy(model), x, y)
+    generator = torch.Generator().manual_seed(0)
+    conv = convert(model, config, generator=generator)
+    _eval_dropout(conv.model)
+    _grads(conv.model, x, y)  # warm-up: L3's allocation adapts from the second step on
+    draws = []
+    for k in range(seeds):
+        generator.manual_seed(1000 + k)
+        draws.append(_grads(conv.model, x, y))
+        if progress:
+            progress(k + 1, seeds)
+    return grad_statistics(reference, draws)
+
+
+def verify_grads(config: VerifyConfig, progress: Callable[[int, int], None] | None = None) -> list[GradRow]:
+    """Build the torchvision model, make a fixed batch, and compare (see module docstring)."""
+    from actbench.models import ModelSpec, build_model
+
+    torch.manual_seed(config.data_seed)
+    model = build_model(ModelSpec(config.model, num_classes=config.num_classes), config.image_size)
+    device = torch.device(config.device)
+    model = model.to(device)
+    g = torch.Generator().manual_seed(config.data_seed)
+    x = torch.randn(config.batch, 3, config.image_size, config.image_size, generator=g).to(device)
+    y = torch.randint(0, config.num_classes, (config.batch,), generator=g).to(device)
+    log.info("verify-grads %s at %s: batch %d, %d seeds, %d px", config.model, resolve(config.level).name,
+             config.batch, config.seeds, config.image_size)
+    return compare_gradients(model, config.level, x, y, config.seeds, progress)
+
+
+def write_csv(rows: list[GradRow], path: Path) -> Path:
+    """Write rows as CSV (columns = GradRow fields); refuses to overwrite an existing file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("x", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[fld.name for fld in dataclasses.fields(GradRow)])
+        writer.writeheader()
+        for r in rows:
+            writer.writerow(dataclasses.asdict(r))
+    return path

@@ -1,0 +1,385 @@
+"""Derived views of finished runs: which rows belong together, and the tables plots and reports share.
+
+Plots and the Markdown report must agree on every number (the largest batch, the memory at a batch,
+the maximum depth), so both read them from here; nothing in this module writes anything.
+
+Grouping: batch-type runs (sweep-batch, throughput, memory) are pooled by *setting* — model, input
+size and budget — so a cuda measurement and a meta prediction of the same setting share a figure.
+Max-scale runs vary the model or the input size on purpose, so each is grouped by its dimension.
+Within a group a *series* is one (strategy, device); ``device == "meta"`` marks a prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
+
+from actbench.results import ResultRow, RunStore
+
+PREDICTED_DEVICE = "meta"
+FAILURE_STATUSES = ("oom", "over_budget")
+SCALE_DIMENSIONS = ("depth", "width", "resolution")
+STRATEGY_ORDER = ("fp32", "swap", "checkpoint", "L0", "L1", "L2", "L3", "L4", "L5")
+
+
+def strategy_rank(strategy: str) -> tuple[int, str]:
+    """Canonical order: fp32, swap, checkpoint, L0..L5, then anything else by name."""
+    return (STRATEGY_ORDER.index(strategy), "") if strategy in STRATEGY_ORDER else (len(STRATEGY_ORDER), strategy)
+
+
+def _read_json(path: Path) -> Mapping[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return MappingProxyType({})
+    return MappingProxyType(data if isinstance(data, dict) else {})
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory as read from disk."""
+
+    path: Path
+    rows: tuple[ResultRow, ...]
+    env: Mapping[str, Any]
+    config: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def scale_dimension(self) -> str | None:
+        """The max-scale dimension: from config.json when the harness wrote it, else from what varies."""
+        if self.config.get("command") == "max-scale" and self.config.get("dim") in SCALE_DIMENSIONS:
+            return str(self.config["dim"])
+        if self.config.get("command") not in (None, "max-scale"):
+            return None
+        return infer_scale_dimension(self.rows)
+
+
+def infer_scale_dimension(rows: Iterable[ResultRow]) -> str | None:
+    """Within each strategy a max-scale run keeps the batch fixed and varies exactly one model/input field."""
+    by_strategy: dict[tuple[str, str], list[ResultRow]] = {}
+    for row in rows:
+        by_strategy.setdefault((row.strategy, row.device), []).append(row)
+    if not by_strategy:
+        return None
+    found: set[str] = set()
+    for group in by_strategy.values():
+        if len({r.batch_size for r in group}) != 1:
+            return None
+        varying = [dim for dim, field in (("depth", "extra_blocks"), ("width", "width_per_group"),
+                                          ("resolution", "image_size"))
+                   if len({getattr(r, field) for r in group}) > 1]
+        if len(varying) > 1:
+            return None
+        found.update(varying)
+    return found.pop() if len(found) == 1 else None
+
+
+def find_runs(results_dir: Path) -> tuple[Run, ...]:
+    """Every folder under ``results_dir`` (itself included) holding a ``rows.jsonl``, sorted by path.
+
+    Raises ValueError with one line when the folder is missing or holds no rows.
+    """
+    if not results_dir.exists():
+        raise ValueError(f"results directory '{results_dir}' does not exist")
+    if not results_dir.is_dir():
+        raise ValueError(f"'{results_dir}' is not a directory")
+    runs = []
+    for rows_path in sorted(results_dir.rglob("rows.jsonl")):
+        run_dir = rows_path.parent
+        rows = tuple(RunStore(run_dir).read_rows())
+        if rows:
+            runs.append(Run(path=run_dir, rows=rows, env=_read_json(run_dir / "env.json"),
+                            config=_read_json(run_dir / "config.json")))
+    if not runs:
+        raise ValueError(f"no result rows under '{results_dir}' (no rows.jsonl with at least one row)")
+    return tuple(runs)
+
+
+def model_label(row: ResultRow) -> str:
+    parts = [row.model]
+    if row.extra_blocks:
+        parts.append(f"+{row.extra_blocks}blk")
+    if row.width_per_group is not None:
+        parts.append(f"w{row.width_per_group}")
+    return "-".join(parts)
+
+
+def size_text(n_bytes: int, sep: str = " ") -> str:
+    """``16 GiB`` / ``136 MiB``: GiB from 1 GiB up, so small cpu budgets stay readable."""
+    if n_bytes >= 1 << 30:
+        return f"{n_bytes / (1 << 30):.3g}{sep}GiB"
+    return f"{n_bytes / (1 << 20):.3g}{sep}MiB"
+
+
+def format_budget(budget_bytes: int | None) -> str:
+    return "no budget" if budget_bytes is None else f"budget {size_text(budget_bytes)}"
+
+
+def slug(*parts: object) -> str:
+    """Deterministic, filesystem-safe name part."""
+    text = "_".join(str(p) for p in parts if p is not None and p != "")
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "-", text).strip("-")
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line/bar family: a strategy on a device (meta = predicted)."""
+
+    strategy: str
+    device: str
+
+    @property
+    def predicted(self) -> bool:
+        return self.device == PREDICTED_DEVICE
+
+    def sort_key(self) -> tuple:
+        return (self.predicted, self.device, strategy_rank(self.strategy))
+
+
+def _series_of(rows: Iterable[ResultRow]) -> tuple[Series, ...]:
+    found = {Series(r.strategy, r.device) for r in rows}
+    return tuple(sorted(found, key=lambda s: (strategy_rank(s.strategy), s.predicted, s.device)))
+
+
+def _devices_text(devices: Iterable[str]) -> str:
+    return ", ".join(f"{d} (predicted)" if d == PREDICTED_DEVICE else d for d in sorted(set(devices)))
+
+
+@dataclass(frozen=True)
+class BatchGroup:
+    """Rows of one setting (model, input size, budget) over batch sizes, from any number of runs."""
+
+    model: str
+    image_size: int
+    budget_bytes: int | None
+    rows: tuple[ResultRow, ...]
+    run_names: tuple[str, ...]
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(sorted({r.device for r in self.rows}))
+
+    @property
+    def base_model(self) -> str:
+        return self.rows[0].model
+
+    @property
+    def measured_devices(self) -> tuple[str, ...]:
+        return tuple(d for d in self.devices if d != PREDICTED_DEVICE)
+
+    def title(self, what: str) -> str:
+        return f"{what}: {self.model}, {_devices_text(self.devices)}, {format_budget(self.budget_bytes)}, " \
+               f"{self.image_size}×{self.image_size} px"
+
+    def slug(self) -> str:
+        budget = "nobudget" if self.budget_bytes is None else size_text(self.budget_bytes, sep="")
+        return slug(self.model, f"{self.image_size}px", budget)
+
+    def series(self) -> tuple[Series, ...]:
+        return _series_of(self.rows)
+
+    def label(self, series: Series) -> str:
+        """Strategy name, plus the device when several measured devices share the figure."""
+        if series.predicted:
+            return f"{series.strategy} (predicted)"
+        if len(self.measured_devices) > 1:
+            return f"{series.strategy} ({series.device})"
+        return series.strategy
+
+    def rows_of(self, series: Series) -> list[ResultRow]:
+        return sorted((r for r in self.rows if r.strategy == series.strategy and r.device == series.device),
+                      key=lambda r: r.batch_size)
+
+    def ok_points(self, series: Series) -> list[ResultRow]:
+        """One ok row per batch size (the first in run order), sorted by batch."""
+        chosen: dict[int, ResultRow] = {}
+        for row in self.rows_of(series):
+            if row.ok and row.batch_size not in chosen:
+                chosen[row.batch_size] = row
+        return [chosen[b] for b in sorted(chosen)]
+
+    def first_failure(self, series: Series) -> ResultRow | None:
+        """Smallest batch whose status is oom/over_budget and at which no row is ok."""
+        ok_batches = {r.batch_size for r in self.ok_points(series)}
+        fails = [r for r in self.rows_of(series) if r.status in FAILURE_STATUSES and r.batch_size not in ok_batches]
+        return fails[0] if fails else None
+
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted({r.batch_size for r in self.rows}))
+
+
+@dataclass(frozen=True)
+class MaxBatchEntry:
+    series: Series
+    label: str
+    max_batch: int | None
+    #: a larger batch was tried and failed, so max_batch is the maximum, not just the largest tried
+    bounded: bool
+    samples_per_s: float | None
+    multiple_of_fp32: float | None
+
+
+def max_batch_table(group: BatchGroup) -> tuple[MaxBatchEntry, ...]:
+    """Largest ok batch per series, and its multiple of fp32 on the same device."""
+    raw = {}
+    for s in group.series():
+        ok = group.ok_points(s)
+        best = ok[-1] if ok else None
+        fail = any(r.status in FAILURE_STATUSES and (best is None or r.batch_size > best.batch_size)
+                   for r in group.rows_of(s))
+        raw[s] = (best, fail)
+    entries = []
+    for s, (best, fail) in raw.items():
+        fp32 = raw.get(Series("fp32", s.device), (None, False))[0]
+        multiple = (best.batch_size / fp32.batch_size) if best is not None and fp32 is not None else None
+        entries.append(MaxBatchEntry(series=s, label=group.label(s), max_batch=best.batch_size if best else None,
+                                     bounded=fail, samples_per_s=best.samples_per_s_median if best else None,
+                                     multiple_of_fp32=multiple))
+    return tuple(entries)
+
+
+@dataclass(frozen=True)
+class MemoryEntry:
+    series: Series
+    label: str
+    activation_bytes: int | None
+    peak_alloc_bytes: int | None
+    model_bytes: int | None
+
+
+def memory_batch(group: BatchGroup) -> int | None:
+    """The batch at which the most series have an ok row with memory columns (ties: the largest batch)."""
+    counts: dict[int, int] = {}
+    for s in group.series():
+        for r in group.ok_points(s):
+            if r.activation_bytes is not None or r.peak_alloc_bytes is not None:
+                counts[r.batch_size] = counts.get(r.batch_size, 0) + 1
+    if not counts:
+        return None
+    return max(counts, key=lambda b: (counts[b], b))
+
+
+def memory_table(group: BatchGroup, batch: int | None = None) -> tuple[int | None, tuple[MemoryEntry, ...]]:
+    """Activation, peak and model bytes per series at one batch size (default: :func:`memory_batch`)."""
+    batch = memory_batch(group) if batch is None else batch
+    if batch is None:
+        return None, ()
+    entries = []
+    for s in group.series():
+        row = next((r for r in group.ok_points(s) if r.batch_size == batch), None)
+        if row is not None:
+            entries.append(MemoryEntry(s, group.label(s), row.activation_bytes, row.peak_alloc_bytes, row.model_bytes))
+    return batch, tuple(entries)
+
+
+def batch_groups(runs: Iterable[Run]) -> tuple[BatchGroup, ...]:
+    """Rows of runs that are not max-scale searches, pooled by setting; duplicate keys counted once."""
+    pooled: dict[tuple, list[ResultRow]] = {}
+    names: dict[tuple, list[str]] = {}
+    seen: set[str] = set()
+    for run in runs:
+        if run.scale_dimension() is not None:
+            continue
+        for row in run.rows:
+            if row.key in seen:
+                continue
+            seen.add(row.key)
+            k = (model_label(row), row.image_size, row.budget_bytes)
+            pooled.setdefault(k, []).append(row)
+            if run.name not in names.setdefault(k, []):
+                names[k].append(run.name)
+    return tuple(BatchGroup(model=k[0], image_size=k[1], budget_bytes=k[2], rows=tuple(pooled[k]),
+                            run_names=tuple(names[k]))
+                 for k in sorted(pooled, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2])))
+
+
+@dataclass(frozen=True)
+class ScaleEntry:
+    series: Series
+    label: str
+    max_value: int | None
+    max_label: str
+    depth: int | None
+    samples_per_s: float | None
+    flops_per_sample: float | None
+    multiple_of_fp32: float | None
+
+
+@dataclass(frozen=True)
+class ScaleGroup:
+    """One max-scale run: one dimension grown per strategy at a fixed batch."""
+
+    dim: str
+    run_name: str
+    rows: tuple[ResultRow, ...]
+
+    @property
+    def model(self) -> str:
+        return self.rows[0].model
+
+    @property
+    def batch_size(self) -> int:
+        return self.rows[0].batch_size
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return self.rows[0].budget_bytes
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(sorted({r.device for r in self.rows}))
+
+    def title(self, what: str) -> str:
+        size = "" if self.dim == "resolution" else f", {self.rows[0].image_size}×{self.rows[0].image_size} px"
+        return f"{what}: {self.model}, batch {self.batch_size}, {_devices_text(self.devices)}, " \
+               f"{format_budget(self.budget_bytes)}{size}"
+
+    def slug(self) -> str:
+        return slug(self.dim, self.run_name)
+
+    def value(self, row: ResultRow) -> int:
+        """The grown quantity: real depth in layers, width_per_group in channels, or input side in pixels."""
+        if self.dim == "depth":
+            return row.depth if row.depth is not None else row.extra_blocks
+        if self.dim == "width":
+            return row.width_per_group if row.width_per_group is not None else 64
+        return row.image_size
+
+    def unit(self) -> str:
+        return {"depth": "layers", "width": "channels per group", "resolution": "pixels"}[self.dim]
+
+    def table(self) -> tuple[ScaleEntry, ...]:
+        best: dict[Series, ResultRow | None] = {}
+        for s in _series_of(self.rows):
+            ok = [r for r in self.rows if r.ok and r.strategy == s.strategy and r.device == s.device]
+            best[s] = max(ok, key=self.value) if ok else None
+        entries = []
+        for s, row in best.items():
+            fp32 = best.get(Series("fp32", s.device))
+            value = self.value(row) if row is not None else None
+            multiple = value / self.value(fp32) if value and fp32 is not None and self.value(fp32) else None
+            label = f"{s.strategy} (predicted)" if s.predicted else s.strategy
+            extra = f" (+{row.extra_blocks} blocks)" if row is not None and self.dim == "depth" else ""
+            entries.append(ScaleEntry(series=s, label=label, max_value=value,
+                                      max_label="none fits" if value is None else f"{value}{extra}",
+                                      depth=row.depth if row else None,
+                                      samples_per_s=row.samples_per_s_median if row else None,
+                                      flops_per_sample=row.flops_per_sample if row else None,
+                                      multiple_of_fp32=multiple))
+        return tuple(entries)
+
+
+def scale_groups(runs: Iterable[Run]) -> tuple[ScaleGroup, ...]:
+    groups = []
+    for run in runs:
+        dim = run.scale_dimension()
+        if dim is not None:
+            groups.append(ScaleGroup(dim=dim, run_name=run.name, rows=run.rows))
+    return tuple(groups)

@@ -1,0 +1,409 @@
+"""Harness commands: models, sweep-batch, max-scale, throughput, memory.
+
+Thin by design: parse options, build a frozen config, call the library (actbench.search /
+actbench.runner), render. Bad values exit 2 with one line on stderr and touch no results.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Callable, NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.table import Table
+
+from actbench.cli.app import app
+
+log = logging.getLogger(__name__)
+
+
+class Device(str, enum.Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+    meta = "meta"
+
+
+class Dim(str, enum.Enum):
+    depth = "depth"
+    width = "width"
+    resolution = "resolution"
+
+
+# --- shared option aliases ---------------------------------------------------------------------
+LevelsOpt = Annotated[Optional[str], typer.Option("--levels", help="ActNN levels: L1..L5, L1,L3 or all.")]
+StrategiesOpt = Annotated[Optional[str], typer.Option(
+    "--strategies", "--strategy", help="Comma list of fp32, swap, checkpoint (levels allowed too).")]
+NoBaselineOpt = Annotated[bool, typer.Option("--no-baseline", help="Do not add fp32 as the baseline.")]
+ImageSizeOpt = Annotated[int, typer.Option("--image-size", help="Input side in pixels.")]
+DeviceOpt = Annotated[Device, typer.Option("--device", help="cuda measures on the GPU; cpu with a live-storage tracker.")]
+BudgetOpt = Annotated[Optional[str], typer.Option("--budget", help="Memory cap, e.g. 16GiB (cuda: enforced; cpu: peak compared).")]
+OutOpt = Annotated[Path, typer.Option("--out", help="Results root; the run goes to OUT/<run>/.")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the planned points and exit.")]
+WarmupOpt = Annotated[Optional[int], typer.Option("--warmup-steps", help="Untimed steps first (default: cpu 1, cuda 3).")]
+TimedOpt = Annotated[Optional[int], typer.Option("--timed-steps", help="Timed steps (default: cpu 3, cuda 10).")]
+SegmentsOpt = Annotated[Optional[int], typer.Option("--checkpoint-segments", help="Checkpoint segments (default: one per block).")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds before a point's child is killed (status timeout).")]
+ExtraBlocksOpt = Annotated[int, typer.Option("--extra-blocks", help="resnet152 only: bottleneck blocks added to stages 2/3 (8:36).")]
+WidthOpt = Annotated[Optional[int], typer.Option("--width-per-group", help="resnet152 only: width_per_group (default 64).")]
+
+
+def _fail(message: str) -> NoReturn:
+    """One clear line on stderr, exit code 2."""
+    typer.echo(f"actbench: error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _checked(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+def _settings(device: Device, budget: Optional[str], warmup: Optional[int], timed: Optional[int],
+              segments: Optional[int], timeout: float):
+    from actbench.parsing import parse_bytes
+    from actbench.search import MeasureSettings
+
+    if device is Device.meta:
+        _fail("--device meta is not yet supported by the harness; use cpu or cuda")
+    if warmup is not None and warmup < 0:
+        _fail(f"--warmup-steps must be >= 0, got {warmup}")
+    if timed is not None and timed < 0:
+        _fail(f"--timed-steps must be >= 0, got {timed}")
+    if segments is not None and segments <= 0:
+        _fail(f"--checkpoint-segments must be > 0, got {segments}")
+    if timeout <= 0:
+        _fail(f"--timeout must be > 0 seconds, got {timeout:g}")
+    budget_bytes = _checked(lambda: parse_bytes(budget)) if budget is not None else None
+    is_cuda = device is Device.cuda
+    return MeasureSettings(
+        device=device.value, budget_bytes=budget_bytes,
+        warmup_steps=warmup if warmup is not None else (3 if is_cuda else 1),
+        timed_steps=timed if timed is not None else (10 if is_cuda else 3),
+        checkpoint_segments=segments, timeout_s=timeout,
+    )
+
+
+def _strategies(strategies: Optional[str], levels: Optional[str], no_baseline: bool) -> tuple[str, ...]:
+    from actbench.parsing import combine_strategies, parse_levels, parse_strategies
+
+    return _checked(lambda: combine_strategies(parse_strategies(strategies), parse_levels(levels), not no_baseline))
+
+
+def _model(name: str, extra_blocks: int = 0, width: Optional[int] = None):
+    from actbench.models import ModelSpec, validate_model_spec
+
+    spec = ModelSpec(name, extra_blocks=extra_blocks, width_per_group=width)
+    _checked(lambda: validate_model_spec(spec))
+    return spec
+
+
+def _image_size(size: int) -> int:
+    if size < 16:
+        _fail(f"--image-size must be >= 16 pixels, got {size}")
+    return size
+
+
+def _open_store(out: Path, name: str, identity: dict[str, Any], device: str):
+    """Checks that need the machine (not needed for --dry-run), then the run directory."""
+    from actbench.results import RunStore, check_writable
+
+    if device == "cuda":
+        import torch
+
+        # is_available() asks the driver for a device count; it creates no context in this process.
+        if not torch.cuda.is_available():
+            _fail(f"--device cuda: torch {torch.__version__} sees no CUDA GPU here; use --device cpu")
+    _checked(lambda: check_writable(out))
+    store = RunStore(out / name)
+    _checked(lambda: store.write_config(identity))
+    return store
+
+
+def _execute(store, settings, total: int, job: Callable[[Callable], Any]) -> Any:
+    """Run ``job(run_point)`` with a progress bar on stderr; Ctrl-C keeps every finished row."""
+    from actbench.runner import EnvironmentCaptureError, PointRunner
+
+    err = Console(stderr=True)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False) as progress:
+        task = progress.add_task("starting", total=total)
+        counts = {"done": 0, "cached": 0}
+
+        def on_event(kind: str, point, row) -> None:
+            if kind != "start":
+                counts[kind] += 1
+            if kind == "start":
+                progress.update(task, description=f"measuring {point.describe()}")
+            else:
+                progress.update(task, advance=1, description=f"{point.describe()}: {row.status}"
+                                + (" (resumed)" if kind == "cached" else ""))
+
+        runner = PointRunner(store, settings.device, timeout_s=settings.timeout_s, on_event=on_event)
+        try:
+            result = job(runner.run)
+        except EnvironmentCaptureError as exc:
+            progress.stop()
+            _fail(str(exc))
+        except KeyboardInterrupt:
+            progress.stop()
+            store.write_table()
+            err.print(f"interrupted: {len(store.read_rows())} finished rows kept in {store.rows_path}")
+            raise typer.Exit(130)
+        progress.update(task, completed=total, description="done")
+    store.write_table()
+    err.print(f"{counts['done']} points measured, {counts['cached']} resumed from {store.rows_path}",
+              highlight=False, soft_wrap=True)
+    return result
+
+
+def _console() -> Console:
+    """Stdout console; wide when redirected so tables in logs do not wrap into unreadable columns."""
+    return Console(width=None if sys.stdout.isatty() else 180)
+
+
+def _render(rows, title: str) -> None:
+    from actbench.parsing import format_bytes
+
+    table = Table(title=title)
+    for col in ("strategy", "model", "depth", "batch", "px", "status", "activation", "peak alloc",
+                "reserved", "model bytes", "samples/s", "IQR", "GFLOP/sample", "message"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        rate = "-" if r.samples_per_s_median is None else f"{r.samples_per_s_median:.1f}"
+        iqr = "-" if r.samples_per_s_iqr is None else f"{r.samples_per_s_iqr:.1f}"
+        flops = "-" if r.flops_per_sample is None else f"{r.flops_per_sample / 1e9:.3f}"
+        model = r.model + (f"+{r.extra_blocks}" if r.extra_blocks else "") + (
+            f" w{r.width_per_group}" if r.width_per_group else "")
+        table.add_row(r.strategy, model, str(r.depth or "-"), str(r.batch_size), str(r.image_size), r.status,
+                      format_bytes(r.activation_bytes), format_bytes(r.peak_alloc_bytes),
+                      format_bytes(r.reserved_bytes), format_bytes(r.model_bytes), rate, iqr, flops, r.message[:60])
+    _console().print(table)
+
+
+def _render_maxima(outcome, what: str) -> None:
+    table = Table(title=f"largest {what} that fits")
+    for col in ("strategy", what, "depth", "samples/s", "GFLOP/sample", "x fp32"):
+        table.add_column(col)
+    base = outcome.maxima.get("fp32")
+    for strategy, value in outcome.maxima.items():
+        row = outcome.best_rows.get(strategy)
+        ratio = f"{value / base:.2f}" if value and base else "-"
+        rate = "-" if row is None or row.samples_per_s_median is None else f"{row.samples_per_s_median:.1f}"
+        flops = "-" if row is None or row.flops_per_sample is None else f"{row.flops_per_sample / 1e9:.3f}"
+        table.add_row(strategy, "none" if value is None else str(value),
+                      str(row.depth) if row is not None and row.depth else "-", rate, flops, ratio)
+    _console().print(table)
+
+
+def _summary(outcome) -> dict[str, Any]:
+    return {s: {"max": v, "key": (outcome.best_rows[s].key if outcome.best_rows.get(s) else None)}
+            for s, v in outcome.maxima.items()}
+
+
+def _print_plan(run_dir: Path, lines: list[str]) -> None:
+    console = _console()
+    console.print(f"run directory: {run_dir}")
+    for line in lines:
+        console.print(line, highlight=False)
+
+
+# --- commands ----------------------------------------------------------------------------------
+@app.command("models")
+def models_command(pattern: Annotated[Optional[str], typer.Argument(help="Glob filter, e.g. 'resnet*'.")] = None) -> None:
+    """List the model names every measuring command accepts (torchvision classification models)."""
+    from actbench.models import list_model_names
+
+    names = list_model_names(pattern)
+    if not names:
+        _fail(f"no model matches '{pattern}'")
+    for name in names:
+        typer.echo(name)
+
+
+@app.command("sweep-batch")
+def sweep_batch(
+    model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
+    levels: LevelsOpt = None,
+    strategies: StrategiesOpt = None,
+    no_baseline: NoBaselineOpt = False,
+    batch: Annotated[str, typer.Option("--batch", help="START:STOP:STEP, N, or N,M,...")] = "16:1024:16",
+    image_size: ImageSizeOpt = 224,
+    device: DeviceOpt = Device.cuda,
+    budget: BudgetOpt = None,
+    out: OutOpt = Path("results"),
+    stop_after: Annotated[int, typer.Option("--stop-after", help="Stop a strategy after k consecutive failures.")] = 2,
+    find_max: Annotated[bool, typer.Option("--find-max", help="Binary search for the largest batch (multiples of 4).")] = False,
+    extra_blocks: ExtraBlocksOpt = 0,
+    width_per_group: WidthOpt = None,
+    warmup_steps: WarmupOpt = None,
+    timed_steps: TimedOpt = None,
+    checkpoint_segments: SegmentsOpt = None,
+    timeout: TimeoutOpt = 1800.0,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Scan batch sizes per strategy (or --find-max): memory and throughput at each."""
+    from actbench.parsing import parse_int_range
+    from actbench.results import run_name
+    from actbench.search import SweepConfig, run_sweep, search_probes
+
+    settings = _settings(device, budget, warmup_steps, timed_steps, checkpoint_segments, timeout)
+    spec = _model(model, extra_blocks, width_per_group)
+    names = _strategies(strategies, levels, no_baseline)
+    batches = _checked(lambda: parse_int_range(batch, "batch"))
+    if stop_after <= 0:
+        _fail(f"--stop-after must be >= 1, got {stop_after}")
+    cfg = SweepConfig(spec, names, batches, _image_size(image_size), settings, stop_after, find_max)
+    name = run_name("sweep-batch", spec.label(), settings.device, cfg.image_size, cfg.identity())
+    cands = cfg.candidates()
+    if dry_run:
+        how = (f"binary search over {len(cands)} batch sizes {cands[0]}..{cands[-1]} (multiples of 4), "
+               f"<= {search_probes(len(cands))} points" if find_max else f"batches {', '.join(map(str, cands))}")
+        _print_plan(out / name, [f"{s}: {spec.label()} {cfg.image_size}px {settings.device}: {how}" for s in names])
+        return
+    store = _open_store(out, name, cfg.identity(), settings.device)
+    per = search_probes(len(cands)) if find_max else len(cands)
+    outcome = _execute(store, settings, per * len(names), lambda run: run_sweep(cfg, run))
+    store.write_summary({"command": "sweep-batch", "max_batch": _summary(outcome)})
+    _render(outcome.rows, f"sweep-batch {spec.label()} {cfg.image_size}px on {settings.device} -> {store.run_dir}")
+    _render_maxima(outcome, "batch")
+
+
+@app.command("max-scale")
+def max_scale(
+    model: Annotated[str, typer.Argument(help="Model (depth/width: resnet152 only).")] = "resnet152",
+    dim: Annotated[Dim, typer.Option("--dim", help="What to grow.")] = Dim.depth,
+    levels: LevelsOpt = None,
+    strategies: StrategiesOpt = None,
+    no_baseline: NoBaselineOpt = False,
+    batch: Annotated[int, typer.Option("--batch", help="Batch size (upstream: 64).")] = 64,
+    image_size: ImageSizeOpt = 224,
+    low: Annotated[Optional[int], typer.Option("--low", help="Smallest value (depth: extra blocks 0; width 64; resolution 224).")] = None,
+    high: Annotated[Optional[int], typer.Option("--high", help="Largest value (depth 4096 blocks; width 512; resolution 768).")] = None,
+    step: Annotated[Optional[int], typer.Option("--step", help="Granularity (depth 1; width 8; resolution 32).")] = None,
+    device: DeviceOpt = Device.cuda,
+    budget: BudgetOpt = None,
+    out: OutOpt = Path("results"),
+    warmup_steps: WarmupOpt = None,
+    timed_steps: TimedOpt = None,
+    checkpoint_segments: SegmentsOpt = None,
+    timeout: TimeoutOpt = 1800.0,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Binary search of the largest depth, width or resolution that fits, with throughput and FLOPs there."""
+    from actbench.results import run_name
+    from actbench.search import MaxScaleConfig, run_max_scale, search_probes, validate_max_scale, with_defaults
+
+    settings = _settings(device, budget, warmup_steps, timed_steps, checkpoint_segments, timeout)
+    _model(model)
+    names = _strategies(strategies, levels, no_baseline)
+    if batch <= 0:
+        _fail(f"--batch must be a positive batch size, got {batch}")
+    lo, hi, st = with_defaults(dim.value, low, high, step)
+    cfg = MaxScaleConfig(dim.value, model, names, batch, _image_size(image_size), lo, hi, st, settings)
+    _checked(lambda: validate_max_scale(cfg))
+    name = run_name(f"max-scale-{dim.value}", model, settings.device, cfg.image_size, cfg.identity())
+    cands = cfg.candidates()
+    if dry_run:
+        _print_plan(out / name, [f"{s}: {model} batch {batch}: binary search of {dim.value} over {lo}..{hi} step {st} "
+                                 f"({len(cands)} candidates, <= {search_probes(len(cands))} points)" for s in names])
+        return
+    store = _open_store(out, name, cfg.identity(), settings.device)
+    outcome = _execute(store, settings, search_probes(len(cands)) * len(names), lambda run: run_max_scale(cfg, run))
+    store.write_summary({"command": "max-scale", "dim": dim.value, "max": _summary(outcome)})
+    _render(outcome.rows, f"max-scale --dim {dim.value} {model} batch {batch} on {settings.device} -> {store.run_dir}")
+    label = {"depth": "extra blocks", "width": "width_per_group", "resolution": "image size"}[dim.value]
+    _render_maxima(outcome, label)
+
+
+def _grid(command: str, model: str, strategies, levels, no_baseline, batch, image_size, device, budget, out,
+          extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments, timeout, dry_run):
+    from actbench.parsing import parse_int_range
+    from actbench.results import run_name
+    from actbench.search import GridConfig, run_grid
+
+    settings = _settings(device, budget, warmup_steps, timed_steps, checkpoint_segments, timeout)
+    spec = _model(model, extra_blocks, width_per_group)
+    names = _strategies(strategies, levels, no_baseline)
+    batches = _checked(lambda: parse_int_range(batch, "batch"))
+    cfg = GridConfig(command, spec, names, batches, _image_size(image_size), settings)
+    name = run_name(command, spec.label(), settings.device, cfg.image_size, cfg.identity())
+    if dry_run:
+        _print_plan(out / name, [p.describe() for p in cfg.points()])
+        return None, None
+    store = _open_store(out, name, cfg.identity(), settings.device)
+    outcome = _execute(store, settings, len(cfg.points()), lambda run: run_grid(cfg, run))
+    return store, outcome
+
+
+@app.command("throughput")
+def throughput(
+    model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
+    strategies: StrategiesOpt = None,
+    levels: LevelsOpt = None,
+    no_baseline: NoBaselineOpt = False,
+    batch: Annotated[str, typer.Option("--batch", help="Batch size(s): N, N,M or START:STOP:STEP.")] = "64",
+    image_size: ImageSizeOpt = 224,
+    device: DeviceOpt = Device.cuda,
+    budget: BudgetOpt = None,
+    out: OutOpt = Path("results"),
+    extra_blocks: ExtraBlocksOpt = 0,
+    width_per_group: WidthOpt = None,
+    warmup_steps: WarmupOpt = None,
+    timed_steps: TimedOpt = None,
+    checkpoint_segments: SegmentsOpt = None,
+    timeout: TimeoutOpt = 1800.0,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Training throughput (images/s, median and IQR) per strategy and batch size."""
+    store, outcome = _grid("throughput", model, strategies, levels, no_baseline, batch, image_size, device, budget,
+                           out, extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments,
+                           timeout, dry_run)
+    if store is not None:
+        _render(outcome.rows, f"throughput {model} on {device.value} -> {store.run_dir}")
+
+
+@app.command("memory")
+def memory(
+    model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
+    strategies: StrategiesOpt = None,
+    levels: LevelsOpt = None,
+    no_baseline: NoBaselineOpt = False,
+    batch: Annotated[str, typer.Option("--batch", help="Batch size(s): N, N,M or START:STOP:STEP.")] = "64",
+    image_size: ImageSizeOpt = 224,
+    device: DeviceOpt = Device.cuda,
+    budget: BudgetOpt = None,
+    out: OutOpt = Path("results"),
+    extra_blocks: ExtraBlocksOpt = 0,
+    width_per_group: WidthOpt = None,
+    warmup_steps: WarmupOpt = None,
+    timed_steps: Annotated[int, typer.Option("--timed-steps", help="Timed steps (default 0: memory only).")] = 0,
+    checkpoint_segments: SegmentsOpt = None,
+    timeout: TimeoutOpt = 1800.0,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """One point's memory breakdown: activations, peak, reserved, parameters, gradients, optimizer state."""
+    from actbench.parsing import format_bytes
+
+    store, outcome = _grid("memory", model, strategies, levels, no_baseline, batch, image_size, device, budget, out,
+                           extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments, timeout,
+                           dry_run)
+    if store is None:
+        return
+    table = Table(title=f"memory {model} on {device.value} -> {store.run_dir}")
+    cols = ("strategy", "batch", "status", "activation", "peak alloc", "reserved", "params", "grads",
+            "optimizer state", "model total", "host (swap)", "message")
+    for col in cols:
+        table.add_column(col)
+    for r in outcome.rows:
+        table.add_row(r.strategy, str(r.batch_size), r.status, *(format_bytes(v) for v in (
+            r.activation_bytes, r.peak_alloc_bytes, r.reserved_bytes, r.param_bytes, r.grad_bytes,
+            r.optimizer_state_bytes, r.model_bytes, r.host_bytes)), r.message[:60])
+    _console().print(table)

@@ -1,0 +1,44 @@
+"""The only module of actbench that touches private PyTorch APIs.
+
+Private names move between PyTorch releases; keeping every use here means a torch upgrade breaks one
+file, and its tests say which name moved. Public APIs (FlopCounterMode, saved_tensors_hooks,
+checkpoint) are imported where they are used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    import torch
+
+# TorchDispatchMode sees every ATen op with its real output tensors: the live-storage tracker builds
+# on it because it counts real storages (views dedup to their base) rather than estimating.
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["TorchDispatchMode", "tree_flatten", "dispatch_modes_disabled", "memtracker_class", "tensor_version"]
+
+
+def tensor_version(tensor: "torch.Tensor") -> int:
+    """In-place modification counter of a tensor's data (``Tensor._version``, no public equivalent)."""
+    return tensor._version
+
+
+@contextlib.contextmanager
+def dispatch_modes_disabled() -> Iterator[None]:
+    """Run a block with every active dispatch mode switched off (bookkeeping inside a mode)."""
+    with _disable_current_modes():
+        yield
+
+
+def memtracker_class() -> type:
+    """PyTorch's own MemTracker (torch.distributed._tools), for cross-checks; not used to measure.
+
+    actbench measures with its own tracker because MemTracker's category split (it files gradients
+    created inside backward as temporaries) does not match DESIGN.md's columns.
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    return MemTracker

@@ -1,0 +1,1 @@
+"""Measurement: the live-storage tracker (cpu), one-point measurement, environment capture."""

@@ -1,0 +1,67 @@
+"""The environment block written once per run as ``env.json``: what measured the rows."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit(repo_dir: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(repo_dir), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def capture_environment(device: str, alloc_conf: str | None = None) -> dict[str, Any]:
+    """Versions, hardware and allocator settings. On ``cuda`` this initialises CUDA: call it in a child."""
+    import torch
+
+    import actbench
+
+    env: dict[str, Any] = {
+        "device": device,
+        "actbench_version": actbench.__version__,
+        "git_commit": _git_commit(Path(actbench.__file__).resolve().parent.parent),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torch_cuda_build": torch.version.cuda,
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_num_threads": torch.get_num_threads(),
+        "pytorch_cuda_alloc_conf": alloc_conf if alloc_conf is not None else os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "gpu_name": None,
+        "gpu_total_memory_bytes": None,
+        "cuda_runtime": None,
+        "cudnn": None,
+    }
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu_name=props.name, gpu_total_memory_bytes=props.total_memory,
+                   cuda_runtime=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
+                   gpu_count=torch.cuda.device_count())
+    return env
+
+
+def environment_id(env: dict[str, Any]) -> str:
+    """Short hash of the environment block; rows reference it as ``env_id``."""
+    blob = json.dumps(env, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -1,0 +1,128 @@
+"""A live-storage tracker: exact bytes of tensor storages alive, and their peak, on the CPU path.
+
+Why not an allocator counter: on CPU PyTorch keeps no allocation statistics, so the tracker watches
+every op's outputs through a dispatch mode and follows each storage's lifetime with a weak reference.
+Views and in-place results share their base's storage and are counted once. Storages created inside
+``host_allocations()`` are filed as *host* memory (where ``swap`` parks saved tensors), so on a CPU
+run the device columns still show what a GPU would hold. Kernel-internal scratch buffers that never
+become tensors are not seen (a GPU's allocator would count them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from actbench.compat import TorchDispatchMode, dispatch_modes_disabled, tree_flatten
+
+
+@dataclass
+class _Entry:
+    ref: weakref.ref
+    nbytes: int
+    host: bool
+
+
+class LiveStorageTracker(TorchDispatchMode):
+    """Tracks storages created (or adopted) while active; bytes are exact storage sizes in bytes.
+
+    Device bytes and host bytes are kept apart; ``peak_bytes`` is the device peak since the last
+    ``reset_peak()``. Use as a context manager around the code to measure.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._entries: dict[int, _Entry] = {}
+        self._host_depth = 0
+        self.live_bytes = 0
+        self.host_live_bytes = 0
+        self.peak_bytes = 0
+        self.host_peak_bytes = 0
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def _release(self, key: int) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return
+        if entry.host:
+            self.host_live_bytes -= entry.nbytes
+        else:
+            self.live_bytes -= entry.nbytes
+
+    def _see(self, tensor: torch.Tensor, host: bool | None = None) -> None:
+        if tensor.is_meta or tensor.layout != torch.strided:
+            return
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        nbytes = storage.nbytes()
+        key = id(storage)
+        entry = self._entries.get(key)
+        if entry is not None and entry.ref() is storage:
+            if nbytes > entry.nbytes:  # resize_ grew it in place
+                self._add(entry.host, nbytes - entry.nbytes)
+                entry.nbytes = nbytes
+            return
+        if nbytes == 0:
+            return
+        is_host = (self._host_depth > 0) if host is None else host
+        ref = weakref.ref(storage, lambda _r, k=key: self._release(k))
+        self._entries[key] = _Entry(ref=ref, nbytes=nbytes, host=is_host)
+        self._add(is_host, nbytes)
+
+    def _add(self, host: bool, nbytes: int) -> None:
+        if host:
+            self.host_live_bytes += nbytes
+            self.host_peak_bytes = max(self.host_peak_bytes, self.host_live_bytes)
+        else:
+            self.live_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    # -- public API --------------------------------------------------------------------------
+    def adopt(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Count storages that existed before tracking began (parameters, optimizer state, data)."""
+        for tensor in tensors:
+            self._see(tensor, host=False)
+
+    def reset_peak(self) -> None:
+        """Start a new peak window at the current live bytes."""
+        self.peak_bytes = self.live_bytes
+        self.host_peak_bytes = self.host_live_bytes
+
+    @contextlib.contextmanager
+    def host_allocations(self) -> Iterator[None]:
+        """Storages first seen inside this block are host memory (swap buffers), not device memory."""
+        self._host_depth += 1
+        try:
+            yield
+        finally:
+            self._host_depth -= 1
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        with dispatch_modes_disabled():
+            for leaf in tree_flatten(out)[0]:
+                if isinstance(leaf, torch.Tensor):
+                    self._see(leaf)
+        return out
+
+
+def unique_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (shared storages counted once)."""
+    seen: set[tuple[str, int]] = set()
+    total = 0
+    for tensor in tensors:
+        if tensor is None or tensor.is_meta:
+            continue
+        storage = tensor.untyped_storage()
+        key = (str(tensor.device), storage.data_ptr())
+        if key in seen:
+            continue
+        seen.add(key)
+        total += storage.nbytes()
+    return total

@@ -1,0 +1,124 @@
+"""Model registry: every torchvision classification model by name, and ResNet-152 grown in depth/width.
+
+Models are always built with ``weights=None``: the harness measures memory and speed, and random
+weights give the same tensors' sizes without a download.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+#: ResNet-152's bottleneck stages; DESIGN.md §5 grows stage 2 and 3 in upstream's 8:36 split.
+RESNET152_LAYERS: tuple[int, int, int, int] = (3, 8, 36, 3)
+GROWABLE_MODEL = "resnet152"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to build. ``extra_blocks``/``width_per_group`` apply to resnet152 only (the grown ResNet)."""
+
+    name: str
+    extra_blocks: int = 0
+    width_per_group: int | None = None
+    num_classes: int = 1000
+
+    def label(self) -> str:
+        parts = [self.name]
+        if self.extra_blocks:
+            parts.append(f"+{self.extra_blocks}blk")
+        if self.width_per_group is not None:
+            parts.append(f"w{self.width_per_group}")
+        return "-".join(parts)
+
+
+@functools.cache
+def list_model_names(pattern: str | None = None) -> tuple[str, ...]:
+    """Torchvision classification model names, optionally filtered by a glob such as ``resnet*``."""
+    import torchvision
+
+    names = sorted(torchvision.models.list_models(module=torchvision.models))
+    if pattern:
+        names = [n for n in names if fnmatch.fnmatch(n, pattern)]
+    return tuple(names)
+
+
+def validate_model_spec(spec: ModelSpec) -> None:
+    """Raise ValueError naming the bad value and what is allowed."""
+    names = list_model_names()
+    if spec.name not in names:
+        close = difflib.get_close_matches(spec.name, names, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown model '{spec.name}'{hint} (`actbench models` lists all {len(names)})")
+    if (spec.extra_blocks or spec.width_per_group is not None) and spec.name != GROWABLE_MODEL:
+        raise ValueError(
+            f"extra blocks / width_per_group apply to {GROWABLE_MODEL} only, got model '{spec.name}'"
+        )
+    if spec.extra_blocks < 0:
+        raise ValueError(f"extra blocks must be >= 0, got {spec.extra_blocks}")
+    if spec.width_per_group is not None and spec.width_per_group <= 0:
+        raise ValueError(f"width_per_group must be > 0, got {spec.width_per_group}")
+
+
+def grown_resnet152_layers(extra_blocks: int) -> tuple[int, int, int, int]:
+    """Stage sizes after adding ``extra_blocks`` blocks, split 8:36 between stage 2 and stage 3."""
+    to_stage2 = round(extra_blocks * 8 / 44)
+    to_stage3 = extra_blocks - to_stage2
+    a, b, c, d = RESNET152_LAYERS
+    return (a, b + to_stage2, c + to_stage3, d)
+
+
+def _builder_kwargs(name: str, image_size: int) -> dict[str, Any]:
+    """Per-family arguments so a model accepts the requested input resolution."""
+    if name.startswith("vit_"):
+        return {"image_size": image_size}
+    if name.startswith("maxvit"):
+        return {"input_size": (image_size, image_size)}
+    if name in ("googlenet", "inception_v3"):
+        return {"init_weights": True}  # silences the weights=None init warning; same shapes
+    return {}
+
+
+def build_model(spec: ModelSpec, image_size: int) -> nn.Module:
+    """Build ``spec`` with random weights on CPU, ready for inputs of ``image_size``² pixels."""
+    import torchvision
+    from torchvision.models.resnet import Bottleneck, ResNet
+
+    validate_model_spec(spec)
+    if spec.name == GROWABLE_MODEL and (spec.extra_blocks or spec.width_per_group is not None):
+        layers = list(grown_resnet152_layers(spec.extra_blocks))
+        return ResNet(
+            Bottleneck, layers, num_classes=spec.num_classes, width_per_group=spec.width_per_group or 64
+        )
+    kwargs = _builder_kwargs(spec.name, image_size)
+    return torchvision.models.get_model(spec.name, weights=None, num_classes=spec.num_classes, **kwargs)
+
+
+def real_depth(model: nn.Module) -> int | None:
+    """Weighted layers on the main path of a torchvision ResNet, counted from the built model.
+
+    3 convs per bottleneck block (2 per basic block) + the stem conv + fc; downsample convs are
+    shortcuts and do not count. ``None`` for other families, where "depth" has no agreed meaning.
+    """
+    from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
+
+    if not isinstance(model, ResNet):
+        return None
+    blocks = sum(3 if isinstance(m, Bottleneck) else 2 for m in model.modules()
+                 if isinstance(m, (Bottleneck, BasicBlock)))
+    return blocks + 2
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """Main logits from a model output (GoogLeNet/Inception return named tuples in training)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "logits"):
+        return output.logits
+    return output[0]

@@ -1,0 +1,110 @@
+"""Parsers for command-line values; each raises ValueError naming the bad value and what is allowed."""
+
+from __future__ import annotations
+
+import re
+
+from actbench.strategies import ALL_STRATEGIES, BASELINE, LEVEL_NAMES, PLAIN_STRATEGIES
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """'16GiB' -> 17179869184; '1.5GB' -> 1500000000; plain numbers are bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot parse budget '{text}': use a number with unit B, KiB, MiB, GiB, TiB, "
+                         "KB, MB, GB or TB (e.g. 16GiB)")
+    value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"budget must be positive, got '{text}'")
+    return value
+
+
+def format_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def parse_levels(text: str | None) -> tuple[str, ...]:
+    """'L1..L5', 'L1,L3', 'all' (or empty) -> level names in order."""
+    if text is None or not text.strip():
+        return ()
+    spec = text.strip()
+    allowed = "levels are L0..L5; write e.g. L1..L5, L1,L3 or all"
+    if spec.lower() == "all":
+        return LEVEL_NAMES
+    out: list[str] = []
+    for part in spec.split(","):
+        part = part.strip().upper()
+        if ".." in part:
+            lo, _, hi = part.partition("..")
+            if lo not in LEVEL_NAMES or hi not in LEVEL_NAMES or LEVEL_NAMES.index(lo) > LEVEL_NAMES.index(hi):
+                raise ValueError(f"bad level range '{part}': {allowed}")
+            out.extend(LEVEL_NAMES[LEVEL_NAMES.index(lo):LEVEL_NAMES.index(hi) + 1])
+        elif part in LEVEL_NAMES:
+            out.append(part)
+        else:
+            raise ValueError(f"bad level '{part}': {allowed}")
+    return tuple(dict.fromkeys(out))
+
+
+def parse_strategies(text: str | None) -> tuple[str, ...]:
+    """'fp32,swap,checkpoint' (level names accepted too) -> names in order, deduplicated."""
+    if text is None or not text.strip():
+        return ()
+    out = []
+    for part in text.split(","):
+        name = part.strip()
+        if name.upper() in LEVEL_NAMES:
+            name = name.upper()
+        if name not in ALL_STRATEGIES:
+            raise ValueError(f"unknown strategy '{name}': choose from {', '.join(PLAIN_STRATEGIES)} or levels L0..L5")
+        out.append(name)
+    return tuple(dict.fromkeys(out))
+
+
+def combine_strategies(strategies: tuple[str, ...], levels: tuple[str, ...], baseline: bool) -> tuple[str, ...]:
+    """--strategies and --levels add up; fp32 leads as the baseline unless disabled."""
+    combined = list(strategies) + list(levels)
+    if baseline and BASELINE not in combined:
+        combined.insert(0, BASELINE)
+    if not combined:
+        raise ValueError("no strategies to run: give --strategies or --levels, or drop --no-baseline")
+    return tuple(dict.fromkeys(combined))
+
+
+def parse_int_range(text: str, what: str = "batch") -> tuple[int, ...]:
+    """'16:1024:16' (start:stop:step, stop included), '8', or '2,4,8' -> positive ints."""
+    spec = text.strip()
+    try:
+        if ":" in spec:
+            parts = [int(p) for p in spec.split(":")]
+            if len(parts) == 2:
+                parts.append(1)
+            if len(parts) != 3:
+                raise ValueError
+            start, stop, step = parts
+            if step <= 0:
+                raise ValueError(f"bad {what} range '{text}': step must be > 0")
+            values = tuple(range(start, stop + 1, step))
+        else:
+            values = tuple(int(p) for p in spec.split(","))
+    except ValueError as exc:
+        if str(exc).startswith("bad"):
+            raise
+        raise ValueError(f"bad {what} '{text}': use START:STOP:STEP (e.g. 16:1024:16), N, or N,M,...") from None
+    if not values:
+        raise ValueError(f"bad {what} range '{text}': it contains no values")
+    bad = [v for v in values if v <= 0]
+    if bad:
+        raise ValueError(f"{what} sizes must be positive, got {bad[0]} in '{text}'")
+    return values

@@ -1,0 +1,288 @@
+"""Figures drawn from finished runs (they only read results; every number comes from actbench.analysis).
+
+Each ``plot_*`` function returns a matplotlib ``Figure`` so tests can inspect its artists; only
+:func:`write_figures` touches the disk. Figures are built without pyplot (no global figure registry)
+on the Agg canvas, so drawing works headless and leaves no state behind.
+
+Conventions shared by every figure: one colour per strategy (:data:`PALETTE`); meta rows are
+predictions, drawn with hollow markers / hatched bars and "(predicted)" in the legend; the failing
+batch of a strategy is a red ×; memory is in GiB (MiB when everything is below 1 GiB).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Iterable, Mapping, Sequence
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from actbench import paper as paper_ref
+from actbench.analysis import (BatchGroup, Run, ScaleGroup, Series, batch_groups, find_runs, max_batch_table,
+                               memory_table, scale_groups)
+
+PALETTE: Mapping[str, str] = MappingProxyType({
+    "fp32": "#333333", "swap": "#8c564b", "checkpoint": "#9467bd",
+    "L0": "#1f77b4", "L1": "#17becf", "L2": "#2ca02c", "L3": "#bcbd22", "L4": "#ff7f0e", "L5": "#e377c2",
+    # the paper's own baselines (overlay only)
+    "dtr": "#7f7f7f", "cap": "#aec7e8", "blpa": "#c5b0d5",
+})
+FALLBACK_COLOUR = "#999999"
+FAIL_COLOUR = "red"
+FAIL_MARKER = "x"
+PREDICTED_HATCH = "//"
+FP32_SHADE = "#dddddd"
+FORMATS = ("png", "pdf")
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def colour(strategy: str) -> str:
+    return PALETTE.get(strategy, PALETTE.get(strategy.lower(), FALLBACK_COLOUR))
+
+
+def _figure(width: float = 7.0, height: float = 4.5) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _line_style(series: Series) -> dict:
+    c = colour(series.strategy)
+    style = dict(color=c, marker="o", markersize=5, linewidth=1.5)
+    if series.predicted:
+        style.update(markerfacecolor="none", linestyle="--")
+    return style
+
+
+def _bar_style(series: Series) -> dict:
+    c = colour(series.strategy)
+    if series.predicted:
+        return dict(facecolor="none", edgecolor=c, hatch=PREDICTED_HATCH, linewidth=1.2)
+    return dict(color=c, edgecolor=c)
+
+
+def memory_unit(values: Iterable[int | None]) -> tuple[int, str]:
+    """GiB unless every value is below 1 GiB (then MiB, so small cpu runs stay readable)."""
+    vals = [v for v in values if v is not None]
+    return (GIB, "GiB") if vals and max(vals) >= GIB else (MIB, "MiB")
+
+
+# --- batch-type figures ------------------------------------------------------------------------
+def plot_throughput_vs_batch(group: BatchGroup, paper_points: Sequence[paper_ref.PaperPoint] | None = None) -> Figure | None:
+    """Images/s vs batch per series; red × at each series' first failing batch; fp32-feasible batches shaded.
+
+    ``paper_points`` are overlaid only when the group's setting is the paper's (model, 224², 16 GiB).
+    Returns None when no row has a throughput.
+    """
+    series = [s for s in group.series() if any(r.samples_per_s_median is not None for r in group.ok_points(s))]
+    failing = [s for s in group.series() if group.first_failure(s) is not None]
+    if not series:
+        return None
+    overlay = bool(paper_points) and group.model == group.base_model \
+        and paper_ref.matches(group.base_model, group.image_size, group.budget_bytes)
+    fig = _figure(10.0 if overlay else 8.0, 4.8)
+    ax = fig.add_subplot()
+    fp32_max = _fp32_max(group)
+    if fp32_max is not None:
+        ax.axvspan(0, fp32_max, color=FP32_SHADE, alpha=0.6, zorder=0, label=f"fp32 fits (batch ≤ {fp32_max})")
+    for s in series:
+        pts = [r for r in group.ok_points(s) if r.samples_per_s_median is not None]
+        ax.plot([r.batch_size for r in pts], [r.samples_per_s_median for r in pts], label=group.label(s),
+                **_line_style(s))
+    fail_labelled = {False: False, True: False}
+    for s in failing:
+        row = group.first_failure(s)
+        ok = [r for r in group.ok_points(s) if r.samples_per_s_median is not None]
+        y = ok[-1].samples_per_s_median if ok else 0.0
+        label = "first failing batch" + (" (predicted)" if s.predicted else "")
+        ax.plot([row.batch_size], [y], linestyle="none", marker=FAIL_MARKER, color=FAIL_COLOUR, markersize=10,
+                markeredgewidth=2, alpha=0.5 if s.predicted else 1.0, clip_on=False,
+                label=None if fail_labelled[s.predicted] else label, gid=f"fail:{s.strategy}:{s.device}")
+        fail_labelled[s.predicted] = True
+    if overlay:
+        _overlay_paper(ax, paper_points)
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("batch size (images)")
+    ax.set_ylabel("throughput (images/s)")
+    ax.set_title(group.title("Throughput vs batch"), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    # outside the axes: with the paper's overlay the legend would hide curves
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncols=2 if overlay else 1)
+    return fig
+
+
+def _fp32_max(group: BatchGroup) -> int | None:
+    measured = [s for s in group.series() if s.strategy == "fp32" and not s.predicted]
+    candidates = measured or [s for s in group.series() if s.strategy == "fp32"]
+    batches = [r.batch_size for s in candidates for r in group.ok_points(s)]
+    return max(batches) if batches else None
+
+
+def _overlay_paper(ax, points: Sequence[paper_ref.PaperPoint]) -> None:
+    by_strategy: dict[str, list[paper_ref.PaperPoint]] = {}
+    for p in points:
+        by_strategy.setdefault(p.strategy, []).append(p)
+    fail_done = False
+    for strategy, pts in by_strategy.items():
+        ok = sorted((p for p in pts if p.ok and p.samples_per_s is not None), key=lambda p: p.batch_size)
+        ax.plot([p.batch_size for p in ok], [p.samples_per_s for p in ok], color=colour(strategy), marker="s",
+                markersize=3, linewidth=0.8, linestyle=":", alpha=0.8, label=f"paper: {strategy}",
+                gid=f"paper:{strategy}")
+        for p in pts:
+            if not p.ok:
+                y = ok[-1].samples_per_s if ok else 0.0
+                ax.plot([p.batch_size], [y], linestyle="none", marker="+", color="darkred", markersize=8,
+                        label=None if fail_done else "paper: first failing batch (T4)", gid=f"paper-fail:{strategy}")
+                fail_done = True
+
+
+def plot_max_batch(group: BatchGroup) -> Figure | None:
+    """Bars of the largest ok batch per series, each labelled with its multiple of fp32 (same device)."""
+    entries = [e for e in max_batch_table(group) if e.max_batch is not None]
+    if not entries or len(group.batch_sizes()) < 2:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot()
+    for i, e in enumerate(entries):
+        bars = ax.bar([i], [e.max_batch], label=e.label, **_bar_style(e.series))
+        text = f"{e.max_batch}" if e.bounded else f"≥{e.max_batch}"
+        if e.multiple_of_fp32 is not None:
+            text += f"\n{e.multiple_of_fp32:.2f}× fp32"
+        ax.bar_label(bars, labels=[text], fontsize=7, padding=2)
+    ax.set_xticks(range(len(entries)), [e.label for e in entries], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("maximum batch size (images)")
+    ax.set_title(group.title("Maximum batch"), fontsize=10)
+    ax.margins(y=0.2)
+    ax.legend(fontsize=7, ncols=2)
+    return fig
+
+
+def plot_memory(group: BatchGroup) -> Figure | None:
+    """Activation, peak allocated and model bytes per series at one batch size (grouped bars)."""
+    batch, entries = memory_table(group)
+    if not entries:
+        return None
+    metrics = (("activation", "activation_bytes"), ("peak allocated", "peak_alloc_bytes"), ("model", "model_bytes"))
+    scale, unit = memory_unit(getattr(e, f) for e in entries for _, f in metrics)
+    fig = _figure()
+    ax = fig.add_subplot()
+    n = len(entries)
+    width = 0.8 / n
+    for j, e in enumerate(entries):
+        xs = [i + (j - (n - 1) / 2) * width for i in range(len(metrics))]
+        ys = [(getattr(e, f) or 0) / scale for _, f in metrics]
+        ax.bar(xs, ys, width=width, label=e.label, **_bar_style(e.series))
+    ax.set_xticks(range(len(metrics)), [m for m, _ in metrics])
+    ax.set_ylabel(f"memory ({unit})")
+    ax.set_title(group.title(f"Memory at batch {batch}"), fontsize=10)
+    ax.legend(fontsize=7, ncols=2)
+    return fig
+
+
+def plot_activation_vs_batch(group: BatchGroup) -> Figure | None:
+    """Activation bytes (saved state at the end of forward) vs batch size per series."""
+    series = [s for s in group.series() if any(r.activation_bytes is not None for r in group.ok_points(s))]
+    if not series or len(group.batch_sizes()) < 2:
+        return None
+    scale, unit = memory_unit(r.activation_bytes for r in group.rows if r.ok)
+    fig = _figure()
+    ax = fig.add_subplot()
+    for s in series:
+        pts = [r for r in group.ok_points(s) if r.activation_bytes is not None]
+        ax.plot([r.batch_size for r in pts], [r.activation_bytes / scale for r in pts], label=group.label(s),
+                **_line_style(s))
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("batch size (images)")
+    ax.set_ylabel(f"activation memory ({unit})")
+    ax.set_title(group.title("Activation memory vs batch"), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncols=2)
+    return fig
+
+
+# --- max-scale figures -------------------------------------------------------------------------
+def plot_max_scale(group: ScaleGroup) -> Figure | None:
+    """Left: the largest depth/width/resolution that fits per strategy; right: throughput at that maximum."""
+    entries = [e for e in group.table() if e.max_value is not None]
+    if not entries:
+        return None
+    fig = _figure(9.0, 4.5)
+    ax_max, ax_ips = fig.subplots(1, 2)
+    names = {"depth": "maximum depth", "width": "maximum width", "resolution": "maximum resolution"}
+    for i, e in enumerate(entries):
+        bars = ax_max.bar([i], [e.max_value], label=e.label, **_bar_style(e.series))
+        text = e.max_label + (f"\n{e.multiple_of_fp32:.2f}× fp32" if e.multiple_of_fp32 else "")
+        ax_max.bar_label(bars, labels=[text], fontsize=7, padding=2)
+        ips = e.samples_per_s or 0.0
+        bars = ax_ips.bar([i], [ips], **_bar_style(e.series))
+        ax_ips.bar_label(bars, labels=["-" if e.samples_per_s is None else f"{e.samples_per_s:.3g}"], fontsize=7,
+                         padding=2)
+    for ax in (ax_max, ax_ips):
+        ax.set_xticks(range(len(entries)), [e.label for e in entries], rotation=30, ha="right", fontsize=8)
+        ax.margins(y=0.2)
+    ax_max.set_ylabel(f"{names[group.dim]} ({group.unit()})")
+    ax_ips.set_ylabel("throughput at the maximum (images/s)")
+    ax_max.legend(fontsize=7)
+    fig.suptitle(group.title(names[group.dim].capitalize()), fontsize=10)
+    return fig
+
+
+# --- all figures -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NamedFigure:
+    """A figure and its file stem (deterministic: kind + setting)."""
+
+    name: str
+    figure: Figure
+
+
+def figures_for(runs: Sequence[Run], paper_points: Sequence[paper_ref.PaperPoint] | None = None) -> tuple[NamedFigure, ...]:
+    """Every figure the rows support, in a fixed order."""
+    out = []
+    for group in batch_groups(runs):
+        for kind, fig in (("throughput_vs_batch", plot_throughput_vs_batch(group, paper_points)),
+                          ("max_batch", plot_max_batch(group)),
+                          ("memory", plot_memory(group)),
+                          ("activation_vs_batch", plot_activation_vs_batch(group))):
+            if fig is not None:
+                out.append(NamedFigure(f"{kind}__{group.slug()}", fig))
+    for sgroup in scale_groups(runs):
+        fig = plot_max_scale(sgroup)
+        if fig is not None:
+            out.append(NamedFigure(f"max_{sgroup.slug()}", fig))
+    return tuple(out)
+
+
+def paper_overlay_groups(runs: Sequence[Run]) -> tuple[str, ...]:
+    """Slugs of the batch groups measured in the paper's setting (where ``--paper`` overlays anything)."""
+    return tuple(g.slug() for g in batch_groups(runs) if g.model == g.base_model
+                 and paper_ref.matches(g.base_model, g.image_size, g.budget_bytes))
+
+
+def write_figures(results_dir: Path, out_dir: Path | None = None, with_paper: bool = False,
+                  paper_csv: Path | None = None) -> tuple[Path, ...]:
+    """Draw every figure of the runs under ``results_dir`` into ``out_dir`` (PNG and PDF); return the paths.
+
+    Raises ValueError (one line) for a missing/empty results folder or an unreadable paper CSV.
+    """
+    runs = find_runs(results_dir)
+    points = paper_ref.load_throughput(paper_csv) if with_paper else None
+    out_dir = results_dir / "figures" if out_dir is None else out_dir
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"figure directory '{out_dir}' cannot be created: {exc.strerror or exc}") from None
+    written = []
+    for nf in figures_for(runs, points):
+        for fmt in FORMATS:
+            path = out_dir / f"{nf.name}.{fmt}"
+            # fixed metadata so the same rows give the same files
+            meta = {"Software": None} if fmt == "png" else {"CreationDate": None, "Producer": None}
+            nf.figure.savefig(path, format=fmt, dpi=120, metadata=meta)
+            written.append(path)
+    return tuple(written)

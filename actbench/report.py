@@ -1,0 +1,229 @@
+"""The Markdown report: environment, tables, figures, and the paper's number beside each of ours.
+
+Built from the same derived tables as the figures (actbench.analysis), so a number in the text and
+the bar it labels never disagree. The paper's numbers appear only where model, input size and (for
+batch and throughput) budget match the paper's set-up; everything that still differs is listed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from actbench import paper as paper_ref
+from actbench.analysis import (BatchGroup, Run, ScaleGroup, batch_groups, find_runs, max_batch_table,
+                               memory_table, scale_groups)
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    path: Path
+    figures: tuple[Path, ...]
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "–"
+    return f"{n / GIB:.3f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
+
+
+def _num(x: float | None, fmt: str = ".1f") -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def _ratio(ours: float | None, theirs: float | None) -> str:
+    return "–" if ours is None or not theirs else f"{ours / theirs:.2f}"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _environment(runs: Sequence[Run]) -> list[str]:
+    lines = ["## Environment", ""]
+    envs: dict[str, tuple[Mapping[str, Any], list[str]]] = {}
+    for run in runs:
+        env_id = str(run.env.get("env_id", "unknown")) if run.env else "none recorded"
+        envs.setdefault(env_id, (run.env, []))[1].append(run.name)
+    for env_id, (env, names) in envs.items():
+        lines.append(f"Environment `{env_id}` — runs: " + ", ".join(f"`{n}`" for n in names))
+        lines.append("")
+        if env:
+            lines += _table(("field", "value"), ((k, "–" if v is None else f"`{v}`") for k, v in env.items()
+                                                 if k != "env_id"))
+        else:
+            lines += ["(no env.json in these runs)", ""]
+    return lines
+
+
+def _differences(runs: Sequence[Run]) -> list[str]:
+    """What differs from the paper's set-up, said plainly."""
+    setting = paper_ref.SETTING
+    gpus = sorted({str(r.env.get("gpu_name")) for r in runs if r.env.get("gpu_name")})
+    torches = sorted({str(r.env.get("torch")) for r in runs if r.env.get("torch")})
+    devices = sorted({row.device for r in runs for row in r.rows})
+    strategies = {row.strategy for r in runs for row in r.rows}
+    lines = ["## How this set-up differs from the paper's", "",
+             f"Paper: {paper_ref.CITATION}; {setting.model}, {setting.image_size}², {setting.gpu}, "
+             f"PyTorch {setting.torch_version}. Paper numbers are shown only where model, input size and budget "
+             "(16 GiB) match; the activation-memory ratio needs model and input size only.", ""]
+    lines.append(f"- **GPU**: {', '.join(gpus) if gpus else 'no GPU (rows measured on ' + ', '.join(devices) + ')'}"
+                 f" vs the paper's {setting.gpu}. A budget emulates the T4's memory, not its speed: "
+                 "throughput ratios compare different hardware.")
+    lines.append(f"- **PyTorch**: {', '.join(torches) if torches else 'unknown'} vs {setting.torch_version}.")
+    if "L5" in strategies:
+        lines.append("- **L5 is a substitution**: the paper's forked PyTorch allocator (defragmentation) is not "
+                     "available; actbench's L5 is L4 with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.")
+    lines.append("- **Data**: synthetic random inputs and labels; no data loading in the timed region.")
+    if "cpu" in devices:
+        lines.append("- **`cpu` rows are not GPU numbers**: bytes come from a live-storage tracker (no allocator "
+                     "rounding, fragmentation or reserved memory), throughput is CPU throughput.")
+    if "meta" in devices:
+        lines.append("- **`meta` rows are predictions** (fake tensors, no compute): sizes only, no throughput; "
+                     "marked \"(predicted)\" everywhere.")
+    lines.append("- Paper throughput points were read off the published plot (±1 images/s, ±4 batch); the "
+                 "nearest paper point within ±4 batch is used.")
+    return lines + [""]
+
+
+def _max_batch_section(group: BatchGroup, paper_ok: bool) -> list[str]:
+    entries = max_batch_table(group)
+    header = ["strategy", "max batch", "× fp32", "images/s at max"]
+    if paper_ok:
+        header += ["paper max batch", "ours ÷ paper", "paper × fp32"]
+    rows = []
+    for e in entries:
+        mb = "none fits" if e.max_batch is None else (str(e.max_batch) if e.bounded else f"≥{e.max_batch}")
+        row = [e.label, mb, _num(e.multiple_of_fp32, ".2f"), _num(e.samples_per_s)]
+        if paper_ok:
+            pm = paper_ref.paper_max_batch(e.series.strategy)
+            fp = paper_ref.paper_max_batch("fp32")
+            row += ["–" if pm is None else str(pm), _ratio(e.max_batch, pm),
+                    "–" if pm is None or not fp else f"{pm / fp:.2f}"]
+        rows.append(row)
+    lines = ["### Maximum batch per strategy", "",
+             "Largest batch with status ok; \"≥\" = no larger batch was seen failing, so the true maximum may be "
+             "higher. × fp32 is against fp32 on the same device.", ""]
+    return lines + _table(header, rows)
+
+
+def _memory_section(group: BatchGroup, paper_model_ok: bool) -> list[str]:
+    batch, entries = memory_table(group)
+    if not entries:
+        return []
+    fp32 = {e.series.device: e for e in entries if e.series.strategy == "fp32"}
+    header = ["strategy", "activation", "peak allocated", "model (params+grads+optimizer)", "activation: fp32 ÷ this"]
+    if paper_model_ok:
+        header += ["paper fp32 ÷ this", "ours ÷ paper"]
+    rows = []
+    for e in entries:
+        base = fp32.get(e.series.device)
+        red = (base.activation_bytes / e.activation_bytes
+               if base is not None and base.activation_bytes and e.activation_bytes else None)
+        row = [e.label, _bytes(e.activation_bytes), _bytes(e.peak_alloc_bytes), _bytes(e.model_bytes),
+               "–" if red is None else f"{red:.2f}×"]
+        if paper_model_ok:
+            theirs = paper_ref.ACTIVATION_REDUCTION_L3 if e.series.strategy == "L3" else None
+            row += ["–" if theirs is None else f"{theirs:g}×", _ratio(red, theirs)]
+        rows.append(row)
+    return [f"### Memory per strategy at batch {batch}", ""] + _table(header, rows)
+
+
+def _throughput_section(group: BatchGroup, paper_points: Sequence[paper_ref.PaperPoint] | None) -> list[str]:
+    header = ["strategy", "batch", "status", "images/s (median)", "IQR"]
+    if paper_points:
+        header += ["paper images/s (batch)", "ours ÷ paper"]
+    rows = []
+    for s in group.series():
+        for r in group.rows_of(s):
+            if s.predicted and r.ok:
+                continue  # meta rows have no throughput; their status is in the max-batch table
+            status = r.status if r.ok or not r.message else f"{r.status}: {r.message}"
+            row = [group.label(s), str(r.batch_size), status, _num(r.samples_per_s_median),
+                   _num(r.samples_per_s_iqr)]
+            if paper_points:
+                p = paper_ref.paper_throughput_at(tuple(paper_points), s.strategy, r.batch_size) if r.ok else None
+                row += ["–" if p is None else f"{p.samples_per_s:.1f} ({p.batch_size})",
+                        _ratio(r.samples_per_s_median, p.samples_per_s if p else None)]
+            rows.append(row)
+    if not rows:
+        return []
+    return ["### Throughput", ""] + _table(header, rows)
+
+
+def _scale_section(group: ScaleGroup) -> list[str]:
+    name = {"depth": "depth", "width": "width", "resolution": "resolution"}[group.dim]
+    rows = [[e.label, e.max_label, _num(e.multiple_of_fp32, ".2f"), _num(e.samples_per_s),
+             _num(None if e.flops_per_sample is None else e.flops_per_sample / 1e9, ".2f")]
+            for e in group.table()]
+    header = ["strategy", f"maximum {name} ({group.unit()})", "× fp32", "images/s at max", "GFLOP/sample at max"]
+    return [f"## {group.title('Maximum ' + name)}", "", f"Run `{group.run_name}`.", ""] + _table(header, rows)
+
+
+def _figure_links(figures: Sequence[Path], stems: Iterable[str], report_dir: Path) -> list[str]:
+    wanted = set(stems)
+    lines = []
+    for f in figures:
+        if f.suffix == ".png" and f.stem in wanted:
+            rel = Path(os.path.relpath(f, report_dir)).as_posix()
+            lines.append(f"![{f.stem}]({rel}) ([pdf]({Path(rel).with_suffix('.pdf').as_posix()}))")
+            lines.append("")
+    return (["### Figures", ""] + lines) if lines else []
+
+
+def build_report(runs: Sequence[Run], results_dir: Path, report_dir: Path, figures: Sequence[Path] = (),
+                 paper_points: Sequence[paper_ref.PaperPoint] | None = None) -> str:
+    """The report's Markdown text; figure links are relative to ``report_dir``."""
+    n_rows = sum(len(r.rows) for r in runs)
+    lines = ["# actbench report", "",
+             f"Results: `{results_dir}` — {len(runs)} run(s), {n_rows} row(s). "
+             "Measured rows are `cuda` (ground truth) or `cpu`; `meta` rows are predictions.", ""]
+    lines += _environment(runs)
+    lines += _differences(runs)
+    kinds = ("throughput_vs_batch", "max_batch", "memory", "activation_vs_batch")
+    for group in batch_groups(runs):
+        paper_ok = paper_ref.matches(group.model, group.image_size, group.budget_bytes)
+        lines += [f"## {group.title('Setting')}", "", "Runs: " + ", ".join(f"`{n}`" for n in group.run_names), ""]
+        if paper_ok:
+            lines += ["Setting matches the paper (ResNet-50, 224², 16 GiB): paper numbers and ratios shown.", ""]
+        lines += _max_batch_section(group, paper_ok)
+        lines += _memory_section(group, paper_ref.matches_model(group.model, group.image_size))
+        lines += _throughput_section(group, paper_points if paper_ok else None)
+        lines += _figure_links(figures, (f"{k}__{group.slug()}" for k in kinds), report_dir)
+    for sgroup in scale_groups(runs):
+        lines += _scale_section(sgroup)
+        lines += _figure_links(figures, [f"max_{sgroup.slug()}"], report_dir)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_report(results_dir: Path, out_file: Path | None = None, figures_dir: Path | None = None,
+                 draw_figures: bool = True, paper_csv: Path | None = None) -> ReportResult:
+    """Write the Markdown report (default ``RESULTS_DIR/report.md``), drawing the figures it links first.
+
+    Raises ValueError with one line for a bad results folder or an unwritable output.
+    """
+    from actbench.plots import write_figures
+
+    runs = find_runs(results_dir)
+    out_file = results_dir / "report.md" if out_file is None else out_file
+    try:
+        points: tuple[paper_ref.PaperPoint, ...] | None = paper_ref.load_throughput(paper_csv)
+    except ValueError:
+        points = None  # the report still gives max-batch and memory ratios; throughput column omitted
+    figures: tuple[Path, ...] = ()
+    if draw_figures:
+        figures = write_figures(results_dir, figures_dir, with_paper=points is not None, paper_csv=paper_csv)
+    text = build_report(runs, results_dir, out_file.parent, figures, points)
+    try:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text(text)
+    except OSError as exc:
+        raise ValueError(f"report '{out_file}' cannot be written: {exc.strerror or exc}") from None
+    return ReportResult(path=out_file, figures=figures)

@@ -1,0 +1,70 @@
+"""ActNN on a CUDA device: exactness at L0, swap (L4) on real streams, device bytes moved to the host.
+
+Skipped without a GPU (this project's CI has none); run on a lent GPU machine.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+
+from actbench.actnn import convert, level_config, saved_tensor_census
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _grads(model, x, y):
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _model():
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(num_classes=10).cuda()
+
+
+def test_l0_gradients_equal_fp32_on_cuda():
+    torch.backends.cudnn.deterministic = True
+    model = _model()
+    x, y = torch.randn(4, 3, 64, 64, device="cuda"), torch.tensor([1, 2, 3, 4], device="cuda")
+    ref = _grads(copy.deepcopy(model), x, y)
+    got = _grads(convert(model, "L0").model, x, y)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()) + 1e-7)
+
+
+def test_l4_swap_matches_l3_and_keeps_nothing_on_the_device():
+    model = _model()
+    x, y = torch.randn(4, 3, 64, 64, device="cuda"), torch.tensor([1, 2, 3, 4], device="cuda")
+    grads = {}
+    for level in ("L3", "L4"):
+        torch.backends.cudnn.deterministic = True
+        conv = convert(model, level, generator=torch.Generator().manual_seed(5))
+        for _ in range(3):
+            grads[level] = _grads(conv.model, x, y)
+        torch.cuda.synchronize()
+        if level == "L4":
+            stats = conv.controller.offloader.stats
+            assert stats.prefetch_hits > 0
+            by_device = saved_tensor_census(conv.model, x).bytes_by_device()
+            assert by_device.get("cuda", 0) < 0.01 * by_device["cpu"], by_device  # BN statistics only
+    for a, b in zip(grads["L3"], grads["L4"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_two_levels_on_cuda_do_not_interfere():
+    model = _model()
+    x, y = torch.randn(2, 3, 32, 32, device="cuda"), torch.tensor([1, 2], device="cuda")
+    a, b = convert(model, "L2"), convert(model, level_config("L5"))
+    for _ in range(2):
+        _grads(a.model, x, y)
+        _grads(b.model, x, y)
+    assert a.controller.allocation() == {} and b.controller.network_mean_bits() <= 2.0

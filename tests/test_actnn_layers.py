@@ -1,0 +1,170 @@
+"""ActNN layers: L0 is exact, every layer kind matches its torch twin, eval/no-grad compress nothing."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+
+from actbench import ops
+from actbench.actnn import convert, level_config
+from actbench.actnn import layers as L
+
+try:
+    from test_actnn_standins import patch_ops
+except ImportError:  # tests/ became a package
+    from tests.test_actnn_standins import patch_ops
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    return patch_ops(monkeypatch)
+
+
+def _grads(model, inputs, seed=0, loss_fn=None):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    inputs = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    out = model(*[t * 1 if t.is_floating_point() else t for t in inputs])  # not leaves: in-place ReLU ok
+    loss = loss_fn(out) if loss_fn else (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    grads.update({f"input{i}": t.grad.clone() for i, t in enumerate(inputs) if t.grad is not None})
+    return out.detach(), grads
+
+
+def _assert_same_grads(a, b):
+    """Equal up to float summation order: elementwise within 1e-4 relative + 1e-5 of the tensor's max."""
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].shape == b[k].shape, k
+        atol = 1e-5 * float(b[k].abs().max()) + 1e-7
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=atol, msg=lambda m: f"{k}: {m}")
+
+
+def test_l0_resnet18_gradients_equal_fp32(backend):
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([3, 7])
+    loss = lambda out: F.cross_entropy(out, y)  # noqa: E731
+    ref_out, ref = _grads(copy.deepcopy(model), [x], loss_fn=loss)
+    conv = convert(model, level_config("L0", backend=backend))
+    out, got = _grads(conv.model, [x], loss_fn=loss)
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=0)  # forward runs in full precision
+    _assert_same_grads(got, ref)
+
+
+def test_l0_mlp_gradients_equal_fp32(backend):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU6(), nn.Linear(32, 5))
+    x = torch.randn(6, 12)
+    _, ref = _grads(copy.deepcopy(model), [x])
+    _, got = _grads(convert(model, level_config("L0", backend=backend)).model, [x])
+    _assert_same_grads(got, ref)
+
+
+LAYER_CASES = [
+    ("conv1d", lambda: nn.Conv1d(3, 4, 3, stride=2, padding=1), (2, 3, 9)),
+    ("conv2d_same_reflect", lambda: nn.Conv2d(3, 4, 3, padding="same", padding_mode="reflect", bias=False), (2, 3, 7, 6)),
+    ("conv2d_groups_dilation", lambda: nn.Conv2d(4, 6, 3, padding=2, dilation=2, groups=2), (2, 4, 8, 8)),
+    ("conv2d_unbatched", lambda: nn.Conv2d(3, 4, 3), (3, 7, 7)),
+    ("conv3d", lambda: nn.Conv3d(2, 3, 3, padding=1), (2, 2, 4, 5, 5)),
+    ("convtranspose1d", lambda: nn.ConvTranspose1d(3, 2, 3, stride=2, output_padding=1), (2, 3, 6)),
+    ("convtranspose2d", lambda: nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, groups=1), (2, 3, 5, 5)),
+    ("convtranspose3d", lambda: nn.ConvTranspose3d(2, 2, 2, stride=2), (2, 2, 3, 3, 3)),
+    ("linear_3d_input", lambda: nn.Linear(5, 7), (3, 4, 5)),
+    ("linear_1d_input", lambda: nn.Linear(5, 7), (5,)),
+    ("bn1d", lambda: nn.BatchNorm1d(4), (6, 4)),
+    ("bn1d_seq", lambda: nn.BatchNorm1d(4, affine=False), (3, 4, 5)),
+    ("bn2d_cumulative", lambda: nn.BatchNorm2d(3, momentum=None), (2, 3, 4, 4)),
+    ("bn3d", lambda: nn.BatchNorm3d(2), (2, 2, 3, 3, 3)),
+    ("relu", lambda: nn.ReLU(inplace=True), (2, 3, 5)),
+    ("relu6", lambda: nn.ReLU6(), (4, 9)),
+    ("hardtanh", lambda: nn.Hardtanh(-0.5, 0.7), (4, 9)),
+    ("maxpool_ceil_pad", lambda: nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True), (2, 3, 9, 10)),
+    ("maxpool_default_stride", lambda: nn.MaxPool2d(2), (2, 3, 8, 8)),
+    ("avgpool", lambda: nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False), (2, 3, 9, 10)),
+    ("avgpool_divisor", lambda: nn.AvgPool2d(2, divisor_override=3), (2, 3, 8, 8)),
+]
+
+
+@pytest.mark.parametrize("name,make,shape", LAYER_CASES, ids=[c[0] for c in LAYER_CASES])
+def test_layer_matches_torch_twin_at_l0(backend, name, make, shape):
+    torch.manual_seed(0)
+    module = make().train()
+    x = torch.randn(shape) * 3
+    ref_module = copy.deepcopy(module)
+    ref_out, ref = _grads(ref_module, [x])
+    conv = convert(module, level_config("L0", backend=backend))
+    assert isinstance(conv.model, L.ActNNModule)
+    out, got = _grads(conv.model, [x])
+    torch.testing.assert_close(out, ref_out, rtol=1e-6, atol=1e-6)
+    _assert_same_grads(got, ref)
+    for (k, a), b in zip(ref_module.state_dict().items(), conv.model.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=lambda m: f"state {k}: {m}")  # running stats updated alike
+
+
+def test_conv_transpose_output_size(backend):
+    torch.manual_seed(0)
+    module = nn.ConvTranspose2d(3, 2, 3, stride=2)
+    x = torch.randn(2, 3, 4, 4, requires_grad=True)
+    conv = convert(module, level_config("L2", backend=backend)).model
+    out = conv(x, output_size=[10, 10])
+    assert out.shape == (2, 2, 10, 10)
+    out.sum().backward()
+    assert x.grad.shape == x.shape
+
+
+def test_linear_3d_input_gradient_keeps_shape(backend):
+    lin = convert(nn.Linear(5, 7), level_config("L2", backend=backend)).model
+    x = torch.randn(3, 4, 5, requires_grad=True)
+    lin(x).sum().backward()
+    assert x.grad.shape == (3, 4, 5)
+
+
+def test_dropout_keeps_mask_and_scales(backend):
+    torch.manual_seed(0)
+    drop = convert(nn.Dropout(0.3), level_config("L3", backend=backend)).model
+    x = torch.rand(4, 100) + 0.5  # no zeros: a zero output means dropped
+    x.requires_grad_(True)
+    out = drop(x)
+    keep = out != 0
+    assert 0.5 < keep.float().mean() < 0.9
+    torch.testing.assert_close(out[keep], x.detach()[keep] / 0.7)
+    g = torch.randn(out.shape)
+    out.backward(g)
+    torch.testing.assert_close(x.grad, g * keep / 0.7)
+    drop.eval()
+    assert torch.equal(drop(x), x)
+
+
+def test_eval_and_no_grad_compress_nothing(backend, monkeypatch):
+    calls = []
+    real = ops.quantize
+    monkeypatch.setattr(ops, "quantize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    x = torch.randn(2, 3, 32, 32)
+    conv = convert(model, level_config("L2", backend=backend)).model
+    model.eval(), conv.eval()
+    assert torch.equal(conv(x), model(x))  # eval: identical outputs, bit for bit
+    with torch.no_grad():
+        conv.train()(x)
+    assert calls == []
+    conv.train()(x).sum().backward()
+    assert len(calls) > 0
+
+
+def test_directly_built_layer_works(backend):
+    """Same constructor as the torch twin; a layer built alone gets a private L2 controller."""
+    layer = L.QConv2d(3, 4, 3, padding=1)
+    assert set(layer.state_dict()) == {"weight", "bias"}
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    if backend == "reference":
+        pytest.skip("a directly built layer uses the default (extension) backend")
+    layer(x).sum().backward()
+    assert x.grad.shape == x.shape and layer.weight.grad is not None

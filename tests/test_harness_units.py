@@ -1,0 +1,287 @@
+"""Unit tests of the harness library (in-process, CPU): tracker, strategies, measurement, searches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from actbench.measure.point import PointConfig, count_flops, measure_point, synthetic_batch
+from actbench.measure.tracker import LiveStorageTracker, unique_storage_bytes
+from actbench.models import (ModelSpec, build_model, grown_resnet152_layers, logits_of, real_depth,
+                             validate_model_spec)
+from actbench.parsing import combine_strategies, parse_bytes, parse_int_range, parse_levels, parse_strategies
+from actbench.search import binary_search_largest, linear_scan, multiples_of
+from actbench.strategies import ALL_STRATEGIES, LEVEL_NAMES, apply_checkpointing, build_training_step
+
+TINY = dict(batch_size=4, image_size=32, device="cpu", warmup_steps=1, timed_steps=1)
+
+
+def _point(strategy: str, **kw) -> PointConfig:
+    args = {**TINY, **kw}
+    return PointConfig(model=ModelSpec("resnet18"), strategy=strategy, **args)
+
+
+@pytest.fixture(scope="module")
+def fp32_measurement():
+    """One fp32 baseline shared by the comparisons (a CPU step costs seconds on 2 cores)."""
+    return measure_point(_point("fp32", timed_steps=3))
+
+
+# --- tracker ------------------------------------------------------------------------------------
+def test_tracker_is_exact_on_hand_computable_case() -> None:
+    """relu(x @ w.T).sum() with x [8,16], w [4,16] fp32: mm output 8*4*4 = 128 B, relu output 128 B,
+    loss 4 B. relu saves its output, sum saves nothing, the mm output dies after relu -> 132 B live
+    after forward; peak 256 B (mm and relu outputs coexist). Views share storage; float64 is 8 B."""
+    tracker = LiveStorageTracker()
+    x, w = torch.randn(8, 16), torch.randn(4, 16, requires_grad=True)
+    tracker.adopt([x, w, w])  # adopting the same storage twice counts it once
+    base = tracker.live_bytes
+    assert base == 8 * 16 * 4 + 4 * 16 * 4
+    with tracker:
+        tracker.reset_peak()
+        loss = torch.relu(x @ w.t()).sum()
+        assert tracker.live_bytes - base == 132
+        assert tracker.peak_bytes - base == 256
+        a = torch.empty(1000)
+        b = a.view(10, 100)
+        c = torch.empty(250, dtype=torch.float64)
+        assert tracker.live_bytes - base == 132 + 4000 + 2000
+        del a
+        assert tracker.live_bytes - base == 132 + 4000 + 2000  # b still holds the storage
+        del b
+        assert tracker.live_bytes - base == 132 + 2000
+        loss.backward()  # frees relu's saved output (128 B), adds w.grad (256 B)
+        assert tracker.live_bytes - base == 4 + 2000 + 256
+        del c
+    assert tracker.live_bytes - base == 4 + 256
+
+
+def test_tracker_peak_agrees_with_pytorch_memtracker() -> None:
+    """Cross-check with torch's own MemTracker on a steady-state MLP step (SGD momentum). MemTracker
+    does not see the input batch (made before tracking); actbench adopts it, so the peaks differ by
+    exactly its 8*100*4 bytes."""
+    def make():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(100, 200), nn.ReLU(), nn.Linear(200, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x = torch.randn(8, 100)
+        opt.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        opt.step()  # warm-up: momentum buffers exist
+        opt.zero_grad(set_to_none=True)
+        return model, opt, x
+
+    from actbench.compat import memtracker_class
+
+    model, opt, x = make()
+    mem_tracker = memtracker_class()()
+    mem_tracker.track_external(model, opt)
+    with mem_tracker:
+        model(x).sum().backward()
+        opt.step()
+    theirs = mem_tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+    model, opt, x = make()
+    tracker = LiveStorageTracker()
+    tracker.adopt([*model.parameters(), *(v for st in opt.state.values() for v in st.values()), x])
+    with tracker:
+        tracker.reset_peak()
+        model(x).sum().backward()
+        opt.step()
+    assert tracker.peak_bytes == theirs + x.numel() * 4
+
+
+def test_tracker_files_host_allocations_separately() -> None:
+    tracker = LiveStorageTracker()
+    with tracker:
+        dev = torch.zeros(100)
+        with tracker.host_allocations():
+            host = torch.zeros(50)
+        assert (tracker.live_bytes, tracker.host_live_bytes) == (400, 200)
+        del host
+        assert tracker.host_live_bytes == 0 and tracker.host_peak_bytes == 200
+    del dev
+
+
+def test_unique_storage_bytes_dedups_views() -> None:
+    t = torch.zeros(10, 10)
+    assert unique_storage_bytes([t, t[0], t.t()]) == 400
+
+
+# --- models -------------------------------------------------------------------------------------
+def test_real_depth_counts_built_layers() -> None:
+    assert real_depth(build_model(ModelSpec("resnet18"), 32)) == 18
+    assert real_depth(build_model(ModelSpec("resnet152"), 32)) == 152
+    assert grown_resnet152_layers(44) == (3, 16, 72, 3)  # upstream's 8:36 split
+    grown = build_model(ModelSpec("resnet152", extra_blocks=44), 32)
+    assert real_depth(grown) == 3 * (3 + 16 + 72 + 3) + 2
+    assert real_depth(build_model(ModelSpec("mobilenet_v3_small"), 32)) is None
+
+
+def test_width_per_group_changes_the_model() -> None:
+    base = sum(p.numel() for p in build_model(ModelSpec("resnet152"), 32).parameters())
+    wide = sum(p.numel() for p in build_model(ModelSpec("resnet152", width_per_group=80), 32).parameters())
+    assert wide > base
+
+
+def test_unknown_model_suggests_close_names() -> None:
+    with pytest.raises(ValueError, match="unknown model 'resnt18'.*resnet18"):
+        validate_model_spec(ModelSpec("resnt18"))
+    with pytest.raises(ValueError, match="resnet152 only"):
+        validate_model_spec(ModelSpec("resnet18", extra_blocks=2))
+
+
+def test_models_with_resolution_arguments_build_at_other_sizes() -> None:
+    vit = build_model(ModelSpec("vit_b_32"), 64)
+    assert logits_of(vit(torch.randn(1, 3, 64, 64))).shape == (1, 1000)
+
+
+# --- strategies ---------------------------------------------------------------------------------
+def _grads_after_step(strategy: str) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = build_model(ModelSpec("resnet18"), 32)
+    images, targets = synthetic_batch(4, 32, 1000, torch.device("cpu"), seed=1)
+    step, _ = build_training_step(strategy, model, torch.device("cpu"))
+    step.zero_grad()
+    step.forward_loss(images, targets).backward()
+    return [p.grad.clone() for p in step.model.parameters()]
+
+
+@pytest.mark.parametrize("strategy", ["swap", "checkpoint"])
+def test_strategy_gradients_match_fp32(strategy: str) -> None:
+    """swap and checkpoint change where tensors live, not the math: same grads as fp32 (fp32 tolerance:
+    checkpoint recomputes the same ops in the same order, so differences are rounding only)."""
+    for a, b in zip(_grads_after_step("fp32"), _grads_after_step(strategy)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_swap_moves_saved_tensors_off_the_device(fp32_measurement) -> None:
+    fp32 = fp32_measurement
+    swap = measure_point(_point("swap"))
+    assert fp32.status == swap.status == "ok"
+    # Only the 4-byte loss (its saved values went to host) is left on the device after forward.
+    assert swap.activation_bytes < 0.01 * fp32.activation_bytes
+    assert swap.host_bytes >= 0.9 * fp32.activation_bytes
+    assert swap.peak_alloc_bytes < fp32.peak_alloc_bytes
+
+
+def test_checkpoint_reduces_activation_bytes(fp32_measurement) -> None:
+    fp32 = fp32_measurement
+    ckpt = measure_point(_point("checkpoint"))
+    assert ckpt.status == "ok" and ckpt.strategy_note == "8 checkpoint segments"
+    assert ckpt.activation_bytes < 0.7 * fp32.activation_bytes
+    # 2 groups over 8 blocks in 4 containers (layer1..4): a group never spans a container, so 4 runs.
+    fewer = measure_point(_point("checkpoint", checkpoint_segments=2))
+    assert fewer.strategy_note == "4 checkpoint segments"
+    assert fewer.activation_bytes < ckpt.activation_bytes
+
+
+def test_checkpoint_never_starts_a_segment_with_an_inplace_module() -> None:
+    """VGG's features interleave Conv2d and ReLU(inplace=True); a segment starting at the ReLU would
+    overwrite the previous segment's output that checkpoint keeps for recompute."""
+    model = build_model(ModelSpec("vgg11"), 32)
+    apply_checkpointing(model, segments=None)
+    runs = model.features.runs
+    for start, _ in runs:
+        assert not getattr(model.features.inner[start], "inplace", False)
+    images, targets = synthetic_batch(2, 32, 1000, torch.device("cpu"), seed=0)
+    nn.CrossEntropyLoss()(model(images), targets).backward()
+
+
+# --- measurement --------------------------------------------------------------------------------
+def test_throughput_fields_populated_on_cpu(fp32_measurement) -> None:
+    m = fp32_measurement
+    assert m.status == "ok"
+    assert m.samples_per_s_median > 0 and m.samples_per_s_iqr is not None and m.samples_per_s_iqr >= 0
+    assert m.step_time_s_median > 0
+    assert m.reserved_bytes is None  # cpu: no caching allocator, "not measured" rather than 0
+    assert m.model_bytes == m.param_bytes + m.grad_bytes + m.optimizer_state_bytes
+    assert m.param_bytes == m.grad_bytes == m.optimizer_state_bytes == m.num_params * 4
+    # Gradients do not exist yet when forward ends (zero_grad sets them to None); they appear in backward.
+    assert m.peak_alloc_bytes >= m.param_bytes + m.optimizer_state_bytes + m.activation_bytes
+    assert m.peak_alloc_bytes >= m.model_bytes
+
+
+def test_memory_only_point_has_no_throughput() -> None:
+    m = measure_point(_point("fp32", timed_steps=0))
+    assert m.samples_per_s_median is None and m.samples_per_s_iqr is None
+
+
+def test_flops_match_flop_counter_mode(fp32_measurement) -> None:
+    m = fp32_measurement
+    model = build_model(ModelSpec("resnet18"), 32)
+    images, targets = synthetic_batch(4, 32, 1000, torch.device("cpu"), seed=3)
+    with FlopCounterMode(display=False) as counter:
+        nn.CrossEntropyLoss()(model(images), targets).backward()
+    assert m.flops_per_sample > 0
+    assert m.flops_per_sample == counter.get_total_flops() / 4
+    fwd, total = count_flops(model, images, targets)
+    assert m.forward_flops_per_sample == fwd / 4 and total == counter.get_total_flops()
+
+
+def test_over_budget_on_cpu_keeps_the_bytes() -> None:
+    m = measure_point(_point("fp32", budget_bytes=1024))
+    assert m.status == "over_budget" and "budget" in m.message
+    assert m.peak_alloc_bytes > 1024 and m.samples_per_s_median is None
+
+
+def test_actnn_level_runs_and_saves_less_than_fp32() -> None:
+    """Needs actbench.actnn (the ActNN room's package); fails, not skips, without it."""
+    import actbench.actnn as actnn
+
+    assert tuple(actnn.LEVEL_NAMES) == LEVEL_NAMES
+    fp32 = measure_point(_point("fp32", timed_steps=0))  # same batch as the L3 point, no timing
+    l3 = measure_point(_point("L3", timed_steps=0))
+    assert l3.status == "ok", l3.message
+    assert l3.activation_bytes < 0.5 * fp32.activation_bytes
+    assert l3.strategy_note and "L3" in l3.strategy_note
+
+
+# --- parsing and searches -----------------------------------------------------------------------
+def test_parsers() -> None:
+    assert parse_levels("L1..L5") == ("L1", "L2", "L3", "L4", "L5")
+    assert parse_levels("L1,L3") == ("L1", "L3") and parse_levels("all") == LEVEL_NAMES
+    for bad in ("L1..L9", "L3..L1", "X"):
+        with pytest.raises(ValueError, match="levels are L0..L5"):
+            parse_levels(bad)
+    assert parse_bytes("16GiB") == 16 * 2**30 and parse_bytes("1.5GB") == 1_500_000_000
+    assert parse_bytes("512") == 512
+    with pytest.raises(ValueError, match="cannot parse budget '16XB'"):
+        parse_bytes("16XB")
+    assert parse_int_range("16:64:16") == (16, 32, 48, 64) and parse_int_range("2,4") == (2, 4)
+    with pytest.raises(ValueError, match="must be positive, got 0"):
+        parse_int_range("0:8:2")
+    assert combine_strategies(parse_strategies("swap"), parse_levels("L2"), True) == ("fp32", "swap", "L2")
+    assert combine_strategies(parse_strategies("swap"), (), False) == ("swap",)
+    assert set(LEVEL_NAMES) <= set(ALL_STRATEGIES)
+
+
+def test_binary_search_and_multiples() -> None:
+    cands = multiples_of(4, 16, 1024)
+    assert cands[0] == 16 and cands[-1] == 1024 and all(c % 4 == 0 for c in cands)
+    probes: list[int] = []
+
+    def fits(v: int) -> bool:
+        probes.append(v)
+        return v <= 608
+
+    assert binary_search_largest(cands, fits) == 608
+    assert len(probes) <= 8
+    assert binary_search_largest(cands, lambda v: False) is None
+    assert binary_search_largest(cands, lambda v: True) == 1024
+
+
+def test_linear_scan_stops_after_consecutive_failures() -> None:
+    from types import SimpleNamespace
+
+    statuses = {1: "ok", 2: "oom", 3: "ok", 4: "oom", 5: "oom", 6: "ok"}
+    seen: list[int] = []
+
+    def run(p):
+        seen.append(p)
+        return SimpleNamespace(ok=statuses[p] == "ok")
+
+    linear_scan([1, 2, 3, 4, 5, 6], run, stop_after=2)
+    assert seen == [1, 2, 3, 4, 5]

@@ -1,0 +1,352 @@
+"""Figures and the Markdown report, checked through their content (matplotlib artists, report text).
+
+Fixture runs are written by hand from ResultRow, so these tests need no measurement and no GPU:
+a ResNet-50 sweep in the paper's setting (cuda, 16 GiB, 224²) with oom rows, meta predictions of the
+same setting, a ResNet-18 sweep without a budget (no paper overlay allowed), and two max-scale runs
+(depth with config.json as the harness writes it; width without, so the dimension is inferred).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from matplotlib.colors import to_hex
+from typer.testing import CliRunner
+
+from actbench import paper
+from actbench.analysis import (BatchGroup, batch_groups, find_runs, infer_scale_dimension, max_batch_table,
+                               memory_table, scale_groups)
+from actbench.cli import app
+from actbench.plots import (PALETTE, PREDICTED_HATCH, plot_activation_vs_batch, plot_max_batch, plot_max_scale,
+                            plot_memory, plot_throughput_vs_batch, write_figures)
+from actbench.report import build_report, write_report
+from actbench.results import ResultRow
+
+GIB = 1 << 30
+MIB = 1 << 20
+BUDGET = 16 * GIB
+_counter = iter(range(10**6))
+
+
+def row(strategy: str, batch: int, status: str = "ok", *, model: str = "resnet50", device: str = "cuda",
+        budget: int | None = BUDGET, image: int = 224, ips: float | None = None, act: int | None = None,
+        peak: int | None = None, model_bytes: int | None = 300 * MIB, extra: int = 0, width: int | None = None,
+        depth: int | None = None, run: str = "run") -> ResultRow:
+    ok = status == "ok"
+    return ResultRow(
+        key=f"k{next(_counter):06d}", run_id=run, env_id="env1", status=status,
+        message="" if ok else f"{status} at batch {batch}", model=model, extra_blocks=extra, width_per_group=width,
+        depth=depth, strategy=strategy, batch_size=batch, image_size=image, device=device, budget_bytes=budget,
+        activation_bytes=act if ok else None, peak_alloc_bytes=peak if ok else None,
+        model_bytes=model_bytes if ok else None, samples_per_s_median=ips if ok else None,
+        samples_per_s_iqr=(ips * 0.02 if ips and ok else None), flops_per_sample=12.3e9 if ok else None)
+
+
+def write_run(root: Path, name: str, rows: list[ResultRow], env: dict | None = None, config: dict | None = None) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "rows.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
+    (d / "env.json").write_text(json.dumps(env or {"env_id": "env1", "device": "cuda", "torch": "2.11.0+cu130",
+                                                    "gpu_name": "NVIDIA H200"}))
+    if config is not None:
+        (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+def act(batch: int, per_sample_mib: float) -> int:
+    return int(batch * per_sample_mib * MIB)
+
+
+def resnet50_rows() -> list[ResultRow]:
+    rows = []
+    for b in (32, 96, 160):
+        rows.append(row("fp32", b, ips=120.0, act=act(b, 90), peak=act(b, 95) + GIB))
+    rows.append(row("fp32", 192, "oom"))
+    rows.append(row("fp32", 256, "oom"))  # a later failure: the × must sit at the first one
+    for b in (160, 416, 608):
+        rows.append(row("L3", b, ips=85.0, act=act(b, 7.5), peak=act(b, 9) + GIB))
+    rows.append(row("L3", 640, "oom"))
+    for b in (160, 480):
+        rows.append(row("swap", b, ips=28.0, act=act(b, 1), peak=act(b, 2) + GIB))
+    rows.append(row("swap", 512, "over_budget"))
+    return rows
+
+
+def meta_rows() -> list[ResultRow]:
+    rows = [row("fp32", b, device="meta", act=act(b, 88), peak=act(b, 93) + GIB) for b in (32, 160)]
+    rows += [row("L3", b, device="meta", act=act(b, 7.3), peak=act(b, 9) + GIB) for b in (160, 608)]
+    rows.append(row("L3", 704, "over_budget", device="meta"))
+    return rows
+
+
+def depth_rows() -> list[ResultRow]:
+    kw = dict(model="resnet152", device="cpu", budget=2 * GIB, image=64)
+    rows = [row("fp32", 64, extra=e, depth=152 + 3 * e, ips=10.0 - e / 10, act=GIB, peak=GIB, **kw) for e in (0, 4)]
+    rows.append(row("fp32", 64, "over_budget", extra=8, depth=176, **kw))
+    rows += [row("L3", 64, extra=e, depth=152 + 3 * e, ips=7.0, act=GIB // 8, peak=GIB, **kw) for e in (0, 16, 40)]
+    rows.append(row("L3", 64, "over_budget", extra=48, depth=296, **kw))
+    return rows
+
+
+def width_rows() -> list[ResultRow]:
+    kw = dict(model="resnet152", device="cpu", budget=2 * GIB, image=64)
+    return ([row("fp32", 64, width=w, ips=5.0, act=GIB, peak=GIB, **kw) for w in (64, 96)]
+            + [row("L3", 64, width=w, ips=4.0, act=GIB // 8, peak=GIB, **kw) for w in (64, 128, 192)])
+
+
+@pytest.fixture()
+def results(tmp_path: Path) -> Path:
+    root = tmp_path / "results"
+    write_run(root, "sweep-batch_resnet50_cuda_224px_aaaa", resnet50_rows(), config={"command": "sweep-batch"})
+    write_run(root, "sweep-batch_resnet50_meta_224px_bbbb", meta_rows(),
+              env={"env_id": "env2", "device": "meta", "torch": "2.14.1"})
+    write_run(root, "nested/sweep-batch_resnet18_cpu_32px_cccc",
+              [row(s, b, model="resnet18", device="cpu", budget=None, image=32, ips=30.0 + b, act=act(b, 1),
+                   peak=act(b, 2)) for s in ("fp32", "checkpoint") for b in (2, 4)],
+              env={"env_id": "env3", "device": "cpu", "torch": "2.14.1"}, config={"command": "sweep-batch"})
+    write_run(root, "max-scale-depth_resnet152_cpu_64px_dddd", depth_rows(),
+              config={"command": "max-scale", "dim": "depth", "batch": 64})
+    write_run(root, "max-scale-width_resnet152_cpu_64px_eeee", width_rows())  # no config.json: inferred
+    return root
+
+
+def group_of(results: Path, model: str) -> BatchGroup:
+    return next(g for g in batch_groups(find_runs(results)) if g.model == model)
+
+
+def lines_by_label(ax) -> dict:
+    return {ln.get_label(): ln for ln in ax.get_lines()}
+
+
+# --- discovery and derived tables ------------------------------------------------------------
+def test_find_runs_recurses_and_accepts_a_single_run(results: Path) -> None:
+    names = [r.name for r in find_runs(results)]
+    assert "sweep-batch_resnet18_cpu_32px_cccc" in names and len(names) == 5
+    one = find_runs(results / "sweep-batch_resnet50_cuda_224px_aaaa")
+    assert [r.name for r in one] == ["sweep-batch_resnet50_cuda_224px_aaaa"]
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "empty_rows"])
+def test_find_runs_bad_input_raises_one_line(tmp_path: Path, make: str) -> None:
+    target = tmp_path / "x"
+    if make != "missing":
+        target.mkdir()
+    if make == "empty_rows":
+        (target / "rows.jsonl").write_text("")
+    with pytest.raises(ValueError) as info:
+        find_runs(target)
+    assert "\n" not in str(info.value) and str(target) in str(info.value)
+
+
+def test_scale_dimension_from_config_and_inferred(results: Path) -> None:
+    dims = {g.run_name: g.dim for g in scale_groups(find_runs(results))}
+    assert dims == {"max-scale-depth_resnet152_cpu_64px_dddd": "depth",
+                    "max-scale-width_resnet152_cpu_64px_eeee": "width"}
+    # a batch sweep varies the batch, so it is not a max-scale run
+    assert infer_scale_dimension(resnet50_rows()) is None
+
+
+@pytest.mark.parametrize("field, values, dim", [("extra", (0, 8), "depth"), ("width", (64, 128), "width"),
+                                                ("image", (224, 256), "resolution"), ("image", (224, 224), None)])
+def test_infer_scale_dimension_from_the_varying_field(field: str, values: tuple, dim: str | None) -> None:
+    rows = [row("fp32", 64, model="resnet152", **{field: v}) for v in values]
+    assert infer_scale_dimension(rows) == dim
+
+
+def test_max_batch_table_measured_and_predicted(results: Path) -> None:
+    table = {(e.series.strategy, e.series.device): e for e in max_batch_table(group_of(results, "resnet50"))}
+    assert table["fp32", "cuda"].max_batch == 160 and table["fp32", "cuda"].bounded
+    assert table["L3", "cuda"].max_batch == 608 and table["L3", "cuda"].multiple_of_fp32 == pytest.approx(3.8)
+    assert table["swap", "cuda"].max_batch == 480
+    assert table["L3", "meta"].max_batch == 608 and table["L3", "meta"].label == "L3 (predicted)"
+    assert table["L3", "meta"].multiple_of_fp32 == pytest.approx(608 / 160)
+
+
+def test_memory_table_picks_the_batch_most_series_share(results: Path) -> None:
+    batch, entries = memory_table(group_of(results, "resnet50"))
+    assert batch == 160  # fp32, L3, swap measured and fp32, L3 predicted all have an ok row there
+    assert len(entries) == 5
+
+
+# --- figures -----------------------------------------------------------------------------------
+def test_throughput_figure_series_failures_shading_and_title(results: Path) -> None:
+    fig = plot_throughput_vs_batch(group_of(results, "resnet50"))
+    ax = fig.axes[0]
+    lines = lines_by_label(ax)
+    assert len(lines["fp32"].get_xdata()) == 3 and len(lines["L3"].get_xdata()) == 3
+    assert list(lines["swap"].get_xdata()) == [160, 480]
+    assert not any(label.startswith("paper") for label in lines)  # no overlay unless asked
+    fails = {ln.get_gid(): ln for ln in ax.get_lines() if (ln.get_gid() or "").startswith("fail:")}
+    assert set(fails) == {"fail:fp32:cuda", "fail:L3:cuda", "fail:swap:cuda", "fail:L3:meta"}
+    for gid, batch in (("fail:fp32:cuda", 192), ("fail:L3:cuda", 640), ("fail:swap:cuda", 512)):
+        ln = fails[gid]
+        assert ln.get_marker() == "x" and to_hex(ln.get_color()) == to_hex("red")
+        assert list(ln.get_xdata()) == [batch]
+    # fp32-feasible range shaded up to fp32's largest ok batch
+    spans = [p for p in ax.patches if "fp32 fits" in p.get_label()]
+    assert len(spans) == 1 and spans[0].get_x() + spans[0].get_width() == pytest.approx(160)
+    assert "images/s" in ax.get_ylabel() and "batch" in ax.get_xlabel()
+    title = ax.get_title()
+    assert "resnet50" in title and "cuda" in title and "16 GiB" in title and "224" in title
+    assert "meta (predicted)" in title
+
+
+def test_paper_overlay_only_in_the_papers_setting(results: Path) -> None:
+    points = paper.load_throughput()
+    fig = plot_throughput_vs_batch(group_of(results, "resnet50"), points)
+    labels = {ln.get_label() for ln in fig.axes[0].get_lines()}
+    assert {"paper: L3", "paper: fp32", "paper: swap"} <= labels
+    l3 = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "paper: L3")
+    assert list(l3.get_xdata()) == [448, 608]
+    other = plot_throughput_vs_batch(group_of(results, "resnet18"), points)
+    assert not any(ln.get_label().startswith("paper") for ln in other.axes[0].get_lines())
+    assert "no budget" in other.axes[0].get_title()
+
+
+def test_predicted_rows_are_hollow_and_labelled(results: Path) -> None:
+    fig = plot_activation_vs_batch(group_of(results, "resnet50"))
+    ax = fig.axes[0]
+    lines = lines_by_label(ax)
+    assert lines["L3 (predicted)"].get_markerfacecolor() == "none"
+    assert lines["L3"].get_markerfacecolor() != "none"
+    assert to_hex(lines["L3 (predicted)"].get_color()) == to_hex(lines["L3"].get_color()) == PALETTE["L3"]
+    assert "GiB" in ax.get_ylabel()
+    assert list(lines["L3"].get_ydata()) == pytest.approx([b * 7.5 / 1024 for b in (160, 416, 608)])
+
+
+def test_max_batch_bars_hatch_predictions_and_write_multiples(results: Path) -> None:
+    fig = plot_max_batch(group_of(results, "resnet50"))
+    ax = fig.axes[0]
+    bars = {c.get_label(): c.patches[0] for c in ax.containers}
+    assert bars["L3"].get_height() == 608 and bars["fp32"].get_height() == 160
+    assert PREDICTED_HATCH and bars["L3 (predicted)"].get_hatch() == PREDICTED_HATCH and not bars["L3"].get_hatch()
+    assert bars["L3 (predicted)"].get_facecolor()[3] == 0  # hollow: only the hatch and edge carry colour
+    assert to_hex(bars["L3"].get_facecolor()) == PALETTE["L3"]
+    texts = [t.get_text() for t in ax.texts]
+    assert any("3.80× fp32" in t for t in texts)
+    assert "images" in ax.get_ylabel() and "budget 16 GiB" in ax.get_title()
+
+
+def test_memory_figure_groups_three_metrics(results: Path) -> None:
+    fig = plot_memory(group_of(results, "resnet50"))
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["activation", "peak allocated", "model"]
+    assert len(ax.containers) == 5 and all(len(c.patches) == 3 for c in ax.containers)
+    assert "GiB" in ax.get_ylabel() and "batch 160" in ax.get_title()
+    fp32 = next(c for c in ax.containers if c.get_label() == "fp32")
+    assert fp32.patches[0].get_height() == pytest.approx(160 * 90 / 1024)
+
+
+def test_max_scale_figure_real_depth_and_throughput(results: Path) -> None:
+    group = next(g for g in scale_groups(find_runs(results)) if g.dim == "depth")
+    fig = plot_max_scale(group)
+    ax_max, ax_ips = fig.axes
+    heights = {c.get_label(): c.patches[0].get_height() for c in ax_max.containers}
+    assert heights == {"fp32": 152 + 12, "L3": 152 + 120}
+    assert "layers" in ax_max.get_ylabel() and "images/s" in ax_ips.get_ylabel()
+    assert [c.patches[0].get_height() for c in ax_ips.containers] == pytest.approx([9.6, 7.0])
+    title = fig.get_suptitle()
+    assert "resnet152" in title and "cpu" in title and "budget 2 GiB" in title and "batch 64" in title
+
+
+def test_write_figures_png_and_pdf_with_deterministic_names(results: Path, tmp_path: Path) -> None:
+    out = tmp_path / "figs"
+    written = write_figures(results, out)
+    names = sorted(p.name for p in written)
+    assert "throughput_vs_batch__resnet50_224px_16GiB.png" in names
+    assert "max_batch__resnet18_32px_nobudget.pdf" in names
+    assert "max_depth_max-scale-depth_resnet152_cpu_64px_dddd.png" in names
+    assert "max_width_max-scale-width_resnet152_cpu_64px_eeee.pdf" in names
+    assert all(p.exists() and p.stat().st_size > 0 for p in written)
+    assert len([n for n in names if n.endswith(".png")]) == len([n for n in names if n.endswith(".pdf")])
+    same = [out / "memory__resnet50_224px_16GiB.png", out / "throughput_vs_batch__resnet50_224px_16GiB.pdf"]
+    first = [p.read_bytes() for p in same]
+    write_figures(results, out)
+    assert [p.read_bytes() for p in same] == first  # same rows, same files (no timestamps embedded)
+
+
+# --- report --------------------------------------------------------------------------------------
+def test_report_tables_and_paper_ratios(results: Path, tmp_path: Path) -> None:
+    text = build_report(find_runs(results), results, tmp_path, (), paper.load_throughput())
+    assert "NVIDIA H200" in text and "2.11.0+cu130" in text
+    assert "vs 1.7" in text and "synthetic" in text and "predictions" in text
+    # max batch: ours, × fp32, images/s, paper, ratio, paper × fp32
+    assert "| L3 | 608 | 3.80 | 85.0 | 608 | 1.00 | 3.80 |" in text
+    assert "| fp32 | 160 | 1.00 | 120.0 | 160 | 1.00 | 1.00 |" in text
+    assert "| swap | 480 | 3.00 | 28.0 | 480 | 1.00 | 3.00 |" in text
+    # activation reduction at L3 beside the paper's 12x
+    assert "| L3 | 1.172 GiB |" in text and "| 12.00× | 12× | 1.00 |" in text
+    # throughput: the paper's nearest point within ±4 batch and the ratio
+    assert "| L3 | 608 | ok | 85.0 | 1.7 | 86.1 (608) | 0.99 |" in text
+    assert "| fp32 | 192 | oom: oom at batch 192 |" in text
+    # resnet18 is not the paper's setting: its max-batch table has no paper columns
+    r18 = text.split("## Setting: resnet18")[1].split("\n## ")[0]
+    assert "| strategy | max batch | × fp32 | images/s at max |\n" in r18
+    assert "Maximum depth" in text and "272 (+40 blocks)" in text
+    assert "Maximum width" in text and "| L3 | 192 | 2.00 |" in text
+
+
+def test_report_links_figures_relatively(results: Path, tmp_path: Path) -> None:
+    out = tmp_path / "doc" / "report.md"
+    res = write_report(results, out, tmp_path / "figs")
+    text = out.read_text()
+    assert res.path == out and res.figures
+    assert "](../figs/throughput_vs_batch__resnet50_224px_16GiB.png)" in text
+    assert "](../figs/max_depth_max-scale-depth_resnet152_cpu_64px_dddd.png)" in text
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+def invoke(args: list[str]):
+    return CliRunner().invoke(app, args, catch_exceptions=False)
+
+
+def test_cli_plot_writes_and_prints(results: Path, tmp_path: Path) -> None:
+    out = tmp_path / "cli-figs"
+    res = invoke(["plot", str(results), "--out", str(out), "--paper"])
+    assert res.exit_code == 0, res.output
+    assert "overlaid nothing" not in res.stderr
+    printed = res.stdout.split()
+    assert str(out / "throughput_vs_batch__resnet50_224px_16GiB.png") in printed
+    assert all(Path(p).exists() for p in printed)
+
+
+def test_cli_plot_default_out_under_results(results: Path) -> None:
+    run = results / "nested" / "sweep-batch_resnet18_cpu_32px_cccc"
+    res = invoke(["plot", str(run), "--paper"])
+    assert res.exit_code == 0
+    assert "overlaid nothing" in res.stderr  # resnet18 at 32 px without a budget is not the paper's setting
+    assert (run / "figures" / "throughput_vs_batch__resnet18_32px_nobudget.pdf").exists()
+
+
+@pytest.mark.parametrize("command", ["plot", "report"])
+def test_cli_bad_results_dir_exits_with_one_line(tmp_path: Path, command: str) -> None:
+    for target in (tmp_path / "missing", tmp_path):
+        res = invoke([command, str(target)])
+        assert res.exit_code == 2
+        assert res.stderr.strip().count("\n") == 0 and res.stderr.startswith("actbench: error:")
+
+
+def test_cli_plot_paper_csv_missing(results: Path, tmp_path: Path) -> None:
+    res = invoke(["plot", str(results), "--paper", "--paper-csv", str(tmp_path / "nope.csv")])
+    assert res.exit_code == 2 and "nope.csv" in res.stderr
+
+
+def test_cli_report(results: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.md"
+    res = invoke(["report", str(results), "--out", str(out), "--no-figures"])
+    assert res.exit_code == 0 and res.stdout.strip() == str(out)
+    text = out.read_text()
+    assert "## Environment" in text and "### Maximum batch per strategy" in text and "### Figures" not in text
+
+
+def test_paper_reference_numbers() -> None:
+    assert paper.MAX_BATCH["L5"] / paper.MAX_BATCH["fp32"] == pytest.approx(6.6)
+    assert paper.matches("resnet50", 224, 16 * GIB) and paper.matches("resnet50", 224, 16 * 10**9)
+    assert not paper.matches("resnet50", 224, None) and not paper.matches("resnet50", 128, 16 * GIB)
+    assert not paper.matches("resnet152", 224, 16 * GIB)
+    pts = paper.load_throughput()
+    assert paper.paper_throughput_at(pts, "swap", 478).samples_per_s == 27.5
+    assert paper.paper_throughput_at(pts, "swap", 300) is None
