@@ -25,12 +25,16 @@ step() {  # step NAME TIMEOUT_S CMD...: run, log, record the exit code in summar
 
 step nvidia_smi 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 step doctor 300 "$PY" -m actbench doctor
-step cuda_tests 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_ops_cuda.py tests/test_ops_opcheck.py
+step cuda_tests 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_ops_cuda.py tests/test_actnn_cuda.py tests/test_ops_opcheck.py
 step bench_kernels 180 "$PY" -m actbench bench-kernels --device cuda --sizes-mib 1,16,256,1024 --bits 2,4 \
   --repeats 20 --reference-max-mib 16 --out "$SCRATCH"
+step sweep 300 "$PY" -m actbench sweep-batch resnet50 --strategies fp32 --levels L3 --batch 64:192:64 \
+  --image-size 224 --device cuda --budget 16GiB --warmup-steps 2 --timed-steps 5 --out "$SCRATCH"
 
 # Flat copies of what was measured ($OUT comes back at most two folders deep, 8 files).
 for f in "$SCRATCH"/bench-kernels_cuda_*/kernels.csv; do [ -f "$f" ] && cp "$f" "$OUT/kernels_cuda.csv"; done
 for f in "$SCRATCH"/bench-kernels_cuda_*/env.json; do [ -f "$f" ] && cp "$f" "$OUT/env_cuda.json"; done
+for f in "$SCRATCH"/sweep-batch_resnet50_cuda_*/rows.jsonl; do [ -f "$f" ] && cp "$f" "$OUT/sweep_rows.jsonl"; done
+for f in "$SCRATCH"/sweep-batch_resnet50_cuda_*/table.csv; do [ -f "$f" ] && cp "$f" "$OUT/sweep_table.csv"; done
 cat "$OUT/summary.txt"
 ! grep -qv " rc=0 " "$OUT/summary.txt"

@@ -280,11 +280,7 @@ at::Tensor pack_mask_cpu(const at::Tensor& mask_in) {
 
 at::Tensor unpack_mask_cpu(const at::Tensor& packed_in, c10::SymIntArrayRef shape_sym) {
   c10::IntArrayRef shape = C10_AS_INTARRAYREF_SLOW(shape_sym);
-  int64_t numel = 1;
-  for (auto d : shape) numel *= d;
-  TORCH_CHECK(packed_in.scalar_type() == at::kByte && packed_in.dim() == 1 && packed_in.numel() == (numel + 7) / 8,
-              "actbench::unpack_mask: packed must be uint8 [", (numel + 7) / 8, "] for shape ", shape, ", got ",
-              packed_in.scalar_type(), " ", packed_in.sizes());
+  const int64_t numel = check_unpack_mask(packed_in, shape);
   at::Tensor packed = packed_in.contiguous();
   at::Tensor out = at::empty(shape, packed.options().dtype(at::kBool));
   const uint8_t* p = packed.data_ptr<uint8_t>();
@@ -342,9 +338,7 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_with_argmax_cpu(const at::Tensor& 
   Pool2d p = pool_geometry(x_in.sizes(), kernel, stride, padding, dilation, ceil_mode, op);
   int code = dtype_code(x_in.scalar_type(), op, "x");
   at::Tensor x = x_in.contiguous();
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape[shape.size() - 2] = p.out_h;
-  shape[shape.size() - 1] = p.out_w;
+  std::vector<int64_t> shape = pool_output_shape(x.sizes(), p);
   at::Tensor out = at::empty(shape, x.options()), arg = at::empty(shape, x.options().dtype(at::kChar));
   int64_t planes = x.numel() / (p.in_h * p.in_w);
   switch (code) {
@@ -360,14 +354,7 @@ at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_in, const at::Tensor& 
                                    c10::IntArrayRef dilation) {
   const char* op = "max_pool2d_backward";
   c10::IntArrayRef in_shape = C10_AS_INTARRAYREF_SLOW(in_sym);
-  Pool2d p = pool_geometry(in_shape, kernel, stride, padding, dilation, false, op);
-  // ceil_mode may have added a last window: trust the saved argmax's spatial size.
-  TORCH_CHECK(arg_in.scalar_type() == at::kChar && arg_in.sizes() == grad_in.sizes() &&
-                  arg_in.dim() == static_cast<int64_t>(in_shape.size()),
-              "actbench::", op, ": argmax must be int8 with grad_out's shape ", grad_in.sizes(), ", got ",
-              arg_in.scalar_type(), " ", arg_in.sizes());
-  p.out_h = grad_in.size(-2);
-  p.out_w = grad_in.size(-1);
+  Pool2d p = pool_backward_geometry(grad_in, arg_in, in_shape, kernel, stride, padding, dilation, op);
   int code = dtype_code(grad_in.scalar_type(), op, "grad_out");
   at::Tensor grad = grad_in.contiguous(), arg = arg_in.contiguous();
   at::Tensor gin = at::empty(in_shape, grad.options());

@@ -20,10 +20,6 @@ void check_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, "actbench::", op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
 }
 
-void check_cuda(const at::Tensor& t, const char* op, const char* name) {
-  TORCH_CHECK(t.is_cuda(), "actbench::", op, ": ", name, " must be a CUDA tensor, got one on ", t.device());
-}
-
 std::tuple<at::Tensor, at::Tensor> group_minmax_cuda(const at::Tensor& x_in, int64_t group_size) {
   const char* op = "group_minmax";
   Groups gr = groups_of(x_in.sizes(), group_size, op);
@@ -148,11 +144,7 @@ at::Tensor pack_mask_cuda(const at::Tensor& mask_in) {
 
 at::Tensor unpack_mask_cuda(const at::Tensor& packed_in, c10::SymIntArrayRef shape_sym) {
   c10::IntArrayRef shape = C10_AS_INTARRAYREF_SLOW(shape_sym);
-  int64_t numel = 1;
-  for (auto d : shape) numel *= d;
-  TORCH_CHECK(packed_in.scalar_type() == at::kByte && packed_in.dim() == 1 && packed_in.numel() == (numel + 7) / 8,
-              "actbench::unpack_mask: packed must be uint8 [", (numel + 7) / 8, "] for shape ", shape, ", got ",
-              packed_in.scalar_type(), " ", packed_in.sizes());
+  const int64_t numel = check_unpack_mask(packed_in, shape);
   c10::cuda::CUDAGuard guard(packed_in.device());
   at::Tensor packed = packed_in.contiguous();
   at::Tensor out = at::empty(shape, packed.options().dtype(at::kBool));
@@ -170,9 +162,7 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_with_argmax_cuda(const at::Tensor&
   int code = dtype_code(x_in.scalar_type(), op, "x");
   c10::cuda::CUDAGuard guard(x_in.device());
   at::Tensor x = x_in.contiguous();
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape[shape.size() - 2] = p.out_h;
-  shape[shape.size() - 1] = p.out_w;
+  std::vector<int64_t> shape = pool_output_shape(x.sizes(), p);
   at::Tensor out = at::empty(shape, x.options()), arg = at::empty(shape, x.options().dtype(at::kChar));
   int64_t planes = x.numel() / (p.in_h * p.in_w);
   check_launch(launch_max_pool2d(code, x.data_ptr(), planes, p, out.data_ptr(), arg.data_ptr<int8_t>(),
@@ -186,14 +176,7 @@ at::Tensor max_pool2d_backward_cuda(const at::Tensor& grad_in, const at::Tensor&
                                     c10::IntArrayRef dilation) {
   const char* op = "max_pool2d_backward";
   c10::IntArrayRef in_shape = C10_AS_INTARRAYREF_SLOW(in_sym);
-  Pool2d p = pool_geometry(in_shape, kernel, stride, padding, dilation, false, op);
-  TORCH_CHECK(arg_in.scalar_type() == at::kChar && arg_in.sizes() == grad_in.sizes() &&
-                  arg_in.dim() == static_cast<int64_t>(in_shape.size()),
-              "actbench::", op, ": argmax must be int8 with grad_out's shape ", grad_in.sizes(), ", got ",
-              arg_in.scalar_type(), " ", arg_in.sizes());
-  check_cuda(arg_in, op, "argmax");
-  p.out_h = grad_in.size(-2);
-  p.out_w = grad_in.size(-1);
+  Pool2d p = pool_backward_geometry(grad_in, arg_in, in_shape, kernel, stride, padding, dilation, op);
   int code = dtype_code(grad_in.scalar_type(), op, "grad_out");
   c10::cuda::CUDAGuard guard(grad_in.device());
   at::Tensor grad = grad_in.contiguous(), arg = arg_in.contiguous();

@@ -6,6 +6,8 @@
 #include <c10/core/SymIntArrayRef.h>
 #include <c10/util/Exception.h>
 
+#include <vector>
+
 #include "actbench/quant_math.h"
 
 namespace actbench {
@@ -123,6 +125,40 @@ inline Pool2d pool_geometry(c10::IntArrayRef in_shape, c10::IntArrayRef kernel, 
   TORCH_CHECK(p.out_h > 0 && p.out_w > 0, "actbench::", op, ": output would be empty for input ", in_shape,
               " and kernel_size ", kernel);
   return p;
+}
+
+// Output shape of a 2-D max pool: the input's with the last two sizes replaced.
+inline std::vector<int64_t> pool_output_shape(c10::IntArrayRef in_shape, const Pool2d& p) {
+  std::vector<int64_t> shape(in_shape.begin(), in_shape.end());
+  shape[shape.size() - 2] = p.out_h;
+  shape[shape.size() - 1] = p.out_w;
+  return shape;
+}
+
+// Geometry for the pool backward. ceil_mode may have added a last window: the saved argmax's
+// spatial size is the truth for the output side.
+inline Pool2d pool_backward_geometry(const at::Tensor& grad, const at::Tensor& arg, c10::IntArrayRef in_shape,
+                                     c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                     c10::IntArrayRef dilation, const char* op) {
+  Pool2d p = pool_geometry(in_shape, kernel, stride, padding, dilation, false, op);
+  TORCH_CHECK(arg.scalar_type() == at::kChar && arg.sizes() == grad.sizes() &&
+                  arg.dim() == static_cast<int64_t>(in_shape.size()),
+              "actbench::", op, ": argmax must be int8 with grad_out's shape ", grad.sizes(), ", got ",
+              arg.scalar_type(), " ", arg.sizes());
+  check_same_device(grad, arg, op, "argmax");
+  p.out_h = grad.size(-2);
+  p.out_w = grad.size(-1);
+  return p;
+}
+
+// Number of values of an unpacked mask; checks that ``packed`` holds exactly their bits.
+inline int64_t check_unpack_mask(const at::Tensor& packed, c10::IntArrayRef shape) {
+  int64_t numel = 1;
+  for (auto d : shape) numel *= d;
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 1 && packed.numel() == (numel + 7) / 8,
+              "actbench::unpack_mask: packed must be uint8 [", (numel + 7) / 8, "] for shape ", shape, ", got ",
+              packed.scalar_type(), " ", packed.sizes());
+  return numel;
 }
 
 }  // namespace actbench
