@@ -258,3 +258,36 @@ def test_quantize_inside_fake_tensor_mode_draws_real_seeds():
         p = ops.quantize(x, 2)
         assert p.codes.shape == (8 * 768 * 2 // 8,)
         assert ops.dequantize(p).shape == x.shape
+
+
+def test_batch_over_65535_on_cpu():
+    """Upstream's one-block-per-sample launch broke past 65,535 samples; every path here is 64-bit."""
+    x = _x((70_000, 20), torch.float32)
+    p = ops.quantize(x, 4, seed_offset=(2, 3))
+    ref_tail = ops.quantize(x[-5:], 4, seed_offset=(2, 3), backend="reference")
+    assert torch.equal(p.lo[-5:].view(torch.int16), ref_tail.lo.view(torch.int16))
+    y = ops.dequantize(p)
+    scale = p.scale.float()[:, :1]
+    assert bool(((y - x).abs() <= 1 / scale + 1e-6).all())
+
+
+@pytest.mark.slow
+def test_tensor_over_2_pow_31_values_on_cpu():
+    """Values past index 2^31 are quantized and restored (int64 indexing in every CPU loop). ~9 GiB."""
+    n = 2**31 + 2**12
+    x = torch.ones(2, n // 2, dtype=torch.bfloat16)
+    x[1, -300:] = torch.linspace(-3, 3, 300, dtype=torch.float32).to(torch.bfloat16)
+    p = ops.quantize(x, 2, seed_offset=(1, 1))
+    assert p.codes.numel() == 2 * (-(-(n // 2) // 256)) * 256 * 2 // 8
+    y = ops.dequantize(p)
+    del p
+    tail, tail_hat = x[1, -300:].float(), y[1, -300:].float()
+    # The last 300 values span two groups with ranges <= 6 (2 bits: step <= 2): within one step.
+    assert float((tail_hat - tail).abs().max()) <= 2.0 + 0.05
+    assert float((tail_hat - tail).abs().max()) > 0  # really quantized, not a copy
+    assert bool((y[0, -1000:] == 1).all())
+    mask = torch.ones(n, dtype=torch.bool)
+    mask[-3] = False
+    packed = ops.pack_mask(mask)
+    assert int(packed[-1]) == 0b11011111  # bit 5 of the last byte is value n - 3
+    assert torch.equal(ops.unpack_mask(packed, mask.shape)[-8:], mask[-8:])
