@@ -1,0 +1,72 @@
+"""doctor, build and bench-kernels through the CLI: they run, write what they say, reject bad input."""
+
+import csv
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from actbench import extension
+from actbench.cli import app
+
+runner = CliRunner()
+
+
+def test_doctor_reports_extension_and_self_check():
+    result = runner.invoke(app, ["doctor"])
+    assert result.exit_code == 0, result.output
+    for name in ("torch", "nvcc", "extension", "self-check cpu"):
+        assert name in result.output
+    assert "FAIL" not in result.output
+
+
+def test_doctor_fails_when_the_extension_cannot_load(monkeypatch):
+    def broken(*args, **kwargs):
+        raise extension.ExtensionError("actbench extension failed to build in /x: error: boom")
+
+    monkeypatch.setattr(extension, "load", broken)
+    result = runner.invoke(app, ["doctor"])
+    assert result.exit_code == 1
+    assert "FAIL" in result.output and "boom" in result.output
+
+
+def test_build_uses_the_cache():
+    result = runner.invoke(app, ["build"])
+    assert result.exit_code == 0, result.output
+    assert "extension ready" in result.output
+
+
+def test_bench_kernels_writes_rows_and_env(tmp_path):
+    result = runner.invoke(
+        app, ["bench-kernels", "--sizes-mib", "1", "--bits", "2,4", "--repeats", "2", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name.startswith("bench-kernels_cpu_")
+    rows = list(csv.DictReader((run_dir / "kernels.csv").open()))
+    kinds = {(r["op"], r["backend"], r["bits"]) for r in rows}
+    assert ("copy", "torch", "") in kinds
+    for bits in ("2", "4"):
+        for op in ("quantize", "dequantize"):
+            assert (op, "extension", bits) in kinds and (op, "reference", bits) in kinds
+    ext = [r for r in rows if r["backend"] == "extension"]
+    assert all(float(r["input_gb_per_s"]) > 0 and float(r["speedup_vs_reference"]) > 0 for r in ext)
+    assert all(r["device"] == "cpu" for r in rows)
+    assert json.loads((run_dir / "env.json").read_text())["device"] == "cpu"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--sizes-mib", "0"], "--sizes-mib must be positive"),
+        (["--sizes-mib", "big"], "--sizes-mib must be a comma list"),
+        (["--bits", "3"], "--bits must be a comma list of 1, 2, 4, 8, got '3'"),
+        (["--device", "tpu"], "--device must be cpu or cuda, got 'tpu'"),
+        (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    ],
+)
+def test_bench_kernels_bad_input(tmp_path, args, message):
+    result = runner.invoke(app, ["bench-kernels", "--out", str(tmp_path), *args])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert list(tmp_path.iterdir()) == []  # nothing written for a rejected command
