@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["TorchDispatchMode", "tree_flatten", "dispatch_modes_disabled", "memtracker_class", "tensor_version"]
+__all__ = ["TorchDispatchMode", "tree_flatten", "dispatch_modes_disabled", "memtracker_class", "tensor_version",
+           "fake_tensor_mode", "fake_copy_mode", "is_fake", "storage_identity"]
 
 
 def tensor_version(tensor: "torch.Tensor") -> int:
@@ -42,3 +43,39 @@ def memtracker_class() -> type:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     return MemTracker
+
+
+# --- the meta device: fake tensors ---------------------------------------------------------------
+# FakeTensorMode runs every ATen op through its meta kernel (the extension's through the fake kernels
+# in actbench.ops) on tensors that have a device, shape and dtype but no data: a training step is
+# sized without compute or memory. It is private API (torch._subclasses), hence here.
+
+
+def fake_tensor_mode() -> "contextlib.AbstractContextManager":
+    """A fresh FakeTensorMode; tensors created inside it (parameters included) are fake."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+def fake_copy_mode(mode: object) -> "contextlib.AbstractContextManager":
+    """Makes ``copy.deepcopy`` of modules with fake parameters work (ActNN's convert copies the model)."""
+    from torch._subclasses.fake_tensor import FakeCopyMode
+
+    return FakeCopyMode(mode)
+
+
+def is_fake(tensor: object) -> bool:
+    """True for a fake tensor (no data: reading values back is impossible)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, FakeTensor)
+
+
+def storage_identity(tensor: "torch.Tensor") -> int:
+    """An id of the storage behind ``tensor``, equal for views, distinct per live storage.
+
+    ``data_ptr()`` would do on real tensors, but every fake tensor's storage reports 0; the address
+    of the C++ StorageImpl (``_cdata``) is unique on both.
+    """
+    return tensor.untyped_storage()._cdata

@@ -286,3 +286,68 @@ def write_figures(results_dir: Path, out_dir: Path | None = None, with_paper: bo
             nf.figure.savefig(path, format=fmt, dpi=120, metadata=meta)
             written.append(path)
     return tuple(written)
+
+
+# --- accuracy vs bits (actbench.accuracy rows) --------------------------------------------------
+from typing import TYPE_CHECKING  # noqa: E402  (kept beside the only section that needs it)
+
+if TYPE_CHECKING:
+    from actbench.accuracy import AccuracyRow
+
+def plot_accuracy_vs_bits(rows: Sequence["AccuracyRow"], title: str = "") -> Figure | None:
+    """Test accuracy (left) and final train loss (right) vs average activation bits; fp32 as a line.
+
+    Bits on a log2 axis (1.25 .. 8); the fp32 row is a horizontal line, chance a dotted one.
+    None when no row trained successfully.
+    """
+    ok = [r for r in rows if r.ok]
+    if not ok:
+        return None
+    fig = _figure(9.0, 4.0)
+    ax_acc, ax_loss = fig.subplots(1, 2)
+    quant = sorted((r for r in ok if r.target_bits is not None), key=lambda r: r.target_bits)
+    fp32 = next((r for r in ok if r.target_bits is None), None)
+    for ax, attr, label in ((ax_acc, "test_accuracy", "test accuracy"), (ax_loss, "train_loss_final", "final train loss")):
+        if quant:
+            xs = [r.target_bits for r in quant]
+            ax.plot(xs, [getattr(r, attr) for r in quant], color=colour("L3"), marker="o", label="ActNN (mixed precision)")
+            for r in quant:
+                ax.annotate(f"{getattr(r, attr):.3f}", (r.target_bits, getattr(r, attr)), fontsize=7,
+                            textcoords="offset points", xytext=(0, 5), ha="center")
+        if fp32 is not None:
+            ax.axhline(getattr(fp32, attr), color=colour("fp32"), linestyle="--", label=f"fp32 ({getattr(fp32, attr):.3f})")
+        ax.set_xscale("log", base=2)
+        ticks = sorted({r.target_bits for r in quant})
+        if ticks:
+            ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+            ax.minorticks_off()
+        ax.set_xlabel("average bits per saved activation")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    ax_acc.axhline(ok[0].chance_accuracy, color=FALLBACK_COLOUR, linestyle=":", label="chance")
+    ax_acc.set_ylim(0, 1.02)
+    ax_acc.legend(fontsize=7)
+    ax_loss.legend(fontsize=7)
+    first = ok[0]
+    fig.suptitle(title or (f"Accuracy vs activation bits — {first.model}, {first.num_classes} classes, "
+                           f"{first.image_size}px, {first.steps} steps"), fontsize=10)
+    return fig
+
+
+def write_accuracy_figures(results_dir: Path, out_dir: Path | None = None) -> tuple[Path, ...]:
+    """``accuracy_vs_bits__<run>.png/.pdf`` for every accuracy run under ``results_dir``."""
+    from actbench.accuracy import find_accuracy_runs
+
+    out_dir = results_dir / "figures" if out_dir is None else out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for run_dir, rows in find_accuracy_runs(results_dir):
+        fig = plot_accuracy_vs_bits(rows)
+        if fig is None:
+            continue
+        for fmt in FORMATS:
+            path = out_dir / f"accuracy_vs_bits__{run_dir.name}.{fmt}"
+            meta = {"Software": None} if fmt == "png" else {"CreationDate": None, "Producer": None}
+            fig.savefig(path, format=fmt, dpi=120, metadata=meta)
+            written.append(path)
+    return tuple(written)

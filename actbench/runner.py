@@ -146,6 +146,7 @@ class PointRunner:
         self.timeout_s = timeout_s
         self.on_event = on_event or (lambda *_: None)
         self._env_id: str | None = None
+        self._meta: Any = None  # MetaSessions, made on the first meta point
 
     def environment_id(self) -> str:
         """Capture the environment once per run (in a child on cuda) and record it in the run dir."""
@@ -162,6 +163,29 @@ class PointRunner:
             self.store.record_environment(env, self._env_id)
         return self._env_id
 
+    def _measure_meta(self, point: PointConfig) -> Measurement:
+        """Meta points run in this process: fake tensors use no memory and a child's start-up (torch,
+        the extension) would cost more than the step. No timeout applies; test faults other than
+        ``error``/``oom`` (a crash or hang would take this process with them) are child-only."""
+        import time
+
+        from actbench.measure.meta import MetaSessions
+        from actbench.measure.point import measure_point
+        from actbench.worker import FAULT_ENV, error_measurement, fault_action
+
+        if self._meta is None:
+            self._meta = MetaSessions()
+        started = time.perf_counter()
+        try:
+            spec = os.environ.get(FAULT_ENV)  # read at this edge, as the worker does in a child
+            if spec and spec.partition("@")[0] in ("crash", "hang"):
+                spec = None
+            measurement = measure_point(point, fault=fault_action(spec, point), meta_sessions=self._meta)
+        except Exception as exc:  # an op without a fake kernel, a model that cannot run on fake tensors
+            measurement = error_measurement(exc)
+            measurement.elapsed_s = round(time.perf_counter() - started, 3)
+        return measurement
+
     def run(self, point: PointConfig) -> ResultRow:
         key = point.key()
         existing = self.store.get(key)
@@ -175,6 +199,8 @@ class PointRunner:
         except Exception as exc:  # e.g. the ActNN package missing: a row, not a dead sweep
             measurement = Measurement(status="error", message=f"{type(exc).__name__}: {exc}"[:300])
         else:
+            measurement = self._measure_meta(point) if point.device == "meta" else None
+        if measurement is None:
             outcome = run_child({"task": "measure", "point": point.to_dict()}, self.timeout_s, alloc_conf,
                                 log_path=self.store.run_dir / "logs" / f"{key}.log")
             measurement = outcome_to_measurement(outcome, self.timeout_s)

@@ -116,6 +116,104 @@ class MaxScaleConfig:
         return self.settings.point(ModelSpec(self.model_name), strategy, self.batch, value)
 
 
+PLAN_DIMENSIONS = ("batch",) + DIMENSIONS
+#: plan's batch range (multiples of 4, as in upstream's max-batch search, up to a size no GPU holds)
+PLAN_BATCH_RANGE = (4, 16384, 4)
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """``actbench plan``: the predicted largest batch/depth/width/resolution per strategy, on meta."""
+
+    dim: str
+    model_name: str
+    strategies: tuple[str, ...]
+    batch: int
+    image_size: int
+    low: int
+    high: int
+    step: int
+    settings: MeasureSettings
+
+    def __post_init__(self) -> None:
+        if self.settings.budget_bytes is None:
+            raise ValueError("plan needs a memory budget (--budget, e.g. 16GiB)")
+
+    def identity(self) -> dict[str, Any]:
+        return {"command": "plan", **{k: v for k, v in asdict(self).items() if k != "settings"},
+                **self.settings.identity()}
+
+    def candidates(self) -> tuple[int, ...]:
+        return tuple(range(self.low, self.high + 1, self.step))
+
+    def point(self, strategy: str, value: int) -> PointConfig:
+        if self.dim == "batch":
+            return self.settings.point(ModelSpec(self.model_name), strategy, value, self.image_size)
+        return MaxScaleConfig(self.dim, self.model_name, self.strategies, self.batch, self.image_size, self.low,
+                              self.high, self.step, self.settings).point(strategy, value)
+
+    def first_guess(self) -> int:
+        """Where each search starts: the given batch (dim batch) or the low end of the range."""
+        return self.batch if self.dim == "batch" else self.low
+
+
+def plan_defaults(dim: str, low: int | None, high: int | None, step: int | None) -> tuple[int, int, int]:
+    if dim == "batch":
+        d_low, d_high, d_step = PLAN_BATCH_RANGE
+        return (d_low if low is None else low, d_high if high is None else high, d_step if step is None else step)
+    return with_defaults(dim, low, high, step)
+
+
+def validate_plan(cfg: PlanConfig) -> None:
+    if cfg.dim not in PLAN_DIMENSIONS:
+        raise ValueError(f"unknown dimension '{cfg.dim}': choose batch, depth, width or resolution")
+    if cfg.dim == "batch":
+        if cfg.step <= 0 or cfg.low <= 0 or cfg.low > cfg.high:
+            raise ValueError(f"bad search range low={cfg.low} high={cfg.high} step={cfg.step} for --dim batch")
+        return
+    validate_max_scale(MaxScaleConfig(cfg.dim, cfg.model_name, cfg.strategies, cfg.batch, cfg.image_size, cfg.low,
+                                      cfg.high, cfg.step, cfg.settings))
+
+
+class _SearchFailed(Exception):
+    """A probe neither fitted nor exceeded the budget (error, timeout): the search cannot go on."""
+
+
+def run_plan(cfg: PlanConfig, run: RunPoint) -> SearchOutcome:
+    """Per strategy, :func:`predictive_search_largest` over the candidates (each probe a point).
+
+    A probe that errs (a model that cannot run on fake tensors) ends that strategy's search with no
+    maximum; its row says why.
+    """
+    outcome = SearchOutcome()
+    budget = cfg.settings.budget_bytes
+    for strategy in cfg.strategies:
+        found: dict[int, ResultRow] = {}
+
+        def probe(value: int, s: str = strategy) -> tuple[bool, int | None]:
+            row = run(cfg.point(s, value))
+            outcome.rows.append(row)
+            found[value] = row
+            if row.status not in ("ok", "over_budget", "oom"):
+                raise _SearchFailed(row.message)
+            return row.ok, row.peak_alloc_bytes
+
+        def model_bytes() -> int:  # batch 0 would still hold the model (parameters, gradients, state)
+            rows = [r for r in found.values() if r.model_bytes is not None]
+            return rows[0].model_bytes if rows and cfg.dim == "batch" else 0
+
+        try:
+            best = predictive_search_largest(cfg.candidates(), probe, budget, first=cfg.first_guess(),
+                                             intercept=model_bytes)
+        except _SearchFailed:
+            best = None
+        row = found.get(best) if best is not None else None
+        outcome.best_rows[strategy] = row
+        outcome.maxima[strategy] = None if row is None else (
+            best if cfg.dim == "batch" else _dim_value(cfg.dim, row))
+    return outcome
+
+
 def validate_max_scale(cfg: MaxScaleConfig) -> None:
     if cfg.dim not in DIMENSIONS:
         raise ValueError(f"unknown dimension '{cfg.dim}': choose depth, width or resolution")
@@ -142,6 +240,78 @@ def binary_search_largest(candidates: Sequence[int], fits: Callable[[int], bool]
         else:
             hi = mid
     return candidates[lo] if lo >= 0 else None
+
+
+def predictive_search_largest(candidates: Sequence[int], probe: Callable[[int], tuple[bool, int | None]],
+                              budget: int, first: int | None = None, max_guesses: int = 4,
+                              intercept: Callable[[], int] = lambda: 0) -> int | None:
+    """Largest candidate that fits, guessing where peak bytes cross ``budget`` before bisecting.
+
+    ``probe(value)`` -> (fits, peak bytes or None). Peak memory is close to affine in batch size and
+    depth (and smooth in width and resolution), so a secant through the two probes nearest the
+    budget lands on, or next to, the answer: a search usually costs 3-4 probes instead of
+    log2(len(candidates)). After ``max_guesses`` guesses (or without peaks to interpolate) the
+    remaining bracket goes to :func:`binary_search_largest`. The answer is always certified by
+    probes: it fits and the next candidate fails (or it is the last candidate). ``intercept()``: the
+    bytes a value of 0 would take (the model's bytes for a batch search), for the one-probe guess.
+    """
+    fits_at: dict[int, bool] = {}
+    peaks: dict[int, int] = {}
+
+    def run(i: int) -> bool:
+        if i not in fits_at:
+            ok, peak = probe(candidates[i])
+            fits_at[i] = ok
+            if peak is not None:
+                peaks[i] = peak
+        return fits_at[i]
+
+    def bracket() -> tuple[int, int]:
+        lo = max((i for i, ok in fits_at.items() if ok), default=-1)
+        hi = min((i for i, ok in fits_at.items() if not ok), default=len(candidates))
+        return lo, hi
+
+    start = 0 if first is None else min(range(len(candidates)), key=lambda i: abs(candidates[i] - first))
+    run(start)
+    for _ in range(max_guesses):
+        lo, hi = bracket()
+        if hi - lo <= 1:
+            break
+        guess = _secant_guess(candidates, peaks, budget, intercept())
+        if guess is None:
+            break
+        # Probe the guess, kept strictly inside the open bracket so every probe narrows it.
+        run(min(max(guess, lo + 1), hi - 1))
+    lo, hi = bracket()
+    if hi - lo > 1:
+        inner = binary_search_largest(range(lo + 1, hi), run)
+        lo = inner if inner is not None else lo
+    return candidates[lo] if lo >= 0 else None
+
+
+def _secant_guess(candidates: Sequence[int], peaks: dict[int, int], budget: int, base: int = 0) -> int | None:
+    """Index of the largest candidate whose interpolated peak stays within budget (None: no line)."""
+    if not peaks:
+        return None
+    # The two probes nearest the budget (one below and one above when there are).
+    ordered = sorted(peaks, key=lambda i: abs(peaks[i] - budget))
+    below = [i for i in ordered if peaks[i] <= budget]
+    above = [i for i in ordered if peaks[i] > budget]
+    pair = [below[0], above[0]] if below and above else ordered[:2]
+    if len(pair) < 2:
+        # One probe: a line through (0, base) for a first guess.
+        (i,) = pair
+        if candidates[i] <= 0 or peaks[i] <= base:
+            return None
+        target = candidates[i] * (budget - base) / (peaks[i] - base)
+    else:
+        (i, j) = sorted(pair)
+        dv, dp = candidates[j] - candidates[i], peaks[j] - peaks[i]
+        if dv == 0 or dp <= 0:
+            return None
+        target = candidates[i] + (budget - peaks[i]) * dv / dp
+    index = max((k for k, v in enumerate(candidates) if v <= target), default=0)
+    return index
 
 
 def search_probes(n_candidates: int) -> int:
@@ -232,4 +402,5 @@ def with_defaults(dim: str, low: int | None, high: int | None, step: int | None)
 __all__ = [
     "MeasureSettings", "SweepConfig", "GridConfig", "MaxScaleConfig", "SearchOutcome", "binary_search_largest",
     "linear_scan", "run_sweep", "run_max_scale", "run_grid", "multiples_of", "search_probes",
+    "predictive_search_largest", "PlanConfig", "run_plan",
 ]

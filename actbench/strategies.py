@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from actbench.compat import tensor_version
+from actbench.compat import storage_identity, tensor_version
 from actbench.models import logits_of
 
 LEVEL_NAMES: tuple[str, ...] = ("L0", "L1", "L2", "L3", "L4", "L5")
@@ -69,7 +69,7 @@ def _swap_context(model: nn.Module, device: torch.device, host_scope: HostScope)
     On a CPU device the copy still happens, into a buffer the tracker files as host memory, and
     backward copies it back, so the CPU run exercises the same logic as the GPU.
     """
-    param_ptrs = frozenset(p.untyped_storage().data_ptr() for p in model.parameters())
+    param_ptrs = frozenset(storage_identity(p) for p in model.parameters())  # fake tensors all have data_ptr 0
     pin = device.type == "cuda"
 
     def unpack(packed: Any) -> torch.Tensor:
@@ -85,7 +85,7 @@ def _swap_context(model: nn.Module, device: torch.device, host_scope: HostScope)
 
         def pack(t: torch.Tensor) -> Any:
             # Compare device types: one training device per process, and "cuda" vs "cuda:0" must match.
-            if t.numel() == 0 or t.device.type != device.type or t.untyped_storage().data_ptr() in param_ptrs:
+            if t.numel() == 0 or t.device.type != device.type or storage_identity(t) in param_ptrs:
                 return t
             storage = t.untyped_storage()
             key = (id(storage), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, tensor_version(t))

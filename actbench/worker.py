@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from actbench.measure.point import PointConfig
+    from actbench.measure.point import Measurement, PointConfig
 
 FAULT_ENV = "ACTBENCH_TEST_FAULT"
 
@@ -73,6 +73,15 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def error_measurement(exc: BaseException, alloc_conf: str | None = None) -> "Measurement":
+    """An ``error`` row's measurement: the exception's type and message on one line."""
+    from actbench.measure.point import Measurement
+
+    logging.getLogger(__name__).debug("point failed", exc_info=exc)
+    message = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    return Measurement(status="error", message=message, alloc_conf=alloc_conf)
+
+
 def run_request(request: dict[str, Any], fault_spec: str | None) -> dict[str, Any]:
     """Execute one request dict and return the result dict (no process-level effects)."""
     task = request["task"]
@@ -89,10 +98,8 @@ def run_request(request: dict[str, Any], fault_spec: str | None) -> dict[str, An
             fault = fault_action(fault_spec, point)
             measurement = measure_point(point, alloc_conf=alloc_conf, fault=fault)
         except Exception as exc:  # any other failure is a row, not a dead sweep
-            logging.getLogger(__name__).debug("point failed", exc_info=True)
             traceback.print_exc(file=sys.stderr)
-            message = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-            measurement = Measurement(status="error", message=message, alloc_conf=alloc_conf)
+            measurement = error_measurement(exc, alloc_conf)
         from dataclasses import asdict
 
         return {"measurement": asdict(measurement)}

@@ -30,6 +30,8 @@ step bench_kernels 180 "$PY" -m actbench bench-kernels --device cuda --sizes-mib
   --repeats 20 --reference-max-mib 16 --out "$SCRATCH"
 step sweep 300 "$PY" -m actbench sweep-batch resnet50 --strategies fp32 --levels L3 --batch 64:192:64 \
   --image-size 224 --device cuda --budget 16GiB --warmup-steps 2 --timed-steps 5 --out "$SCRATCH"
+# meta predictions vs cuda measurements of the same small points: the gap the caching allocator adds.
+step meta_vs_cuda 180 "$PY" -m actbench.measure.trust --device cuda --out "$OUT"
 
 # Flat copies of what was measured ($OUT comes back at most two folders deep, 8 files).
 for f in "$SCRATCH"/bench-kernels_cuda_*/kernels.csv; do [ -f "$f" ] && cp "$f" "$OUT/kernels_cuda.csv"; done

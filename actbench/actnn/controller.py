@@ -172,6 +172,11 @@ class Controller:
         if not groups:
             return
         order = [i for key in sorted(groups) for i in groups[key]]
+        if compat.is_fake(self._grad_sq[order[0]]):
+            # Meta sizing (fake tensors, no data): keep the uniform allocation of each target. The
+            # greedy lands on exactly max(N, floor(target * N)) sample-bits per budget, so packed
+            # sizes equal what real statistics would give (DESIGN.md §2); only the split differs.
+            return
         stacked = torch.cat([torch.stack([self._grad_sq[i], self._range_sq[i].to(self._grad_sq[i].device)]).reshape(-1) for i in order])
         try:
             host_values = stacked.to("cpu", torch.float64).tolist()  # the one device -> host transfer per step

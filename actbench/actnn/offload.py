@@ -8,9 +8,11 @@ buffers (so tests cover ordering and prefetching), which of course saves no memo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from dataclasses import dataclass
+from typing import Callable, ContextManager
 
 import torch
 
@@ -40,6 +42,9 @@ class Offloader:
         self._ready: dict[int, tuple[tuple[torch.Tensor, ...], object]] = {}
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._step = 0
+        # Off CUDA the "host" copies are ordinary tensors; a measurement may set this to a context
+        # (LiveStorageTracker.host_allocations) so they count as host, not device, bytes.
+        self.host_scope: Callable[[], ContextManager[None]] = contextlib.nullcontext
 
     def new_step(self) -> None:
         """Forget the previous step's order (called at the first offload after a backward)."""
@@ -67,7 +72,8 @@ class Offloader:
                     host.append(buf)
             host = tuple(host)
         else:
-            host = tuple(t.clone() for t in tensors)
+            with self.host_scope():  # the harness's tracker files these copies as host memory
+                host = tuple(t.clone() for t in tensors)
         self.stats.offloaded += 1
         self.stats.offloaded_bytes += sum(t.numel() * t.element_size() for t in tensors)
         self._order.append((tuple(weakref.ref(h) for h in host), device))

@@ -5,6 +5,7 @@ from actbench.cli import extension_commands  # noqa: F401  (registers doctor, bu
 from actbench.cli import harness_commands  # noqa: F401  (registers models, sweep-batch, max-scale, throughput, memory)
 from actbench.cli import actnn_commands  # noqa: F401  (registers verify-grads)
 from actbench.cli import report_commands  # noqa: F401  (registers plot, report)
+from actbench.cli import experiment_commands  # noqa: F401  (registers run)
 
 
 def main() -> None:

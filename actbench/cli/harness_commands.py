@@ -35,13 +35,21 @@ class Dim(str, enum.Enum):
     resolution = "resolution"
 
 
+class PlanDim(str, enum.Enum):
+    batch = "batch"
+    depth = "depth"
+    width = "width"
+    resolution = "resolution"
+
+
 # --- shared option aliases ---------------------------------------------------------------------
 LevelsOpt = Annotated[Optional[str], typer.Option("--levels", help="ActNN levels: L1..L5, L1,L3 or all.")]
 StrategiesOpt = Annotated[Optional[str], typer.Option(
     "--strategies", "--strategy", help="Comma list of fp32, swap, checkpoint (levels allowed too).")]
 NoBaselineOpt = Annotated[bool, typer.Option("--no-baseline", help="Do not add fp32 as the baseline.")]
 ImageSizeOpt = Annotated[int, typer.Option("--image-size", help="Input side in pixels.")]
-DeviceOpt = Annotated[Device, typer.Option("--device", help="cuda measures on the GPU; cpu with a live-storage tracker.")]
+DeviceOpt = Annotated[Device, typer.Option(
+    "--device", help="cuda measures on the GPU; cpu with a live-storage tracker; meta predicts on fake tensors (no compute).")]
 BudgetOpt = Annotated[Optional[str], typer.Option("--budget", help="Memory cap, e.g. 16GiB (cuda: enforced; cpu: peak compared).")]
 OutOpt = Annotated[Path, typer.Option("--out", help="Results root; the run goes to OUT/<run>/.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the planned points and exit.")]
@@ -71,8 +79,6 @@ def _settings(device: Device, budget: Optional[str], warmup: Optional[int], time
     from actbench.parsing import parse_bytes
     from actbench.search import MeasureSettings
 
-    if device is Device.meta:
-        _fail("--device meta is not yet supported by the harness; use cpu or cuda")
     if warmup is not None and warmup < 0:
         _fail(f"--warmup-steps must be >= 0, got {warmup}")
     if timed is not None and timed < 0:
@@ -83,6 +89,10 @@ def _settings(device: Device, budget: Optional[str], warmup: Optional[int], time
         _fail(f"--timeout must be > 0 seconds, got {timeout:g}")
     budget_bytes = _checked(lambda: parse_bytes(budget)) if budget is not None else None
     is_cuda = device is Device.cuda
+    if device is Device.meta:
+        if timed:
+            _fail(f"--device meta predicts memory only (no compute to time); --timed-steps must be 0, got {timed}")
+        warmup, timed = 1, 0
     return MeasureSettings(
         device=device.value, budget_bytes=budget_bytes,
         warmup_steps=warmup if warmup is not None else (3 if is_cuda else 1),
@@ -406,4 +416,67 @@ def memory(
         table.add_row(r.strategy, str(r.batch_size), r.status, *(format_bytes(v) for v in (
             r.activation_bytes, r.peak_alloc_bytes, r.reserved_bytes, r.param_bytes, r.grad_bytes,
             r.optimizer_state_bytes, r.model_bytes, r.host_bytes)), r.message[:60])
+    _console().print(table)
+
+
+@app.command("plan")
+def plan(
+    model: Annotated[str, typer.Argument(help="Model name (depth/width: resnet152 only).")],
+    budget: Annotated[str, typer.Option("--budget", help="Device memory to plan for, e.g. 16GiB.")],
+    strategies: StrategiesOpt = None,
+    levels: LevelsOpt = None,
+    no_baseline: NoBaselineOpt = False,
+    dim: Annotated[PlanDim, typer.Option("--dim", help="What to grow.")] = PlanDim.batch,
+    batch: Annotated[int, typer.Option("--batch", help="dim batch: where the search starts; other dims: the batch size.")] = 64,
+    image_size: ImageSizeOpt = 224,
+    low: Annotated[Optional[int], typer.Option("--low", help="Smallest value (batch 4; depth 0; width 64; resolution 224).")] = None,
+    high: Annotated[Optional[int], typer.Option("--high", help="Largest value (batch 16384; depth 4096; width 512; resolution 768).")] = None,
+    step: Annotated[Optional[int], typer.Option("--step", help="Granularity (batch 4; depth 1; width 8; resolution 32).")] = None,
+    out: OutOpt = Path("results"),
+    checkpoint_segments: SegmentsOpt = None,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Predict, without a GPU, the largest batch (or depth, width, resolution) per strategy under a budget.
+
+    Searches on the meta device (fake tensors): peak = device bytes over one training step, model
+    included; swap's and L4/L5's host copies are reported apart (host column), not counted.
+    """
+    from actbench.parsing import format_bytes
+    from actbench.results import run_name
+    from actbench.search import PlanConfig, plan_defaults, run_plan, validate_plan
+
+    settings = _settings(Device.meta, budget, None, None, checkpoint_segments, 1800.0)
+    _model(model)
+    names = _strategies(strategies, levels, no_baseline)
+    if batch <= 0:
+        _fail(f"--batch must be a positive batch size, got {batch}")
+    lo, hi, st = plan_defaults(dim.value, low, high, step)
+    cfg = _checked(lambda: PlanConfig(dim.value, model, names, batch, _image_size(image_size), lo, hi, st, settings))
+    _checked(lambda: validate_plan(cfg))
+    name = run_name(f"plan-{dim.value}", model, "meta", cfg.image_size, cfg.identity())
+    cands = cfg.candidates()
+    if dry_run:
+        _print_plan(out / name, [f"{s}: {model} {cfg.image_size}px meta: search of {dim.value} over {lo}..{hi} step {st} "
+                                 f"({len(cands)} candidates) under {format_bytes(settings.budget_bytes)}" for s in names])
+        return
+    store = _open_store(out, name, cfg.identity(), "meta")
+    outcome = _execute(store, settings, 4 * len(names), lambda run: run_plan(cfg, run))
+    store.write_summary({"command": "plan", "dim": dim.value, "budget_bytes": settings.budget_bytes,
+                         "max": _summary(outcome)})
+    table = Table(title=f"plan {model} {cfg.image_size}px under {format_bytes(settings.budget_bytes)} "
+                        f"(predicted on meta) -> {store.run_dir}")
+    for col in ("strategy", f"max {dim.value}", "x fp32", "peak alloc", "activation", "model bytes",
+                "host (not counted)", "probes", "note"):
+        table.add_column(col)
+    base = outcome.maxima.get("fp32")
+    for strategy, value in outcome.maxima.items():
+        row = outcome.best_rows.get(strategy)
+        probes = [r for r in outcome.rows if r.strategy == strategy]
+        note = "" if row is not None else next((r.message for r in probes if r.status == "error"),
+                                               "nothing in the range fits")
+        table.add_row(strategy, "none" if value is None else str(value),
+                      f"{value / base:.2f}" if value and base else "-",
+                      *(format_bytes(None if row is None else getattr(row, f)) for f in
+                        ("peak_alloc_bytes", "activation_bytes", "model_bytes", "host_bytes")),
+                      str(len(probes)), note[:60])
     _console().print(table)

@@ -162,12 +162,21 @@ def _model_breakdown(step: TrainingStep) -> dict[str, int]:
 
 
 def measure_point(point: PointConfig, alloc_conf: str | None = None,
-                  fault: Callable[[], None] | None = None) -> Measurement:
-    """Measure ``point`` in this process; OOM and over-budget become statuses, other errors raise."""
+                  fault: Callable[[], None] | None = None, meta_sessions: Any = None) -> Measurement:
+    """Measure ``point`` in this process; OOM and over-budget become statuses, other errors raise.
+
+    ``meta_sessions`` (an :class:`actbench.measure.meta.MetaSessions`) lets ``meta`` points of one
+    search reuse a built model; without it each meta point builds its own.
+    """
     started = time.perf_counter()
     result = Measurement(status="ok", alloc_conf=alloc_conf)
     try:
-        _measure_into(point, result, fault)
+        if point.device == "meta":
+            from actbench.measure.meta import MetaSessions
+
+            (meta_sessions or MetaSessions()).measure(point, result, fault)
+        else:
+            _measure_into(point, result, fault)
     except torch.OutOfMemoryError as exc:
         result.status = "oom"
         result.message = " ".join(str(exc).split())[:200]
@@ -221,6 +230,8 @@ def _measure_into(point: PointConfig, result: Measurement, fault: Callable[[], N
         point.strategy, model, device, StrategyOptions(checkpoint_segments=point.checkpoint_segments), host_scope
     )
     result.strategy_note = note
+    if tracker is not None:
+        _file_offloads_as_host(step.model, tracker)
     images, targets = synthetic_batch(point.batch_size, point.image_size, point.model.num_classes, device, point.seed + 1)
 
     # Warm-up first so optimizer state exists and the measured step is a steady-state step.
@@ -247,6 +258,15 @@ def _measure_into(point: PointConfig, result: Measurement, fault: Callable[[], N
         if result.samples_per_s_iqr is not None and result.samples_per_s_iqr > NOISY_IQR_FRACTION * result.samples_per_s_median:
             result.message = f"noisy: IQR {result.samples_per_s_iqr / result.samples_per_s_median:.0%} of median"
             log.warning("%s", result.message)
+
+
+def _file_offloads_as_host(model: torch.nn.Module, tracker: LiveStorageTracker) -> None:
+    """L4/L5 off CUDA: their "host" copies are plain tensors; make the tracker file them as host."""
+    for module in model.modules():
+        slot = module.__dict__.get("_actnn_slot")
+        offloader = getattr(getattr(slot, "controller", None), "offloader", None)
+        if offloader is not None:
+            offloader.host_scope = tracker.host_allocations
 
 
 def _memory_step_cpu(step: TrainingStep, images: torch.Tensor, targets: torch.Tensor,

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from actbench.compat import TorchDispatchMode, dispatch_modes_disabled, tree_flatten
+from actbench.compat import TorchDispatchMode, dispatch_modes_disabled, storage_identity, tree_flatten
 
 
 @dataclass
@@ -119,10 +119,9 @@ def unique_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     for tensor in tensors:
         if tensor is None or tensor.is_meta:
             continue
-        storage = tensor.untyped_storage()
-        key = (str(tensor.device), storage.data_ptr())
+        key = (str(tensor.device), storage_identity(tensor))  # not data_ptr(): 0 on every fake tensor
         if key in seen:
             continue
         seen.add(key)
-        total += storage.nbytes()
+        total += tensor.untyped_storage().nbytes()
     return total

@@ -1,0 +1,156 @@
+"""The ``meta`` device: a training step sized on fake tensors (no compute, no memory), DESIGN.md §4.
+
+Every tensor, parameters included, is a fake tensor (``compat.fake_tensor_mode``) that claims to be
+on the CPU, so a meta step runs the op set of a ``cpu`` measurement — the extension's ops through
+their fake kernels in :mod:`actbench.ops` — and the same :class:`LiveStorageTracker` counts its
+storages. The protocol is the cpu one (build, warm up, one tracked step), except that the warm-up
+is an optimizer step on zero gradients (:func:`_warm_optimizer_state`). Rows carry no throughput.
+Mixed precision (L3-L5) cannot read statistics from fake tensors: the controller keeps the uniform
+allocation of the level's target, which has the packed size the greedy allocator would give
+(DESIGN.md §2).
+
+Searches probe one configuration at many batch sizes, so a :class:`MetaSessions` keeps the last
+built (fake) model and its optimizer: a further batch size costs one tracked step (the previous
+tracked step was its warm-up; parameters, gradients and optimizer state are the same storages a
+fresh warm-up would leave). FLOPs, a property of the unmodified model, are counted once per
+(model, image size), and a point already stepped (or L5's twin in L4, :data:`SAME_ON_META`) is
+not stepped again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, ContextManager
+
+import torch
+
+from actbench import compat
+from actbench.measure.point import (Measurement, OverBudget, PointConfig, _file_offloads_as_host, _memory_step_cpu,
+                                    _model_breakdown, count_flops, synthetic_batch)
+from actbench.measure.tracker import LiveStorageTracker
+from actbench.models import build_model, real_depth
+from actbench.strategies import StrategyOptions, TrainingStep, build_training_step
+
+#: The device fake tensors claim to be on: the CPU, so a meta step runs the very op set (and saves
+#: the very tensors) of a ``cpu`` measurement, which tests hold it against.
+META_FAKE_DEVICE = torch.device("cpu")
+
+
+class _CurrentHostScope:
+    """swap's host scope, bound once at build time, forwarding to the tracker of the current step."""
+
+    def __init__(self) -> None:
+        self.tracker: LiveStorageTracker | None = None
+
+    def __call__(self) -> ContextManager[None]:
+        return self.tracker.host_allocations() if self.tracker is not None else contextlib.nullcontext()
+
+
+#: Strategies whose device memory differs from another's only through the CUDA caching allocator,
+#: which meta does not model: L5 is L4 with expandable segments, so its meta step would be L4's.
+SAME_ON_META = {"L5": "L4"}
+
+
+@dataclasses.dataclass
+class _Session:
+    mode: Any
+    step: TrainingStep
+    host_scope: _CurrentHostScope
+    note: str | None
+    num_params: int
+    depth: int | None
+
+
+class MetaSessions:
+    """Measures ``meta`` points, reusing the last built model when only the batch size changes."""
+
+    def __init__(self) -> None:
+        self._key: PointConfig | None = None
+        self._session: _Session | None = None
+        self._flops: dict[tuple, tuple[float, float]] = {}
+        self._done: dict[PointConfig, Measurement] = {}  # sizes of points already stepped
+
+    def measure(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None = None) -> None:
+        """Fill ``result`` for ``point``; raises OverBudget, or whatever the fake step raised."""
+        if point.device != "meta":
+            raise ValueError(f"MetaSessions measures meta points, got device '{point.device}'")
+        twin = dataclasses.replace(point, strategy=SAME_ON_META.get(point.strategy, point.strategy), budget_bytes=None)
+        if twin in self._done and fault is None:
+            for f in dataclasses.fields(Measurement):
+                if f.name not in ("status", "message", "elapsed_s", "alloc_conf"):
+                    setattr(result, f.name, getattr(self._done[twin], f.name))
+            result.strategy_note = self._done[twin].strategy_note
+        else:
+            self._measure(point, result, fault)
+            self._done[twin] = dataclasses.replace(result)
+        if point.budget_bytes is not None and result.peak_alloc_bytes > point.budget_bytes:
+            raise OverBudget(f"predicted peak {result.peak_alloc_bytes} B > budget {point.budget_bytes} B")
+
+    def _measure(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None) -> None:
+        key = dataclasses.replace(point, batch_size=0, budget_bytes=None, warmup_steps=0, timed_steps=0)
+        torch.manual_seed(point.seed)
+        session = self._session if key == self._key else None
+        if session is None:
+            self._key = self._session = None  # a failed build must not leave a half-made session
+            session = self._build(point, result, fault)
+        elif fault is not None:
+            fault()
+        result.num_params, result.depth, result.strategy_note = session.num_params, session.depth, session.note
+        with session.mode, META_FAKE_DEVICE:
+            result.forward_flops_per_sample, result.flops_per_sample = self._count_flops(point, session.mode)
+            images, targets = synthetic_batch(point.batch_size, point.image_size, point.model.num_classes,
+                                              META_FAKE_DEVICE, point.seed + 1)
+            if key != self._key:
+                _warm_optimizer_state(session.step)
+            session.step.zero_grad()
+            tracker = LiveStorageTracker()
+            session.host_scope.tracker = tracker
+            _file_offloads_as_host(session.step.model, tracker)
+            _memory_step_cpu(session.step, images, targets, tracker, result)
+            del images, targets
+            for name, value in _model_breakdown(session.step).items():
+                setattr(result, name, value)
+        self._key, self._session = key, session
+
+    def _build(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None) -> _Session:
+        mode = compat.fake_tensor_mode()
+        with mode, META_FAKE_DEVICE:
+            model = build_model(point.model, point.image_size)
+            num_params = sum(p.numel() for p in model.parameters())
+            depth = real_depth(model)
+            if fault is not None:
+                fault()
+            self._count_flops(point, mode, model)
+            options = StrategyOptions(checkpoint_segments=point.checkpoint_segments)
+            host_scope = _CurrentHostScope()
+            with compat.fake_copy_mode(mode):  # ActNN's convert deep-copies the (fake) model
+                step, note = build_training_step(point.strategy, model, META_FAKE_DEVICE, options, host_scope)
+        return _Session(mode, step, host_scope, note, num_params, depth)
+
+    def _count_flops(self, point: PointConfig, mode: Any, model: torch.nn.Module | None = None) -> tuple[float, float]:
+        """Per-sample (forward, forward+backward) FLOPs of the unmodified model, once per model and size."""
+        key = (point.model, point.image_size, point.seed)
+        if key not in self._flops:
+            if model is None:
+                model = build_model(point.model, point.image_size)
+            images, targets = synthetic_batch(2, point.image_size, point.model.num_classes, META_FAKE_DEVICE,
+                                              point.seed)
+            fwd, total = count_flops(model, images, targets)
+            self._flops[key] = (fwd / 2, total / 2)
+        return self._flops[key]
+
+
+def _warm_optimizer_state(step: TrainingStep) -> None:
+    """What a warm-up step leaves behind, without its forward and backward (a fake step costs ~1 s).
+
+    An optimizer step on zero gradients creates the optimizer state (SGD's momentum buffers) with
+    the shapes a real step gives; gradients are then dropped, as before every measured step. The
+    ActNN controller's per-step statistics (a few floats per layer and sample) are not created:
+    a bounded, tiny difference from the cpu protocol, inside the tolerance tests hold meta to.
+    """
+    for param in step.model.parameters():
+        if param.requires_grad:
+            param.grad = torch.zeros_like(param)
+    step.optimizer.step()
+    step.zero_grad()
