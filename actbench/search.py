@@ -146,11 +146,15 @@ class PlanConfig:
     def candidates(self) -> tuple[int, ...]:
         return tuple(range(self.low, self.high + 1, self.step))
 
+    def as_max_scale(self) -> MaxScaleConfig:
+        """The same search as a max-scale config (dims depth, width, resolution share its points and checks)."""
+        return MaxScaleConfig(self.dim, self.model_name, self.strategies, self.batch, self.image_size, self.low,
+                              self.high, self.step, self.settings)
+
     def point(self, strategy: str, value: int) -> PointConfig:
         if self.dim == "batch":
             return self.settings.point(ModelSpec(self.model_name), strategy, value, self.image_size)
-        return MaxScaleConfig(self.dim, self.model_name, self.strategies, self.batch, self.image_size, self.low,
-                              self.high, self.step, self.settings).point(strategy, value)
+        return self.as_max_scale().point(strategy, value)
 
     def first_guess(self) -> int:
         """Where each search starts: the given batch (dim batch) or the low end of the range."""
@@ -171,8 +175,7 @@ def validate_plan(cfg: PlanConfig) -> None:
         if cfg.step <= 0 or cfg.low <= 0 or cfg.low > cfg.high:
             raise ValueError(f"bad search range low={cfg.low} high={cfg.high} step={cfg.step} for --dim batch")
         return
-    validate_max_scale(MaxScaleConfig(cfg.dim, cfg.model_name, cfg.strategies, cfg.batch, cfg.image_size, cfg.low,
-                                      cfg.high, cfg.step, cfg.settings))
+    validate_max_scale(cfg.as_max_scale())
 
 
 class _SearchFailed(Exception):
