@@ -31,7 +31,7 @@ def strategy_rank(strategy: str) -> tuple[int, str]:
     return (STRATEGY_ORDER.index(strategy), "") if strategy in STRATEGY_ORDER else (len(STRATEGY_ORDER), strategy)
 
 
-def _read_json(path: Path) -> Mapping[str, Any]:
+def read_json(path: Path) -> Mapping[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -81,25 +81,57 @@ def infer_scale_dimension(rows: Iterable[ResultRow]) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-def find_runs(results_dir: Path) -> tuple[Run, ...]:
-    """Every folder under ``results_dir`` (itself included) holding a ``rows.jsonl``, sorted by path.
-
-    Raises ValueError with one line when the folder is missing or holds no rows.
-    """
+def _check_results_dir(results_dir: Path) -> None:
     if not results_dir.exists():
         raise ValueError(f"results directory '{results_dir}' does not exist")
     if not results_dir.is_dir():
         raise ValueError(f"'{results_dir}' is not a directory")
+
+
+def _harness_runs(results_dir: Path) -> tuple[Run, ...]:
     runs = []
     for rows_path in sorted(results_dir.rglob("rows.jsonl")):
         run_dir = rows_path.parent
         rows = tuple(RunStore(run_dir).read_rows())
         if rows:
-            runs.append(Run(path=run_dir, rows=rows, env=_read_json(run_dir / "env.json"),
-                            config=_read_json(run_dir / "config.json")))
+            runs.append(Run(path=run_dir, rows=rows, env=read_json(run_dir / "env.json"),
+                            config=read_json(run_dir / "config.json")))
+    return tuple(runs)
+
+
+def find_runs(results_dir: Path) -> tuple[Run, ...]:
+    """Every folder under ``results_dir`` (itself included) holding a ``rows.jsonl``, sorted by path.
+
+    Raises ValueError with one line when the folder is missing or holds no rows.
+    """
+    _check_results_dir(results_dir)
+    runs = _harness_runs(results_dir)
     if not runs:
         raise ValueError(f"no result rows under '{results_dir}' (no rows.jsonl with at least one row)")
-    return tuple(runs)
+    return runs
+
+
+@dataclass(frozen=True)
+class ResultRuns:
+    """Both kinds of run under one folder: harness measurements and accuracy-vs-bits trainings."""
+
+    harness: tuple[Run, ...]
+    accuracy: tuple[tuple[Path, tuple[Any, ...]], ...]  # (run directory, AccuracyRow tuple)
+
+
+def find_result_runs(results_dir: Path) -> ResultRuns:
+    """Harness runs (``rows.jsonl``) and accuracy runs (``accuracy.jsonl``) under ``results_dir``.
+
+    ``plot`` and ``report`` accept a folder holding either kind; ValueError (one line) when it holds neither.
+    """
+    from actbench.accuracy import ROWS_FILE, find_accuracy_runs
+
+    _check_results_dir(results_dir)
+    found = ResultRuns(harness=_harness_runs(results_dir), accuracy=find_accuracy_runs(results_dir))
+    if not found.harness and not found.accuracy:
+        raise ValueError(f"no result rows under '{results_dir}' "
+                         f"(no rows.jsonl or {ROWS_FILE} with at least one row)")
+    return found
 
 
 def model_label(row: ResultRow) -> str:

@@ -426,14 +426,12 @@ def run_experiment(exp: Experiment, out: Path, on_event: Event | None = None, dr
     emit = on_event or (lambda kind, text: log.info("%s %s", kind, text))
     folder = exp.folder(out)
     result = ExperimentResult(folder)
-    accuracy_dirs = []
     for step in exp.steps:
         emit("info", step.describe())
         if isinstance(step, AccuracyStep):
             run_dir, rows = run_accuracy(step.config, folder,
                                          on_event=lambda kind, label, row: emit(kind, _accuracy_text(label, row)))
             result.run_dirs.append(run_dir)
-            accuracy_dirs.append(run_dir)
             result.rows += len(rows)
             result.failed_rows += sum(1 for r in rows if not r.ok)
             continue
@@ -443,8 +441,7 @@ def run_experiment(exp: Experiment, out: Path, on_event: Event | None = None, dr
             result.rows += n
             result.failed_rows += failed
     if draw:
-        result.figures, result.reports = _figures_and_report(folder, has_harness=len(accuracy_dirs) < len(result.run_dirs),
-                                                            has_accuracy=bool(accuracy_dirs))
+        result.figures, result.reports = _figures_and_report(folder)
     return result
 
 
@@ -457,25 +454,16 @@ def _accuracy_text(label: str, row) -> str:
             + (f", mean bits {row.mean_bits:.2f}" if row.mean_bits is not None else "") + f" ({row.elapsed_s:.0f} s)")
 
 
-def _figures_and_report(folder: Path, has_harness: bool, has_accuracy: bool) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
-    from actbench.plots import write_accuracy_figures, write_figures
-    from actbench.report import write_accuracy_report, write_report
+def _figures_and_report(folder: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+    """The folder's figures and its one report (harness and accuracy runs together)."""
+    from actbench.report import write_report
 
-    figures: tuple[Path, ...] = ()
-    reports: tuple[Path, ...] = ()
-    if has_harness:
-        try:
-            written = write_report(folder)
-        except ValueError as exc:  # e.g. every point failed: no figure to draw, still a finished run
-            log.warning("no report for %s: %s", folder, exc)
-        else:
-            figures += written.figures
-            reports += (written.path,)
-    if has_accuracy:
-        figures += write_accuracy_figures(folder)
-        reports += (write_accuracy_report(folder, folder / ("accuracy_report.md" if has_harness else "report.md"),
-                                          figures),)
-    return figures, reports
+    try:
+        written = write_report(folder)
+    except ValueError as exc:  # e.g. nothing finished: still a finished run, just nothing to draw
+        log.warning("no report for %s: %s", folder, exc)
+        return (), ()
+    return written.figures, (written.path,)
 
 
 __all__ = [

@@ -14,14 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from actbench import paper as paper_ref
-from actbench.analysis import (BatchGroup, Run, ScaleGroup, Series, batch_groups, find_runs, max_batch_table,
+from actbench.analysis import (BatchGroup, Run, ScaleGroup, Series, batch_groups, find_result_runs, max_batch_table,
                                memory_table, scale_groups)
+
+if TYPE_CHECKING:
+    from actbench.accuracy import AccuracyRow
 
 PALETTE: Mapping[str, str] = MappingProxyType({
     "fp32": "#333333", "swap": "#8c564b", "checkpoint": "#9467bd",
@@ -264,36 +267,7 @@ def paper_overlay_groups(runs: Sequence[Run]) -> tuple[str, ...]:
                  and paper_ref.matches(g.base_model, g.image_size, g.budget_bytes))
 
 
-def write_figures(results_dir: Path, out_dir: Path | None = None, with_paper: bool = False,
-                  paper_csv: Path | None = None) -> tuple[Path, ...]:
-    """Draw every figure of the runs under ``results_dir`` into ``out_dir`` (PNG and PDF); return the paths.
-
-    Raises ValueError (one line) for a missing/empty results folder or an unreadable paper CSV.
-    """
-    runs = find_runs(results_dir)
-    points = paper_ref.load_throughput(paper_csv) if with_paper else None
-    out_dir = results_dir / "figures" if out_dir is None else out_dir
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"figure directory '{out_dir}' cannot be created: {exc.strerror or exc}") from None
-    written = []
-    for nf in figures_for(runs, points):
-        for fmt in FORMATS:
-            path = out_dir / f"{nf.name}.{fmt}"
-            # fixed metadata so the same rows give the same files
-            meta = {"Software": None} if fmt == "png" else {"CreationDate": None, "Producer": None}
-            nf.figure.savefig(path, format=fmt, dpi=120, metadata=meta)
-            written.append(path)
-    return tuple(written)
-
-
 # --- accuracy vs bits (actbench.accuracy rows) --------------------------------------------------
-from typing import TYPE_CHECKING  # noqa: E402  (kept beside the only section that needs it)
-
-if TYPE_CHECKING:
-    from actbench.accuracy import AccuracyRow
-
 def plot_accuracy_vs_bits(rows: Sequence["AccuracyRow"], title: str = "") -> Figure | None:
     """Test accuracy (left) and final train loss (right) vs average activation bits; fp32 as a line.
 
@@ -334,20 +308,38 @@ def plot_accuracy_vs_bits(rows: Sequence["AccuracyRow"], title: str = "") -> Fig
     return fig
 
 
-def write_accuracy_figures(results_dir: Path, out_dir: Path | None = None) -> tuple[Path, ...]:
-    """``accuracy_vs_bits__<run>.png/.pdf`` for every accuracy run under ``results_dir``."""
-    from actbench.accuracy import find_accuracy_runs
-
-    out_dir = results_dir / "figures" if out_dir is None else out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for run_dir, rows in find_accuracy_runs(results_dir):
+def accuracy_figures(accuracy_runs: Sequence[tuple[Path, Sequence["AccuracyRow"]]]) -> tuple[NamedFigure, ...]:
+    """``accuracy_vs_bits__<run>`` for every accuracy run with at least one finished training."""
+    out = []
+    for run_dir, rows in accuracy_runs:
         fig = plot_accuracy_vs_bits(rows)
-        if fig is None:
-            continue
+        if fig is not None:
+            out.append(NamedFigure(f"accuracy_vs_bits__{run_dir.name}", fig))
+    return tuple(out)
+
+
+# --- writing -------------------------------------------------------------------------------------
+def write_figures(results_dir: Path, out_dir: Path | None = None, with_paper: bool = False,
+                  paper_csv: Path | None = None) -> tuple[Path, ...]:
+    """Draw every figure the runs under ``results_dir`` support into ``out_dir`` (PNG and PDF); return the paths.
+
+    Harness runs give throughput, max-batch, memory and max-scale figures; accuracy runs give
+    accuracy vs bits. Raises ValueError (one line) for a missing folder, one holding no rows of
+    either kind, or an unreadable paper CSV.
+    """
+    found = find_result_runs(results_dir)
+    points = paper_ref.load_throughput(paper_csv) if with_paper else None
+    out_dir = results_dir / "figures" if out_dir is None else out_dir
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"figure directory '{out_dir}' cannot be created: {exc.strerror or exc}") from None
+    written = []
+    for nf in figures_for(found.harness, points) + accuracy_figures(found.accuracy):
         for fmt in FORMATS:
-            path = out_dir / f"accuracy_vs_bits__{run_dir.name}.{fmt}"
+            path = out_dir / f"{nf.name}.{fmt}"
+            # fixed metadata so the same rows give the same files
             meta = {"Software": None} if fmt == "png" else {"CreationDate": None, "Producer": None}
-            fig.savefig(path, format=fmt, dpi=120, metadata=meta)
+            nf.figure.savefig(path, format=fmt, dpi=120, metadata=meta)
             written.append(path)
     return tuple(written)

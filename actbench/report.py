@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from actbench import paper as paper_ref
-from actbench.analysis import (BatchGroup, Run, ScaleGroup, batch_groups, find_runs, max_batch_table,
-                               memory_table, scale_groups)
+from actbench.analysis import (BatchGroup, Run, ScaleGroup, batch_groups, find_result_runs, max_batch_table,
+                               memory_table, read_json, scale_groups)
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -203,49 +203,25 @@ def build_report(runs: Sequence[Run], results_dir: Path, report_dir: Path, figur
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_report(results_dir: Path, out_file: Path | None = None, figures_dir: Path | None = None,
-                 draw_figures: bool = True, paper_csv: Path | None = None) -> ReportResult:
-    """Write the Markdown report (default ``RESULTS_DIR/report.md``), drawing the figures it links first.
+def build_accuracy_report(accuracy_runs: Sequence[tuple[Path, Sequence[Any]]], report_dir: Path,
+                          figures: Sequence[Path] = (), standalone: bool = True) -> str:
+    """Markdown for accuracy runs: one table per run, fp32 and each bit target.
 
-    Raises ValueError with one line for a bad results folder or an unwritable output.
+    ``standalone``: a report of its own (a ``#`` title); otherwise a ``##`` section appended to the
+    harness report of the same folder.
     """
-    from actbench.plots import write_figures
-
-    runs = find_runs(results_dir)
-    out_file = results_dir / "report.md" if out_file is None else out_file
-    try:
-        points: tuple[paper_ref.PaperPoint, ...] | None = paper_ref.load_throughput(paper_csv)
-    except ValueError:
-        points = None  # the report still gives max-batch and memory ratios; throughput column omitted
-    figures: tuple[Path, ...] = ()
-    if draw_figures:
-        figures = write_figures(results_dir, figures_dir, with_paper=points is not None, paper_csv=paper_csv)
-    text = build_report(runs, results_dir, out_file.parent, figures, points)
-    try:
-        out_file.parent.mkdir(parents=True, exist_ok=True)
-        out_file.write_text(text)
-    except OSError as exc:
-        raise ValueError(f"report '{out_file}' cannot be written: {exc.strerror or exc}") from None
-    return ReportResult(path=out_file, figures=figures)
-
-
-# --- accuracy vs bits ---------------------------------------------------------------------------
-def write_accuracy_report(results_dir: Path, out_file: Path, figures: Sequence[Path] = ()) -> Path:
-    """Markdown for every accuracy run under ``results_dir``: one table per run, fp32 and each bit target."""
-    from actbench.accuracy import find_accuracy_runs
-    from actbench.analysis import _read_json
-
-    runs = find_accuracy_runs(results_dir)
-    lines = ["# actbench report — accuracy vs activation bits", "",
+    head = "#" if standalone else "##"
+    title = "actbench report — accuracy vs activation bits" if standalone else "Accuracy vs activation bits"
+    lines = [f"{head} {title}", "",
              "Claim checked (ActNN paper): 2-bit activations lose almost no accuracy, and 1.25 bits still "
              "converges. Each setting trains the same network from the same initial weights on the same "
              "batches (fixed seeds), on a procedural oriented-grating task (no download); bits are the "
              "target average of ActNN's per-sample and per-layer mixed precision (L3 with another target); "
              "`mean bits` is what the controller actually allocated over the last 10% of steps.", ""]
-    for run_dir, rows in runs:
-        cfg = _read_json(run_dir / "config.json")
-        env = _read_json(run_dir / "env.json")
-        lines += [f"## Run `{run_dir.name}`", ""]
+    for run_dir, rows in accuracy_runs:
+        cfg = read_json(run_dir / "config.json")
+        env = read_json(run_dir / "env.json")
+        lines += [f"{head}# Run `{run_dir.name}`", ""]
         if cfg:
             lines += ["Configuration: " + ", ".join(f"{k} = `{v}`" for k, v in cfg.items() if k != "command"), ""]
         if env:
@@ -261,11 +237,39 @@ def write_accuracy_report(results_dir: Path, out_file: Path, figures: Sequence[P
                           delta, f"{r.chance_accuracy:.3f}", _num(r.elapsed_s, ".0f")))
         lines += _table(("setting", "status", "mean bits", "final train loss", "final train acc", "test loss",
                          "test accuracy", "Δ vs fp32 (points)", "chance", "time (s)"), table)
-        links = [p for p in figures if p.suffix == ".png" and p.stem == f"accuracy_vs_bits__{run_dir.name}"]
-        for p in links:
-            lines += [f"![accuracy vs bits]({os.path.relpath(p, out_file.parent)})", ""]
-    if not runs:
-        lines += ["(no accuracy rows found)", ""]
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    out_file.write_text("\n".join(lines).rstrip() + "\n")
-    return out_file
+        for p in figures:
+            if p.suffix == ".png" and p.stem == f"accuracy_vs_bits__{run_dir.name}":
+                lines += [f"![accuracy vs bits]({Path(os.path.relpath(p, report_dir)).as_posix()})", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_report(results_dir: Path, out_file: Path | None = None, figures_dir: Path | None = None,
+                 draw_figures: bool = True, paper_csv: Path | None = None) -> ReportResult:
+    """Write the Markdown report (default ``RESULTS_DIR/report.md``), drawing the figures it links first.
+
+    One file for the whole folder: the harness runs' sections, then accuracy vs bits when the folder
+    holds accuracy runs (alone, that section is the report). Raises ValueError with one line for a
+    bad results folder or an unwritable output.
+    """
+    from actbench.plots import write_figures
+
+    found = find_result_runs(results_dir)
+    out_file = results_dir / "report.md" if out_file is None else out_file
+    try:
+        points: tuple[paper_ref.PaperPoint, ...] | None = paper_ref.load_throughput(paper_csv)
+    except ValueError:
+        points = None  # the report still gives max-batch and memory ratios; throughput column omitted
+    figures: tuple[Path, ...] = ()
+    if draw_figures:
+        figures = write_figures(results_dir, figures_dir, with_paper=points is not None, paper_csv=paper_csv)
+    parts = []
+    if found.harness:
+        parts.append(build_report(found.harness, results_dir, out_file.parent, figures, points))
+    if found.accuracy:
+        parts.append(build_accuracy_report(found.accuracy, out_file.parent, figures, standalone=not found.harness))
+    try:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text("\n".join(parts))
+    except OSError as exc:
+        raise ValueError(f"report '{out_file}' cannot be written: {exc.strerror or exc}") from None
+    return ReportResult(path=out_file, figures=figures)

@@ -19,8 +19,7 @@ from actbench.accuracy import AccuracyConfig, AccuracyStore, make_gratings, run_
 from actbench.cli import app
 from actbench.experiments import (EXPERIMENTS_DIR, AccuracyStep, ExperimentError, HarnessStep, experiment_paths,
                                   load_experiment, resolve_experiment)
-from actbench.plots import write_accuracy_figures
-from actbench.report import write_accuracy_report
+from actbench.report import write_report
 
 PAPER_EXPERIMENTS = {"resnet50_throughput_vs_batch", "memory_per_level", "max_batch", "max_scale_resnet152",
                      "accuracy_vs_bits"}
@@ -164,8 +163,10 @@ def test_run_quick_end_to_end_writes_rows_figures_report(tmp_path: Path) -> None
     figures = {p.name for p in (folder / "figures").iterdir()}
     assert {"memory__resnet18_16px_nobudget.png", "memory__resnet18_16px_nobudget.pdf"} <= figures, figures
     assert any(f.startswith("accuracy_vs_bits__") and f.endswith(".pdf") for f in figures)
-    assert "# actbench report" in (folder / "report.md").read_text()
-    assert "| 2 bits | ok |" in (folder / "accuracy_report.md").read_text()
+    report = (folder / "report.md").read_text()  # one report: the harness sections, then accuracy vs bits
+    assert report.startswith("# actbench report\n") and "## Accuracy vs activation bits" in report
+    assert report.index("memory__resnet18_16px_nobudget.png") < report.index("| 2 bits | ok |")
+    assert not (folder / "accuracy_report.md").exists()
     assert f"report: {folder / 'report.md'}" in res.stdout
     # the same command again resumes every row instead of measuring anew
     again = invoke(["run", str(path), "--quick", "--out", str(out), "--no-report"])
@@ -203,10 +204,12 @@ def test_accuracy_fp32_and_2_bits_give_finite_rows(tmp_path: Path) -> None:
     # per-sample mixed precision at a 2-bit target allocates exactly 2 bits on average (DESIGN.md §2)
     assert rows[1].mean_bits == pytest.approx(2.0, abs=0.05)
     assert (run_dir / "accuracy.csv").read_text().count("\n") == 3
-    figures = write_accuracy_figures(tmp_path)
-    assert sorted(p.suffix for p in figures) == [".pdf", ".png"]
-    text = write_accuracy_report(tmp_path, tmp_path / "report.md", figures).read_text()
+    written = write_report(tmp_path)  # a folder holding only accuracy runs: that section is the report
+    assert sorted(p.suffix for p in written.figures) == [".pdf", ".png"]
+    text = written.path.read_text()
+    assert text.startswith("# actbench report — accuracy vs activation bits")
     assert "| fp32 | ok |" in text and "| 2 bits | ok |" in text
+    assert f"](figures/accuracy_vs_bits__{run_dir.name}.png)" in text
 
 
 def _write(folder: Path, text: str) -> Path:

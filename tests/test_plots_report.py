@@ -17,6 +17,7 @@ from matplotlib.colors import to_hex
 from typer.testing import CliRunner
 
 from actbench import paper
+from actbench.accuracy import AccuracyRow, AccuracyStore
 from actbench.analysis import (BatchGroup, batch_groups, find_runs, infer_scale_dimension, max_batch_table,
                                memory_table, scale_groups)
 from actbench.cli import app
@@ -340,6 +341,52 @@ def test_cli_report(results: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0 and res.stdout.strip() == str(out)
     text = out.read_text()
     assert "## Environment" in text and "### Maximum batch per strategy" in text and "### Figures" not in text
+
+
+def acc_row(setting: str, bits: float | None, test_acc: float, status: str = "ok") -> AccuracyRow:
+    return AccuracyRow(key=f"a{next(_counter):06d}", run_id="acc", status=status, message="", setting=setting,
+                       target_bits=bits, mean_bits=bits, train_loss_final=1.0 - test_acc, train_accuracy_final=test_acc,
+                       test_loss=1.1 - test_acc, test_accuracy=test_acc, chance_accuracy=0.1, steps=100, batch_size=64,
+                       image_size=24, num_classes=10, model="resnet8", seed=0, elapsed_s=9.0)
+
+
+def write_accuracy_run(root: Path, name: str = "accuracy_resnet8_24px_eeee") -> Path:
+    store = AccuracyStore(root / name)
+    for r in (acc_row("fp32", None, 0.785), acc_row("4 bits", 4.0, 0.781), acc_row("2 bits", 2.0, 0.779)):
+        store.append(r)
+    return store.run_dir
+
+
+def test_cli_plot_and_report_on_accuracy_runs_alone(tmp_path: Path) -> None:
+    run = write_accuracy_run(tmp_path / "acc")
+    res = invoke(["plot", str(tmp_path / "acc")])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.split() == [str(tmp_path / "acc" / "figures" / f"accuracy_vs_bits__{run.name}.{f}")
+                                  for f in ("png", "pdf")]
+    res = invoke(["report", str(tmp_path / "acc"), "--out", str(tmp_path / "acc.md")])
+    assert res.exit_code == 0, res.output
+    text = (tmp_path / "acc.md").read_text()
+    assert text.startswith("# actbench report — accuracy vs activation bits")
+    assert "| 2 bits | ok | 2.00 |" in text and "| -0.6 |" in text  # 0.779 - 0.785 in points
+    assert f"](acc/figures/accuracy_vs_bits__{run.name}.png)" in text
+
+
+def test_report_puts_harness_and_accuracy_runs_in_one_file(results: Path) -> None:
+    write_accuracy_run(results)
+    res = write_report(results)
+    text = res.path.read_text()
+    assert text.startswith("# actbench report\n") and text.count("\n# ") == 0  # one title
+    assert text.index("### Maximum batch per strategy") < text.index("## Accuracy vs activation bits")
+    assert "### Run `accuracy_resnet8_24px_eeee`" in text
+    names = {p.name for p in res.figures}
+    assert {"throughput_vs_batch__resnet50_224px_16GiB.png", "accuracy_vs_bits__accuracy_resnet8_24px_eeee.pdf"} <= names
+
+
+def test_cli_empty_folder_names_both_row_files(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "accuracy.jsonl").write_text("")
+    res = invoke(["plot", str(tmp_path)])
+    assert res.exit_code == 2 and "no rows.jsonl or accuracy.jsonl" in res.stderr
 
 
 def test_paper_reference_numbers() -> None:
