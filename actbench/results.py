@@ -62,22 +62,15 @@ class ResultRow:
 
     @classmethod
     def build(cls, point: PointConfig, m: Measurement, run_id: str, env_id: str) -> "ResultRow":
+        """The point's identity plus every field of the measurement (a test checks they are all columns)."""
         return cls(
-            key=point.key(), run_id=run_id, env_id=env_id, status=m.status, message=m.message,
-            model=point.model.name, extra_blocks=point.model.extra_blocks,
-            width_per_group=point.model.width_per_group, depth=m.depth, strategy=point.strategy,
-            batch_size=point.batch_size, image_size=point.image_size, device=point.device,
-            budget_bytes=point.budget_bytes, activation_bytes=m.activation_bytes,
-            peak_alloc_bytes=m.peak_alloc_bytes, reserved_bytes=m.reserved_bytes,
-            model_bytes=m.model_bytes, param_bytes=m.param_bytes, grad_bytes=m.grad_bytes,
-            optimizer_state_bytes=m.optimizer_state_bytes, host_bytes=m.host_bytes,
-            samples_per_s_median=m.samples_per_s_median, samples_per_s_iqr=m.samples_per_s_iqr,
-            step_time_s_median=m.step_time_s_median, flops_per_sample=m.flops_per_sample,
-            forward_flops_per_sample=m.forward_flops_per_sample, num_params=m.num_params,
-            checkpoint_segments=point.checkpoint_segments, warmup_steps=point.warmup_steps,
-            timed_steps=point.timed_steps, strategy_note=m.strategy_note, alloc_conf=m.alloc_conf,
-            elapsed_s=m.elapsed_s,
+            key=point.key(), run_id=run_id, env_id=env_id, model=point.model.name,
+            extra_blocks=point.model.extra_blocks, width_per_group=point.model.width_per_group,
+            strategy=point.strategy, batch_size=point.batch_size, image_size=point.image_size, device=point.device,
+            budget_bytes=point.budget_bytes, checkpoint_segments=point.checkpoint_segments,
+            warmup_steps=point.warmup_steps, timed_steps=point.timed_steps,
             finished_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            **asdict(m),
         )
 
     @classmethod

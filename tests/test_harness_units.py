@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, fields
+
 import pytest
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from actbench.measure.point import PointConfig, count_flops, measure_point, synthetic_batch
+from actbench.measure.point import Measurement, PointConfig, count_flops, measure_point, synthetic_batch
 from actbench.measure.tracker import LiveStorageTracker, unique_storage_bytes
 from actbench.models import (ModelSpec, build_model, grown_resnet152_layers, logits_of, real_depth,
                              validate_model_spec)
 from actbench.parsing import combine_strategies, parse_bytes, parse_int_range, parse_levels, parse_strategies
+from actbench.results import COLUMNS, ResultRow
 from actbench.search import binary_search_largest, linear_scan, multiples_of
 from actbench.strategies import ALL_STRATEGIES, LEVEL_NAMES, apply_checkpointing, build_training_step
 
@@ -27,6 +30,17 @@ def _point(strategy: str, **kw) -> PointConfig:
 def fp32_measurement():
     """One fp32 baseline shared by the comparisons (a CPU step costs seconds on 2 cores)."""
     return measure_point(_point("fp32", timed_steps=3))
+
+
+# --- result rows -------------------------------------------------------------------------------
+def test_result_row_carries_every_measurement_field_and_the_point(fp32_measurement) -> None:
+    point = _point("fp32", timed_steps=3)
+    row = ResultRow.build(point, fp32_measurement, run_id="r1", env_id="e1")
+    for f in fields(Measurement):
+        assert getattr(row, f.name) == getattr(fp32_measurement, f.name), f.name
+    assert (row.key, row.model, row.batch_size, row.timed_steps) == (point.key(), "resnet18", 4, 3)
+    assert set(COLUMNS) >= {f.name for f in fields(Measurement)} and row.finished_at
+    assert ResultRow.from_dict(asdict(row)) == row
 
 
 # --- tracker ------------------------------------------------------------------------------------
