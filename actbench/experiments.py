@@ -127,13 +127,9 @@ class HarnessStep:
         from actbench.parsing import parse_bytes
         from actbench.search import MeasureSettings
 
-        is_cuda = self.device == "cuda"
-        timed_default = 0 if self.command == "memory" else (10 if is_cuda else 3)
-        return MeasureSettings(
-            device=self.device, budget_bytes=parse_bytes(self.budget) if self.budget is not None else None,
-            warmup_steps=self.warmup_steps if self.warmup_steps is not None else (3 if is_cuda else 1),
-            timed_steps=self.timed_steps if self.timed_steps is not None else timed_default,
-            checkpoint_segments=self.checkpoint_segments, timeout_s=self.timeout_s)
+        return MeasureSettings.resolve(
+            self.device, self.command, parse_bytes(self.budget) if self.budget is not None else None,
+            self.warmup_steps, self.timed_steps, self.checkpoint_segments, self.timeout_s)
 
     def plans(self) -> list["RunPlan"]:
         """One library config per model, with its run-directory name (the CLI's naming)."""

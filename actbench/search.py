@@ -47,6 +47,29 @@ class MeasureSettings:
         data.pop("timeout_s")
         return data
 
+    @classmethod
+    def resolve(cls, device: str, command: str, budget_bytes: int | None = None, warmup_steps: int | None = None,
+                timed_steps: int | None = None, checkpoint_segments: int | None = None,
+                timeout_s: float = 1800.0) -> "MeasureSettings":
+        """Settings with each step count left as None filled with the device's default.
+
+        cuda warms up 3 steps and times 10 (kernels autotune and the allocator settles); cpu 1 and 3
+        (a step costs seconds); ``memory`` times nothing; meta runs no compute, so one untimed step.
+        The CLI and experiment files both come through here, so the same options name the same run.
+        """
+        if device == "meta":
+            if timed_steps:
+                raise ValueError(f"device meta predicts memory only (no compute to time); "
+                                 f"timed steps must be 0, got {timed_steps}")
+            warmup_steps, timed_steps = 1, 0
+        is_cuda = device == "cuda"
+        if warmup_steps is None:
+            warmup_steps = 3 if is_cuda else 1
+        if timed_steps is None:
+            timed_steps = 0 if command == "memory" else (10 if is_cuda else 3)
+        return cls(device=device, budget_bytes=budget_bytes, warmup_steps=warmup_steps, timed_steps=timed_steps,
+                   checkpoint_segments=checkpoint_segments, timeout_s=timeout_s)
+
 
 @dataclass(frozen=True)
 class SweepConfig:

@@ -15,7 +15,7 @@ from actbench.models import (ModelSpec, build_model, grown_resnet152_layers, log
                              validate_model_spec)
 from actbench.parsing import combine_strategies, parse_bytes, parse_int_range, parse_levels, parse_strategies
 from actbench.results import COLUMNS, ResultRow
-from actbench.search import binary_search_largest, linear_scan, multiples_of
+from actbench.search import MeasureSettings, binary_search_largest, linear_scan, multiples_of
 from actbench.strategies import ALL_STRATEGIES, LEVEL_NAMES, apply_checkpointing, build_training_step
 
 TINY = dict(batch_size=4, image_size=32, device="cpu", warmup_steps=1, timed_steps=1)
@@ -41,6 +41,21 @@ def test_result_row_carries_every_measurement_field_and_the_point(fp32_measureme
     assert (row.key, row.model, row.batch_size, row.timed_steps) == (point.key(), "resnet18", 4, 3)
     assert set(COLUMNS) >= {f.name for f in fields(Measurement)} and row.finished_at
     assert ResultRow.from_dict(asdict(row)) == row
+
+
+@pytest.mark.parametrize("device,command,expected", [
+    ("cuda", "sweep-batch", (3, 10)), ("cpu", "sweep-batch", (1, 3)), ("cuda", "memory", (3, 0)),
+    ("cpu", "memory", (1, 0)), ("meta", "sweep-batch", (1, 0)), ("meta", "plan", (1, 0))])
+def test_measure_settings_defaults_per_device(device: str, command: str, expected: tuple[int, int]) -> None:
+    s = MeasureSettings.resolve(device, command)
+    assert (s.warmup_steps, s.timed_steps) == expected
+    given = MeasureSettings.resolve(device, command, warmup_steps=5, timed_steps=0)
+    assert (given.warmup_steps, given.timed_steps) == ((1, 0) if device == "meta" else (5, 0))
+
+
+def test_measure_settings_meta_refuses_timed_steps() -> None:
+    with pytest.raises(ValueError, match="meta predicts memory only.*got 4"):
+        MeasureSettings.resolve("meta", "sweep-batch", timed_steps=4)
 
 
 # --- tracker ------------------------------------------------------------------------------------

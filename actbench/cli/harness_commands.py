@@ -74,7 +74,7 @@ def _checked(fn: Callable[[], Any]) -> Any:
         _fail(str(exc))
 
 
-def _settings(device: Device, budget: Optional[str], warmup: Optional[int], timed: Optional[int],
+def _settings(command: str, device: Device, budget: Optional[str], warmup: Optional[int], timed: Optional[int],
               segments: Optional[int], timeout: float):
     from actbench.parsing import parse_bytes
     from actbench.search import MeasureSettings
@@ -88,17 +88,9 @@ def _settings(device: Device, budget: Optional[str], warmup: Optional[int], time
     if timeout <= 0:
         _fail(f"--timeout must be > 0 seconds, got {timeout:g}")
     budget_bytes = _checked(lambda: parse_bytes(budget)) if budget is not None else None
-    is_cuda = device is Device.cuda
-    if device is Device.meta:
-        if timed:
-            _fail(f"--device meta predicts memory only (no compute to time); --timed-steps must be 0, got {timed}")
-        warmup, timed = 1, 0
-    return MeasureSettings(
-        device=device.value, budget_bytes=budget_bytes,
-        warmup_steps=warmup if warmup is not None else (3 if is_cuda else 1),
-        timed_steps=timed if timed is not None else (10 if is_cuda else 3),
-        checkpoint_segments=segments, timeout_s=timeout,
-    )
+    if device is Device.meta and timed:
+        _fail(f"--device meta predicts memory only (no compute to time); --timed-steps must be 0, got {timed}")
+    return MeasureSettings.resolve(device.value, command, budget_bytes, warmup, timed, segments, timeout)
 
 
 def _strategies(strategies: Optional[str], levels: Optional[str], no_baseline: bool) -> tuple[str, ...]:
@@ -264,7 +256,7 @@ def sweep_batch(
     from actbench.results import run_name
     from actbench.search import SweepConfig, run_sweep, search_probes
 
-    settings = _settings(device, budget, warmup_steps, timed_steps, checkpoint_segments, timeout)
+    settings = _settings("sweep-batch", device, budget, warmup_steps, timed_steps, checkpoint_segments, timeout)
     spec = _model(model, extra_blocks, width_per_group)
     names = _strategies(strategies, levels, no_baseline)
     batches = _checked(lambda: parse_int_range(batch, "batch"))
@@ -311,7 +303,7 @@ def max_scale(
     from actbench.results import run_name
     from actbench.search import MaxScaleConfig, run_max_scale, search_probes, validate_max_scale, with_defaults
 
-    settings = _settings(device, budget, warmup_steps, timed_steps, checkpoint_segments, timeout)
+    settings = _settings("max-scale", device, budget, warmup_steps, timed_steps, checkpoint_segments, timeout)
     _model(model)
     names = _strategies(strategies, levels, no_baseline)
     if batch <= 0:
@@ -339,7 +331,7 @@ def _grid(command: str, model: str, strategies, levels, no_baseline, batch, imag
     from actbench.results import run_name
     from actbench.search import GridConfig, run_grid
 
-    settings = _settings(device, budget, warmup_steps, timed_steps, checkpoint_segments, timeout)
+    settings = _settings(command, device, budget, warmup_steps, timed_steps, checkpoint_segments, timeout)
     spec = _model(model, extra_blocks, width_per_group)
     names = _strategies(strategies, levels, no_baseline)
     batches = _checked(lambda: parse_int_range(batch, "batch"))
@@ -445,7 +437,7 @@ def plan(
     from actbench.results import run_name
     from actbench.search import PlanConfig, plan_defaults, run_plan, validate_plan
 
-    settings = _settings(Device.meta, budget, None, None, checkpoint_segments, 1800.0)
+    settings = _settings("plan", Device.meta, budget, None, None, checkpoint_segments, 1800.0)
     _model(model)
     names = _strategies(strategies, levels, no_baseline)
     if batch <= 0:
