@@ -18,6 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
+from actbench.models import ModelSpec
 from actbench.results import ResultRow, RunStore
 
 PREDICTED_DEVICE = "meta"
@@ -135,12 +136,8 @@ def find_result_runs(results_dir: Path) -> ResultRuns:
 
 
 def model_label(row: ResultRow) -> str:
-    parts = [row.model]
-    if row.extra_blocks:
-        parts.append(f"+{row.extra_blocks}blk")
-    if row.width_per_group is not None:
-        parts.append(f"w{row.width_per_group}")
-    return "-".join(parts)
+    """The model as built for this row (grown ResNet-152s included), the same label runs are named by."""
+    return ModelSpec(row.model, extra_blocks=row.extra_blocks, width_per_group=row.width_per_group).label()
 
 
 def size_text(n_bytes: int, sep: str = " ") -> str:
