@@ -18,11 +18,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
+from actbench.measure.point import MEMORY_FAILURES
 from actbench.models import ModelSpec
 from actbench.results import ResultRow, RunStore
 
 PREDICTED_DEVICE = "meta"
-FAILURE_STATUSES = ("oom", "over_budget")
 SCALE_DIMENSIONS = ("depth", "width", "resolution")
 STRATEGY_ORDER = ("fp32", "swap", "checkpoint", "L0", "L1", "L2", "L3", "L4", "L5")
 
@@ -237,7 +237,7 @@ class BatchGroup:
     def first_failure(self, series: Series) -> ResultRow | None:
         """Smallest batch whose status is oom/over_budget and at which no row is ok."""
         ok_batches = {r.batch_size for r in self.ok_points(series)}
-        fails = [r for r in self.rows_of(series) if r.status in FAILURE_STATUSES and r.batch_size not in ok_batches]
+        fails = [r for r in self.rows_of(series) if r.status in MEMORY_FAILURES and r.batch_size not in ok_batches]
         return fails[0] if fails else None
 
     def batch_sizes(self) -> tuple[int, ...]:
@@ -261,7 +261,7 @@ def max_batch_table(group: BatchGroup) -> tuple[MaxBatchEntry, ...]:
     for s in group.series():
         ok = group.ok_points(s)
         best = ok[-1] if ok else None
-        fail = any(r.status in FAILURE_STATUSES and (best is None or r.batch_size > best.batch_size)
+        fail = any(r.status in MEMORY_FAILURES and (best is None or r.batch_size > best.batch_size)
                    for r in group.rows_of(s))
         raw[s] = (best, fail)
     entries = []

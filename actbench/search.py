@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from actbench.measure.point import PointConfig
+from actbench.measure.point import MEMORY_FAILURES, PointConfig
 from actbench.models import GROWABLE_MODEL, ModelSpec
 from actbench.results import ResultRow
 
@@ -211,7 +211,7 @@ def run_plan(cfg: PlanConfig, run: RunPoint) -> SearchOutcome:
     A probe that errs (a model that cannot run on fake tensors) ends that strategy's search with no
     maximum; its row says why.
     """
-    outcome = SearchOutcome()
+    outcome = SearchOutcome(dim=cfg.dim)
     budget = cfg.settings.budget_bytes
     for strategy in cfg.strategies:
         found: dict[int, ResultRow] = {}
@@ -220,7 +220,7 @@ def run_plan(cfg: PlanConfig, run: RunPoint) -> SearchOutcome:
             row = run(cfg.point(s, value))
             outcome.rows.append(row)
             found[value] = row
-            if row.status not in ("ok", "over_budget", "oom"):
+            if not row.ok and row.status not in MEMORY_FAILURES:
                 raise _SearchFailed(row.message)
             return row.ok, row.peak_alloc_bytes
 
@@ -235,8 +235,7 @@ def run_plan(cfg: PlanConfig, run: RunPoint) -> SearchOutcome:
             best = None
         row = found.get(best) if best is not None else None
         outcome.best_rows[strategy] = row
-        outcome.maxima[strategy] = None if row is None else (
-            best if cfg.dim == "batch" else _dim_value(cfg.dim, row))
+        outcome.maxima[strategy] = None if row is None else outcome.value_of(row)
     return outcome
 
 
@@ -352,6 +351,20 @@ class SearchOutcome:
     rows: list[ResultRow] = field(default_factory=list)
     maxima: dict[str, int | None] = field(default_factory=dict)
     best_rows: dict[str, ResultRow | None] = field(default_factory=dict)
+    dim: str = "batch"  # what the maxima count: batch, or max-scale's depth/width/resolution
+
+    def value_of(self, row: ResultRow) -> int:
+        return row.batch_size if self.dim == "batch" else _dim_value(self.dim, row)
+
+    def bounded(self, strategy: str) -> bool:
+        """Whether a larger value of ``strategy`` was seen not fitting (oom, over budget).
+
+        If not, the maximum is only a lower bound: everything tried up to it fit (or failed for
+        another reason), and the memory limit lies beyond the range searched.
+        """
+        best = self.maxima.get(strategy)
+        return any(r.strategy == strategy and r.status in MEMORY_FAILURES and (best is None or self.value_of(r) > best)
+                   for r in self.rows)
 
 
 def linear_scan(points: Sequence[PointConfig], run: RunPoint, stop_after: int) -> list[ResultRow]:
@@ -386,11 +399,11 @@ def run_sweep(cfg: SweepConfig, run: RunPoint) -> SearchOutcome:
 
 
 def run_max_scale(cfg: MaxScaleConfig, run: RunPoint) -> SearchOutcome:
-    outcome = SearchOutcome()
+    outcome = SearchOutcome(dim=cfg.dim)
     for strategy in cfg.strategies:
         best = _binary(cfg.candidates(), lambda v, s=strategy: cfg.point(s, v), run, outcome.rows)
         outcome.best_rows[strategy] = best
-        outcome.maxima[strategy] = _dim_value(cfg.dim, best) if best else None
+        outcome.maxima[strategy] = outcome.value_of(best) if best else None
     return outcome
 
 

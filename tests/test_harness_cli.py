@@ -190,7 +190,19 @@ def test_find_max_binary_search(tmp_path) -> None:
     run_dir = only_run_dir(tmp_path)
     assert [(r["batch_size"], r["status"]) for r in rows(run_dir)] == [(8, "ok"), (12, "oom")]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["max_batch"]["fp32"]["max"] == 8
+    assert summary["max_batch"]["fp32"] == {"max": 8, "bounded": True, "key": rows(run_dir)[0]["key"]}
+    assert "≥" not in result.stdout  # 12 was seen failing: 8 is the maximum, not a lower bound
+
+
+def test_maximum_without_a_failure_is_a_lower_bound(tmp_path) -> None:
+    """Everything tried fits: the table says ≥ and why, and summary.json says bounded = false."""
+    result = invoke(["sweep-batch", "resnet18", "--batch", "2,4", *TINY, "--timed-steps", "0",
+                     "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())  # the caption wraps at the table's width
+    assert "≥4" in text and "beyond the range searched (widen the range, or set --budget)" in text
+    summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
+    assert summary["max_batch"]["fp32"]["max"] == 4 and summary["max_batch"]["fp32"]["bounded"] is False
 
 
 def test_max_scale_resolution(tmp_path) -> None:
@@ -202,6 +214,7 @@ def test_max_scale_resolution(tmp_path) -> None:
     assert [(r["image_size"], r["status"]) for r in got] == [(64, "ok"), (96, "oom")]
     assert got[0]["samples_per_s_median"] > 0 and got[0]["flops_per_sample"] > 0
     assert json.loads((run_dir / "summary.json").read_text())["max"]["fp32"]["max"] == 64
+    assert json.loads((run_dir / "summary.json").read_text())["max"]["fp32"]["bounded"] is True
 
 
 def test_max_scale_depth_grows_resnet152(tmp_path) -> None:

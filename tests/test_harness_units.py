@@ -15,7 +15,7 @@ from actbench.models import (ModelSpec, build_model, grown_resnet152_layers, log
                              validate_model_spec)
 from actbench.parsing import combine_strategies, parse_bytes, parse_int_range, parse_levels, parse_strategies
 from actbench.results import COLUMNS, ResultRow
-from actbench.search import MeasureSettings, binary_search_largest, linear_scan, multiples_of
+from actbench.search import MeasureSettings, SearchOutcome, binary_search_largest, linear_scan, multiples_of
 from actbench.strategies import ALL_STRATEGIES, LEVEL_NAMES, apply_checkpointing, build_training_step
 
 TINY = dict(batch_size=4, image_size=32, device="cpu", warmup_steps=1, timed_steps=1)
@@ -285,6 +285,24 @@ def test_parsers() -> None:
     assert combine_strategies(parse_strategies("swap"), parse_levels("L2"), True) == ("fp32", "swap", "L2")
     assert combine_strategies(parse_strategies("swap"), (), False) == ("swap",)
     assert set(LEVEL_NAMES) <= set(ALL_STRATEGIES)
+
+
+def _row(strategy: str, status: str, batch: int = 8, extra_blocks: int = 0) -> ResultRow:
+    return ResultRow(key=f"{strategy}{status}{batch}{extra_blocks}", run_id="r", env_id="e", status=status, message="",
+                     model="resnet152", extra_blocks=extra_blocks, width_per_group=None, depth=None, strategy=strategy,
+                     batch_size=batch, image_size=32, device="cpu", budget_bytes=None)
+
+
+def test_search_outcome_bounded_only_by_a_larger_memory_failure() -> None:
+    out = SearchOutcome(rows=[_row("fp32", "ok", 8), _row("fp32", "oom", 12), _row("L3", "oom", 4),
+                              _row("L3", "ok", 16), _row("L2", "ok", 16), _row("L2", "error", 20)],
+                        maxima={"fp32": 8, "L3": 16, "L2": 16})
+    assert out.bounded("fp32")
+    assert not out.bounded("L3")  # a failure below the maximum bounds nothing
+    assert not out.bounded("L2")  # an error is not "does not fit"
+    depth = SearchOutcome(rows=[_row("fp32", "ok", extra_blocks=3), _row("fp32", "over_budget", extra_blocks=4)],
+                          maxima={"fp32": 3}, dim="depth")
+    assert depth.bounded("fp32") and depth.value_of(depth.rows[1]) == 4
 
 
 def test_binary_search_and_multiples() -> None:

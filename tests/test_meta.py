@@ -74,6 +74,7 @@ def test_plan_finds_certified_maxima(tmp_path):
         mine = {r["batch_size"]: r for r in rows if r["strategy"] == strategy}
         assert mine[best]["status"] == "ok" and mine[best]["peak_alloc_bytes"] <= 256 * 2**20
         assert mine[best + 4]["status"] == "over_budget"  # certified: the next candidate was probed and fails
+        assert entry["bounded"] is True
         assert len(mine) <= 6  # predicted, not bisected over 4096 candidates
     assert summary["L2"]["max"] > summary["fp32"]["max"]
     assert "max batch" in result.output

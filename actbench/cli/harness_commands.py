@@ -190,23 +190,44 @@ def _render(rows, title: str) -> None:
     _console().print(table)
 
 
+def _bound_caption(outcome) -> str | None:
+    """Explains "≥" under a table of maxima, when any maximum is only a lower bound."""
+    if all(outcome.bounded(s) for s, v in outcome.maxima.items() if v is not None):
+        return None
+    return ("≥ = nothing larger was seen failing: the limit lies beyond the range searched "
+            "(widen the range, or set --budget)")
+
+
+def _max_cells(outcome, strategy: str) -> tuple[str, str]:
+    """(maximum, × fp32) as text; "≥" marks a lower bound, and a ratio to or of one is only a bound."""
+    value, base = outcome.maxima.get(strategy), outcome.maxima.get("fp32")
+    exact, base_exact = outcome.bounded(strategy), outcome.bounded("fp32")
+    if value is None:
+        return "none", "-"
+    text = str(value) if exact else f"≥{value}"
+    if not base or (not exact and not base_exact):
+        return text, "-"
+    ratio = f"{value / base:.2f}"
+    return text, ratio if exact and base_exact else (f"≥{ratio}" if base_exact else f"≤{ratio}")
+
+
 def _render_maxima(outcome, what: str) -> None:
     table = Table(title=f"largest {what} that fits")
     for col in ("strategy", what, "depth", "samples/s", "GFLOP/sample", "x fp32"):
         table.add_column(col)
-    base = outcome.maxima.get("fp32")
-    for strategy, value in outcome.maxima.items():
+    for strategy in outcome.maxima:
         row = outcome.best_rows.get(strategy)
-        ratio = f"{value / base:.2f}" if value and base else "-"
+        value, ratio = _max_cells(outcome, strategy)
         rate = "-" if row is None or row.samples_per_s_median is None else f"{row.samples_per_s_median:.1f}"
         flops = "-" if row is None or row.flops_per_sample is None else f"{row.flops_per_sample / 1e9:.3f}"
-        table.add_row(strategy, "none" if value is None else str(value),
-                      str(row.depth) if row is not None and row.depth else "-", rate, flops, ratio)
+        table.add_row(strategy, value, str(row.depth) if row is not None and row.depth else "-", rate, flops, ratio)
+    table.caption = _bound_caption(outcome)
     _console().print(table)
 
 
 def _summary(outcome) -> dict[str, Any]:
-    return {s: {"max": v, "key": (outcome.best_rows[s].key if outcome.best_rows.get(s) else None)}
+    return {s: {"max": v, "bounded": outcome.bounded(s),
+                "key": (outcome.best_rows[s].key if outcome.best_rows.get(s) else None)}
             for s, v in outcome.maxima.items()}
 
 
@@ -460,15 +481,14 @@ def plan(
     for col in ("strategy", f"max {dim.value}", "x fp32", "peak alloc", "activation", "model bytes",
                 "host (not counted)", "probes", "note"):
         table.add_column(col)
-    base = outcome.maxima.get("fp32")
-    for strategy, value in outcome.maxima.items():
+    for strategy in outcome.maxima:
         row = outcome.best_rows.get(strategy)
         probes = [r for r in outcome.rows if r.strategy == strategy]
         note = "" if row is not None else next((r.message for r in probes if r.status == "error"),
                                                "nothing in the range fits")
-        table.add_row(strategy, "none" if value is None else str(value),
-                      f"{value / base:.2f}" if value and base else "-",
+        table.add_row(strategy, *_max_cells(outcome, strategy),
                       *(format_bytes(None if row is None else getattr(row, f)) for f in
                         ("peak_alloc_bytes", "activation_bytes", "model_bytes", "host_bytes")),
                       str(len(probes)), note[:60])
+    table.caption = _bound_caption(outcome)
     _console().print(table)

@@ -33,6 +33,8 @@ from actbench.strategies import StrategyOptions, TrainingStep, build_training_st
 log = logging.getLogger(__name__)
 
 STATUSES = ("ok", "oom", "over_budget", "error", "timeout")
+#: statuses that mean "does not fit": what bounds a search (error and timeout say nothing about memory)
+MEMORY_FAILURES = ("oom", "over_budget")
 NOISY_IQR_FRACTION = 0.10
 
 
