@@ -167,9 +167,7 @@ class HarnessStep:
         command = self.command
 
         def make(outcome) -> dict[str, Any]:
-            best = {s: {"max": v, "key": (outcome.best_rows[s].key if outcome.best_rows.get(s) else None)}
-                    for s, v in outcome.maxima.items()}
-            return {"command": command, **extra, what: best}
+            return {"command": command, **extra, what: outcome.summary()}
 
         return make
 

@@ -366,6 +366,12 @@ class SearchOutcome:
         return any(r.strategy == strategy and r.status in MEMORY_FAILURES and (best is None or self.value_of(r) > best)
                    for r in self.rows)
 
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Per strategy: the maximum, whether it is bounded, and its row's key (``summary.json``)."""
+        return {s: {"max": v, "bounded": self.bounded(s),
+                    "key": (self.best_rows[s].key if self.best_rows.get(s) else None)}
+                for s, v in self.maxima.items()}
+
 
 def linear_scan(points: Sequence[PointConfig], run: RunPoint, stop_after: int) -> list[ResultRow]:
     """Measure points in order, stopping after ``stop_after`` consecutive failures."""

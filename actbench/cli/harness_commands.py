@@ -225,12 +225,6 @@ def _render_maxima(outcome, what: str) -> None:
     _console().print(table)
 
 
-def _summary(outcome) -> dict[str, Any]:
-    return {s: {"max": v, "bounded": outcome.bounded(s),
-                "key": (outcome.best_rows[s].key if outcome.best_rows.get(s) else None)}
-            for s, v in outcome.maxima.items()}
-
-
 def _print_plan(run_dir: Path, lines: list[str]) -> None:
     console = _console()
     console.print(f"run directory: {run_dir}")
@@ -294,7 +288,7 @@ def sweep_batch(
     store = _open_store(out, name, cfg.identity(), settings.device)
     per = search_probes(len(cands)) if find_max else len(cands)
     outcome = _execute(store, settings, per * len(names), lambda run: run_sweep(cfg, run))
-    store.write_summary({"command": "sweep-batch", "max_batch": _summary(outcome)})
+    store.write_summary({"command": "sweep-batch", "max_batch": outcome.summary()})
     _render(outcome.rows, f"sweep-batch {spec.label()} {cfg.image_size}px on {settings.device} -> {store.run_dir}")
     _render_maxima(outcome, "batch")
 
@@ -340,7 +334,7 @@ def max_scale(
         return
     store = _open_store(out, name, cfg.identity(), settings.device)
     outcome = _execute(store, settings, search_probes(len(cands)) * len(names), lambda run: run_max_scale(cfg, run))
-    store.write_summary({"command": "max-scale", "dim": dim.value, "max": _summary(outcome)})
+    store.write_summary({"command": "max-scale", "dim": dim.value, "max": outcome.summary()})
     _render(outcome.rows, f"max-scale --dim {dim.value} {model} batch {batch} on {settings.device} -> {store.run_dir}")
     label = {"depth": "extra blocks", "width": "width_per_group", "resolution": "image size"}[dim.value]
     _render_maxima(outcome, label)
@@ -475,7 +469,7 @@ def plan(
     store = _open_store(out, name, cfg.identity(), "meta")
     outcome = _execute(store, settings, 4 * len(names), lambda run: run_plan(cfg, run))
     store.write_summary({"command": "plan", "dim": dim.value, "budget_bytes": settings.budget_bytes,
-                         "max": _summary(outcome)})
+                         "max": outcome.summary()})
     table = Table(title=f"plan {model} {cfg.image_size}px under {format_bytes(settings.budget_bytes)} "
                         f"(predicted on meta) -> {store.run_dir}")
     for col in ("strategy", f"max {dim.value}", "x fp32", "peak alloc", "activation", "model bytes",
