@@ -281,6 +281,7 @@ class MemoryEntry:
     activation_bytes: int | None
     peak_alloc_bytes: int | None
     model_bytes: int | None
+    host_bytes: int | None = None  # swap's and L4/L5's copies in CPU memory, outside the device columns
 
 
 def memory_batch(group: BatchGroup) -> int | None:
@@ -304,7 +305,8 @@ def memory_table(group: BatchGroup, batch: int | None = None) -> tuple[int | Non
     for s in group.series():
         row = next((r for r in group.ok_points(s) if r.batch_size == batch), None)
         if row is not None:
-            entries.append(MemoryEntry(s, group.label(s), row.activation_bytes, row.peak_alloc_bytes, row.model_bytes))
+            entries.append(MemoryEntry(s, group.label(s), row.activation_bytes, row.peak_alloc_bytes, row.model_bytes,
+                                       row.host_bytes))
     return batch, tuple(entries)
 
 

@@ -114,12 +114,26 @@ def _max_batch_section(group: BatchGroup, paper_ok: bool) -> list[str]:
     return lines + _table(header, rows)
 
 
+#: above this, "fp32 ÷ this" says only ">1000×": the device keeps next to nothing (swap), and the exact
+#: quotient of two tiny-vs-huge byte counts would read as a precision it does not have
+REDUCTION_SHOWN_UP_TO = 1000.0
+
+
+def _reduction(red: float | None) -> str:
+    if red is None:
+        return "–"
+    return f">{REDUCTION_SHOWN_UP_TO:g}×" if red > REDUCTION_SHOWN_UP_TO else f"{red:.2f}×"
+
+
 def _memory_section(group: BatchGroup, paper_model_ok: bool) -> list[str]:
     batch, entries = memory_table(group)
     if not entries:
         return []
     fp32 = {e.series.device: e for e in entries if e.series.strategy == "fp32"}
-    header = ["strategy", "activation", "peak allocated", "model (params+grads+optimizer)", "activation: fp32 ÷ this"]
+    with_host = any(e.host_bytes for e in entries)
+    header = ["strategy", "activation", "peak allocated", "model (params+grads+optimizer)"]
+    header += ["host copies"] if with_host else []
+    header += ["activation: fp32 ÷ this"]
     if paper_model_ok:
         header += ["paper fp32 ÷ this", "ours ÷ paper"]
     rows = []
@@ -127,13 +141,16 @@ def _memory_section(group: BatchGroup, paper_model_ok: bool) -> list[str]:
         base = fp32.get(e.series.device)
         red = (base.activation_bytes / e.activation_bytes
                if base is not None and base.activation_bytes and e.activation_bytes else None)
-        row = [e.label, _bytes(e.activation_bytes), _bytes(e.peak_alloc_bytes), _bytes(e.model_bytes),
-               "–" if red is None else f"{red:.2f}×"]
+        row = [e.label, _bytes(e.activation_bytes), _bytes(e.peak_alloc_bytes), _bytes(e.model_bytes)]
+        row += [_bytes(e.host_bytes) if e.host_bytes else "–"] if with_host else []
+        row += [_reduction(red)]
         if paper_model_ok:
             theirs = paper_ref.ACTIVATION_REDUCTION_L3 if e.series.strategy == "L3" else None
             row += ["–" if theirs is None else f"{theirs:g}×", _ratio(red, theirs)]
         rows.append(row)
-    return [f"### Memory per strategy at batch {batch}", ""] + _table(header, rows)
+    note = ["Activation = bytes kept on the device for backward; swap's and L4/L5's copies in CPU memory are "
+            "the host column, counted in no device column.", ""] if with_host else []
+    return [f"### Memory per strategy at batch {batch}", ""] + note + _table(header, rows)
 
 
 def _throughput_section(group: BatchGroup, paper_points: Sequence[paper_ref.PaperPoint] | None) -> list[str]:
@@ -143,8 +160,8 @@ def _throughput_section(group: BatchGroup, paper_points: Sequence[paper_ref.Pape
     rows = []
     for s in group.series():
         for r in group.rows_of(s):
-            if s.predicted and r.ok:
-                continue  # meta rows have no throughput; their status is in the max-batch table
+            if s.predicted:
+                continue  # meta predicts memory only: there is no throughput to show
             status = r.status if r.ok or not r.message else f"{r.status}: {r.message}"
             row = [group.label(s), str(r.batch_size), status, _num(r.samples_per_s_median),
                    _num(r.samples_per_s_iqr)]

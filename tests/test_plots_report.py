@@ -9,7 +9,7 @@ same setting, a ResNet-18 sweep without a budget (no paper overlay allowed), and
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -288,6 +288,22 @@ def test_report_tables_and_paper_ratios(results: Path, tmp_path: Path) -> None:
     assert "| strategy | max batch | × fp32 | images/s at max |\n" in r18
     assert "Maximum depth" in text and "272 (+40 blocks)" in text
     assert "Maximum width" in text and "| L3 | 192 | 2.00 |" in text
+
+
+def test_report_memory_host_copies_and_no_predicted_throughput(results: Path, tmp_path: Path) -> None:
+    text = build_report(find_runs(results), results, tmp_path, (), paper.load_throughput())
+    r50 = text.split("## Setting: resnet50")[1].split("\n## ")[0]
+    assert "(predicted) | 704 |" not in r50.split("### Throughput")[1]  # meta has no throughput to report
+    assert "host copies" not in r50  # nothing went to the host in these runs: no empty column
+    kw = dict(model="resnet18", device="cpu", budget=None, image=32)
+    rows = [row("fp32", 4, act=64 * MIB, peak=70 * MIB, **kw),
+            replace(row("swap", 4, act=4, peak=10 * MIB, **kw), host_bytes=64 * MIB),
+            row("L3", 4, act=5 * MIB, peak=12 * MIB, **kw)]
+    write_run(tmp_path / "h", "sweep-batch_resnet18_cpu_32px_ffff", rows, config={"command": "sweep-batch"})
+    text = build_report(find_runs(tmp_path / "h"), tmp_path / "h", tmp_path, ())
+    assert "| strategy | activation | peak allocated | model (params+grads+optimizer) | host copies |" in text
+    assert "| swap | 0.0 MiB | 10.0 MiB | 300.0 MiB | 64.0 MiB | >1000× |" in text  # not 16777216.00×
+    assert "| L3 | 5.0 MiB | 12.0 MiB | 300.0 MiB | – | 12.80× |" in text
 
 
 def test_report_links_figures_relatively(results: Path, tmp_path: Path) -> None:
