@@ -40,7 +40,11 @@ def verify_grads_command(
     backend: Annotated[QuantBackend, typer.Option("--backend", help="Quantizer backend.")] = QuantBackend.extension,
     out: Annotated[Path, typer.Option("--out", help="Directory for the CSV.")] = Path("results/verify-grads"),
 ) -> None:
-    """Bias and variance of ActNN's compressed gradients vs fp32, per parameter (table + CSV)."""
+    """Bias and variance of ActNN's compressed gradients vs fp32, per parameter (table + CSV).
+
+    Example:
+      actbench verify-grads resnet18 --level L3 --batch 8 --seeds 16
+    """
     from actbench.actnn import level_config
     from actbench.actnn.verify import VerifyConfig, verify_grads, write_csv
     from actbench.models import ModelSpec, validate_model_spec

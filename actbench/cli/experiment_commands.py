@@ -37,7 +37,13 @@ def run_command(
     list_: Annotated[bool, typer.Option("--list", help="List the experiments in experiments/ and exit.")] = False,
     no_report: Annotated[bool, typer.Option("--no-report", help="Run only; draw no figures, write no report.")] = False,
 ) -> None:
-    """Run an experiment file: every step's rows, then its figures (PNG+PDF) and Markdown report."""
+    """Run an experiment file: every step's rows, then its figures (PNG+PDF) and Markdown report.
+
+    Examples:
+      actbench run --list
+      actbench run max_batch --quick --device cpu        # minutes on a CPU
+      actbench run experiments/max_batch.toml            # the paper's grid, on a GPU
+    """
     from actbench.experiments import (ExperimentError, list_experiments, load_experiment, resolve_experiment,
                                       run_experiment)
 

@@ -266,7 +266,13 @@ def sweep_batch(
     timeout: TimeoutOpt = 1800.0,
     dry_run: DryRunOpt = False,
 ) -> None:
-    """Scan batch sizes per strategy (or --find-max): memory and throughput at each."""
+    """Scan batch sizes per strategy (or --find-max): memory and throughput at each.
+
+    Examples:
+      actbench sweep-batch resnet50 --levels L1..L5 --budget 16GiB                  # on a GPU
+      actbench sweep-batch resnet50 --levels all --strategies swap --find-max --budget 16GiB
+      actbench sweep-batch resnet18 --levels L3 --batch 4:16:4 --image-size 64 --device cpu
+    """
     from actbench.parsing import parse_int_range
     from actbench.results import run_name
     from actbench.search import SweepConfig, run_sweep, search_probes
@@ -314,7 +320,12 @@ def max_scale(
     timeout: TimeoutOpt = 1800.0,
     dry_run: DryRunOpt = False,
 ) -> None:
-    """Binary search of the largest depth, width or resolution that fits, with throughput and FLOPs there."""
+    """Binary search of the largest depth, width or resolution that fits, with throughput and FLOPs there.
+
+    Examples:
+      actbench max-scale --dim depth --levels L3 --budget 16GiB        # ResNet-152 grown in depth
+      actbench max-scale --dim resolution resnet50 --levels L2,L3 --batch 32 --budget 16GiB
+    """
     from actbench.results import run_name
     from actbench.search import MaxScaleConfig, run_max_scale, search_probes, validate_max_scale, with_defaults
 
@@ -379,7 +390,11 @@ def throughput(
     timeout: TimeoutOpt = 1800.0,
     dry_run: DryRunOpt = False,
 ) -> None:
-    """Training throughput (images/s, median and IQR) per strategy and batch size."""
+    """Training throughput (images/s, median and IQR) per strategy and batch size.
+
+    Example:
+      actbench throughput resnet50 --levels L2,L3 --strategies swap,checkpoint --batch 64,128
+    """
     store, outcome = _grid("throughput", model, strategies, levels, no_baseline, batch, image_size, device, budget,
                            out, extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments,
                            timeout, dry_run)
@@ -406,7 +421,12 @@ def memory(
     timeout: TimeoutOpt = 1800.0,
     dry_run: DryRunOpt = False,
 ) -> None:
-    """One point's memory breakdown: activations, peak, reserved, parameters, gradients, optimizer state."""
+    """One point's memory breakdown: activations, peak, reserved, parameters, gradients, optimizer state.
+
+    Examples:
+      actbench memory resnet50 --levels L0..L5 --batch 64 --device meta     # predicted, no GPU
+      actbench memory resnet18 --levels L3 --batch 8 --image-size 64 --device cpu
+    """
     from actbench.parsing import format_bytes
 
     store, outcome = _grid("memory", model, strategies, levels, no_baseline, batch, image_size, device, budget, out,
@@ -447,6 +467,10 @@ def plan(
 
     Searches on the meta device (fake tensors): peak = device bytes over one training step, model
     included; swap's and L4/L5's host copies are reported apart (host column), not counted.
+
+    Examples:
+      actbench plan resnet50 --budget 16GiB --strategies swap,checkpoint --levels L0..L5
+      actbench plan resnet152 --budget 40GiB --dim depth --levels L3
     """
     from actbench.parsing import format_bytes
     from actbench.results import run_name

@@ -26,7 +26,11 @@ def plot_command(
         "--paper", help="Overlay the ActNN paper's points where model (resnet50), 224² and 16 GiB budget match.")] = False,
     paper_csv: PaperCsvOpt = None,
 ) -> None:
-    """Draw every figure the rows support (PNG and PDF): throughput, maximum batch, memory, max-scale, accuracy vs bits."""
+    """Draw every figure the rows support (PNG and PDF): throughput, maximum batch, memory, max-scale, accuracy vs bits.
+
+    Example:
+      actbench plot results/ --paper        # overlays the paper's points where the setting matches
+    """
     from actbench.plots import write_figures
 
     try:
@@ -55,7 +59,11 @@ def report_command(
     no_figures: Annotated[bool, typer.Option("--no-figures", help="Tables only; draw and link no figures.")] = False,
     paper_csv: PaperCsvOpt = None,
 ) -> None:
-    """Write one Markdown report of the folder: environment, tables, figures, the paper's numbers with ratios, accuracy vs bits."""
+    """Write one Markdown report of the folder: environment, tables, figures, the paper's numbers with ratios, accuracy vs bits.
+
+    Example:
+      actbench report results/meta --out results/meta/report.md
+    """
     from actbench.report import write_report
 
     try:
