@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from actbench.cli import app
@@ -274,3 +275,15 @@ def test_actnn_level_through_the_cli_gets_its_allocator_setting(tmp_path) -> Non
     assert row["status"] == "ok", row["message"]
     assert row["strategy"] == "L5" and row["alloc_conf"] == "expandable_segments:True"
     assert row["strategy_note"].startswith("ActNN L5")
+
+
+TEACHING_COMMANDS = ("sweep-batch", "max-scale", "throughput", "memory", "plan", "verify-grads", "plot", "report", "run")
+
+
+@pytest.mark.parametrize("command", sorted(typer.main.get_command(app).commands))
+def test_every_command_has_help(command: str) -> None:
+    result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "Usage: actbench " + command in " ".join(result.output.split())
+    if command in TEACHING_COMMANDS:  # the commands users compose: --help shows a runnable example
+        assert "Example" in result.output and f"actbench {command} " in result.output
