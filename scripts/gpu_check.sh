@@ -3,6 +3,8 @@
 # (its torch may differ from ours: the cache key includes the torch version), runs the CUDA
 # tests and the kernel benchmark, and leaves a log and flat CSVs under $OUT (or a local folder).
 # Budget: at most GPU_CHECK_SECONDS (540) in all. Each step runs even if an earlier one failed.
+# The lent machine gets the tree without .git: pass ACTBENCH_GIT_COMMIT=$(git rev-parse HEAD) so
+# every env.json there still names the commit that measured it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/_scratch/gpu_check_$(date -u +%Y%m%d-%H%M%S)}
@@ -13,6 +15,7 @@ export ACTBENCH_CACHE_DIR=${ACTBENCH_CACHE_DIR:-/tmp/actbench-cache}
 PY=${PYTHON:-python3}
 LOG="$OUT/gpu_check.log"
 : >"$LOG"
+echo "commit: ${ACTBENCH_GIT_COMMIT:-unknown (set ACTBENCH_GIT_COMMIT)}" | tee -a "$LOG"
 
 # The device tool kills a command after 600 s and returns only what is under $OUT by then, so the
 # whole script keeps to DEADLINE: each step's limit shrinks to what is left (a step with under 30 s

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import asdict, fields
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from actbench.measure.environment import GIT_COMMIT_VAR, _git_commit
 from actbench.measure.point import Measurement, PointConfig, count_flops, measure_point, synthetic_batch
 from actbench.measure.tracker import LiveStorageTracker, unique_storage_bytes
 from actbench.models import (ModelSpec, build_model, grown_resnet152_layers, logits_of, real_depth,
@@ -56,6 +58,16 @@ def test_measure_settings_defaults_per_device(device: str, command: str, expecte
 def test_measure_settings_meta_refuses_timed_steps() -> None:
     with pytest.raises(ValueError, match="meta predicts memory only.*got 4"):
         MeasureSettings.resolve("meta", "sweep-batch", timed_steps=4)
+
+
+def test_git_commit_from_the_checkout_else_from_the_variable(tmp_path, monkeypatch) -> None:
+    """A lent GPU gets the tree without .git: ACTBENCH_GIT_COMMIT names the commit there, never here."""
+    repo = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv(GIT_COMMIT_VAR, "not-this")
+    assert len(_git_commit(repo)) == 40 and _git_commit(repo) != "not-this"
+    assert _git_commit(tmp_path) == "not-this"
+    monkeypatch.delenv(GIT_COMMIT_VAR)
+    assert _git_commit(tmp_path) is None
 
 
 # --- tracker ------------------------------------------------------------------------------------

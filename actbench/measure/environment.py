@@ -21,13 +21,20 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: set by whoever runs a copy of the tree without its .git (scripts/gpu_check.sh on a lent GPU)
+GIT_COMMIT_VAR = "ACTBENCH_GIT_COMMIT"
+
+
 def _git_commit(repo_dir: Path) -> str | None:
+    """HEAD of the checkout actbench runs from; else ``$ACTBENCH_GIT_COMMIT``; else None (unknown)."""
     try:
         out = subprocess.run(["git", "-C", str(repo_dir), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+        out = None
+    if out is not None and out.returncode == 0 and out.stdout.strip():
+        return out.stdout.strip()
+    return os.environ.get(GIT_COMMIT_VAR) or None
 
 
 def capture_environment(device: str, alloc_conf: str | None = None) -> dict[str, Any]:
