@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from actbench import extension
+from actbench import extension, kernel_bench
 from actbench.cli import app
 
 runner = CliRunner()
@@ -51,7 +51,7 @@ def test_bench_kernels_writes_rows_and_env(tmp_path):
             assert (op, "extension", bits) in kinds and (op, "reference", bits) in kinds
     ext = [r for r in rows if r["backend"] == "extension"]
     assert all(float(r["input_gb_per_s"]) > 0 and float(r["speedup_vs_reference"]) > 0 for r in ext)
-    assert all(r["device"] == "cpu" for r in rows)
+    assert all(r["device"] == "cpu" and r["calls_per_sample"] == "1" for r in rows)
     assert json.loads((run_dir / "env.json").read_text())["device"] == "cpu"
 
 
@@ -70,3 +70,16 @@ def test_bench_kernels_bad_input(tmp_path, args, message):
     assert result.exit_code == 2
     assert message in result.output
     assert list(tmp_path.iterdir()) == []  # nothing written for a rejected command
+
+
+@pytest.mark.parametrize("device,calls_per_sample", [("cpu", 1), ("cuda", kernel_bench.CUDA_CALLS_PER_SAMPLE)])
+def test_time_call_samples_per_device(monkeypatch, device, calls_per_sample):
+    """cpu times each call alone; cuda times back-to-back calls between syncs and reports seconds per call."""
+    calls, syncs = [], []
+    monkeypatch.setattr(kernel_bench, "_sync", lambda dev: syncs.append(dev))
+    ticks = iter(range(1000))  # the clock advances 1 s per read: a sample of k calls lasts 1 s
+    median, iqr = kernel_bench.time_call(lambda: calls.append(1), device, repeats=4,
+                                         clock=lambda: float(next(ticks)))
+    assert len(calls) == 1 + 4 * calls_per_sample  # one warm-up call, then the samples
+    assert median == pytest.approx(1.0 / calls_per_sample) and iqr == 0
+    assert len(syncs) == 1 + 2 * 4

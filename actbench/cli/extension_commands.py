@@ -95,7 +95,9 @@ def bench_kernels(
 
     Rates are GB/s of fp32 input. Each size also times x.clone() in the same run: the bandwidth
     ceiling the kernels are judged against (targets at 256 MiB: CPU >= 50% of copy and >= 5x the
-    reference; GPU >= 70% of copy). Writes kernels.csv and env.json; prints a table.
+    reference; GPU >= 70% of copy). On cuda each timed sample is 10 back-to-back calls between two
+    synchronisations (the ops never synchronise, so launches overlap kernels as in training).
+    Writes kernels.csv and env.json; prints a table.
     """
     from actbench import kernel_bench
     from actbench.measure.environment import capture_environment
