@@ -11,7 +11,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from actbench.measure.environment import GIT_COMMIT_VAR, _git_commit
-from actbench.measure.point import Measurement, PointConfig, count_flops, measure_point, synthetic_batch
+from actbench.measure.point import (Measurement, PointConfig, count_flops, measure_point, pinned_host_bytes,
+                                     synthetic_batch)
 from actbench.measure.tracker import LiveStorageTracker, unique_storage_bytes
 from actbench.models import (ModelSpec, build_model, grown_resnet152_layers, logits_of, real_depth,
                              validate_model_spec)
@@ -344,3 +345,20 @@ def test_linear_scan_stops_after_consecutive_failures() -> None:
 
     linear_scan([1, 2, 3, 4, 5, 6], run, stop_after=2)
     assert seen == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("stats,expected", [
+    ({"active_bytes.current": 4096, "allocated_bytes.current": 8192}, 4096),  # newer torch: handed-out blocks
+    ({"allocated_bytes.current": 8192}, 8192),  # older torch: only the allocator's total
+    ({"num_host_alloc": 3}, None),  # no byte counter: unknown, not zero
+])
+def test_pinned_host_bytes_reads_torch_counters(monkeypatch, stats, expected) -> None:
+    monkeypatch.setattr(torch.cuda, "host_memory_stats", lambda: stats)
+    assert pinned_host_bytes() == expected
+
+
+def test_pinned_host_bytes_without_the_api_is_unknown(monkeypatch) -> None:
+    def missing():
+        raise RuntimeError("no CUDA host allocator")
+    monkeypatch.setattr(torch.cuda, "host_memory_stats", missing)
+    assert pinned_host_bytes() is None

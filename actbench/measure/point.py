@@ -287,14 +287,36 @@ def _memory_step_cpu(step: TrainingStep, images: torch.Tensor, targets: torch.Te
     result.reserved_bytes = None  # no caching allocator on cpu
 
 
+def pinned_host_bytes() -> int | None:
+    """Bytes of pinned host memory handed out by torch's host allocator now; None if torch cannot say.
+
+    swap's and L4/L5's host copies are pinned (``pin_memory=True``), so the growth over a forward
+    is what they keep in CPU memory. The allocator rounds blocks up to powers of two: this is the
+    pinned memory actually held, not the tensors' exact sizes. Newer torch names the handed-out
+    part ``active_bytes``; older only ``allocated_bytes`` (handed out, or cached for reuse).
+    """
+    try:
+        stats = torch.cuda.host_memory_stats()
+    except (AttributeError, RuntimeError):
+        return None
+    for key in ("active_bytes.current", "allocated_bytes.current"):
+        if key in stats:
+            return int(stats[key])
+    return None
+
+
 def _memory_step_cuda(step: TrainingStep, images: torch.Tensor, targets: torch.Tensor,
                       device: torch.device, result: Measurement) -> None:
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
+    host_before = pinned_host_bytes()
     loss = step.forward_loss(images, targets)
     torch.cuda.synchronize(device)
     result.activation_bytes = torch.cuda.memory_allocated(device) - before
+    host_after = pinned_host_bytes()
+    if host_before is not None and host_after is not None:
+        result.host_bytes = max(0, host_after - host_before)
     step.backward_and_update(loss)
     del loss
     torch.cuda.synchronize(device)
