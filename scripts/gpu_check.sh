@@ -59,7 +59,7 @@ step sweep 200 "$PY" -m actbench sweep-batch resnet50 --strategies fp32 --levels
 keep "$SCRATCH/sweep-batch_resnet50_cuda_*/rows.jsonl" sweep_rows.jsonl
 keep "$SCRATCH/sweep-batch_resnet50_cuda_*/table.csv" sweep_table.csv
 # meta predictions vs cuda measurements of the same small points: the gap the caching allocator adds.
-step meta_vs_cuda 180 "$PY" -m actbench.measure.trust --device cuda --batch 16 --image-size 224 --out "$OUT"
+step meta_vs_cuda 180 "$PY" -m actbench trust --device cuda --batch 16 --image-size 224 --out "$OUT"
 
 echo "total seconds=$SECONDS (deadline ${DEADLINE})" | tee -a "$LOG"
 cat "$OUT/summary.txt"

@@ -277,7 +277,8 @@ def test_actnn_level_through_the_cli_gets_its_allocator_setting(tmp_path) -> Non
     assert row["strategy_note"].startswith("ActNN L5")
 
 
-TEACHING_COMMANDS = ("sweep-batch", "max-scale", "throughput", "memory", "plan", "verify-grads", "plot", "report", "run")
+TEACHING_COMMANDS = ("sweep-batch", "max-scale", "throughput", "memory", "plan", "trust", "verify-grads", "plot", "report",
+                     "run")
 
 
 @pytest.mark.parametrize("command", sorted(typer.main.get_command(app).commands))

@@ -88,7 +88,7 @@ def test_plan_needs_a_budget():
 def test_meta_agrees_with_cpu_within_5_percent():
     """Activation and peak bytes, meta vs cpu, within 5% (observed here: within 0.3%).
 
-    A subset of ``python -m actbench.measure.trust`` (all four models x four strategies, run on the
+    A subset of ``actbench trust`` (all four models x four strategies, run on the
     development machine: every ratio within 0.3%), chosen to keep the test near a minute.
     """
     pairs = [("resnet18", s) for s in ("fp32", "checkpoint", "L2", "L3")] + [
@@ -98,6 +98,46 @@ def test_meta_agrees_with_cpu_within_5_percent():
         assert c.meta_status == "ok" and c.measured_status == "ok", c
         assert abs(c.activation_ratio - 1) <= 0.05, c
         assert abs(c.peak_ratio - 1) <= 0.05, c
+
+
+def test_trust_command_writes_ratios(tmp_path):
+    result = invoke(["trust", "--models", "resnet18", "--strategies", "fp32,l3", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    lines = (tmp_path / "meta_vs_cpu.csv").read_text().splitlines()
+    header, rows = lines[0].split(","), [dict(zip(lines[0].split(","), ln.split(","))) for ln in lines[1:]]
+    assert "activation_ratio" in header and [r["strategy"] for r in rows] == ["fp32", "L3"]
+    for r in rows:
+        assert r["meta_status"] == r["measured_status"] == "ok" and abs(float(r["peak_ratio"]) - 1) <= 0.05
+    assert "meta ÷ cpu" in result.output
+
+
+def test_trust_command_keeps_finished_points_and_exits_1_on_a_failed_one(tmp_path, monkeypatch):
+    import actbench.measure.trust as trust
+
+    real = trust.measure_point
+
+    def flaky(point, **kwargs):
+        if point.device == "cpu" and point.strategy == "L3":
+            raise RuntimeError("boom in the measurement")
+        return real(point, **kwargs)
+
+    monkeypatch.setattr(trust, "measure_point", flaky)
+    result = invoke(["trust", "--models", "resnet18", "--strategies", "fp32,L3", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    text = (tmp_path / "meta_vs_cpu.csv").read_text()
+    assert ",fp32,2,32,cpu,ok,ok," in text and ",L3,2,32,cpu,ok,error," in text and "boom" in text
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--models", "resnet1800"], "resnet1800"),
+    (["--strategies", "fp33"], "unknown strategy 'fp33'"),
+    (["--batch", "1"], "--batch must be >= 2"),
+    (["--image-size", "8"], "--image-size must be >= 16"),
+])
+def test_trust_command_bad_input_is_one_line(tmp_path, args, message):
+    result = CliRunner().invoke(app, ["trust", *args, "--out", str(tmp_path / "t")])
+    assert result.exit_code == 2 and message in result.stderr, result.output
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "t").exists()
 
 
 @torch.library.custom_op("actbench_test::no_fake_kernel", mutates_args=())

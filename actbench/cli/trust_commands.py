@@ -1,0 +1,99 @@
+"""``actbench trust``: how far meta's predictions are from measurements on this machine.
+
+Thin: validate, call actbench.measure.trust, print each point as it finishes, keep the CSV current.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from actbench.cli.app import app, fail
+from actbench.measure.trust import TRUST_MODELS, TRUST_STRATEGIES
+
+
+class TrustDevice(str, enum.Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+@app.command("trust")
+def trust_command(
+    device: Annotated[TrustDevice, typer.Option("--device", help="Where to measure the points meta predicts.")] = TrustDevice.cpu,
+    models: Annotated[str, typer.Option("--models", help="Comma list of model names.")] = ",".join(TRUST_MODELS),
+    strategies: Annotated[str, typer.Option(
+        "--strategies", help="Comma list of strategies and levels.")] = ",".join(TRUST_STRATEGIES),
+    batch: Annotated[int, typer.Option("--batch", help="Batch size of every point.")] = 2,
+    image_size: Annotated[int, typer.Option("--image-size", help="Input side in pixels.")] = 32,
+    out: Annotated[Path, typer.Option("--out", help="Folder for meta_vs_<device>.csv.")] = Path("results/trust"),
+) -> None:
+    """How far to trust meta: the same points predicted on meta and measured on cpu or cuda.
+
+    Prints activation and peak bytes as ratios meta ÷ measured (1.0000 = exact) and keeps
+    OUT/meta_vs_<device>.csv current after every point. On cuda the gap includes what the caching
+    allocator and cuDNN workspaces add, which meta does not model. Exit 1 if a point failed.
+
+    Examples:
+      actbench trust --models resnet18 --strategies fp32,L3
+      actbench trust --device cuda --batch 16 --image-size 224      # on a GPU
+    """
+    from actbench.measure.trust import compare, write_csv
+    from actbench.models import ModelSpec, validate_model_spec
+    from actbench.parsing import parse_strategies
+    from actbench.results import check_writable
+
+    if batch < 2:
+        fail(f"--batch must be >= 2 (BatchNorm in train mode needs two samples), got {batch}")
+    if image_size < 16:
+        fail(f"--image-size must be >= 16 pixels, got {image_size}")
+    names = tuple(m.strip() for m in models.split(",") if m.strip())
+    if not names:
+        fail("--models is empty: give at least one model name (see `actbench models`)")
+    try:
+        for name in names:
+            validate_model_spec(ModelSpec(name))
+        chosen = parse_strategies(strategies)
+    except ValueError as exc:
+        fail(str(exc))
+    if not chosen:
+        fail("--strategies is empty: give at least one of fp32, swap, checkpoint, L0..L5")
+    if device is TrustDevice.cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            fail(f"--device cuda: torch {torch.__version__} sees no CUDA GPU here; use --device cpu")
+
+    try:
+        check_writable(out)
+    except ValueError as exc:
+        fail(str(exc))
+    path = out / f"meta_vs_{device.value}.csv"
+    console = Console()
+    done = []
+
+    def on_point(c) -> None:
+        done.append(c)
+        write_csv(done, path)
+        console.print(f"{c.model:14s} {c.strategy:10s} activation {_ratio(c.activation_ratio)}  "
+                      f"peak {_ratio(c.peak_ratio)}  {c.meta_status}/{c.measured_status} {c.message}",
+                      highlight=False)
+
+    rows = compare(device.value, names, chosen, batch_size=batch, image_size=image_size, on_point=on_point)
+    table = Table(title=f"meta ÷ {device.value}, batch {batch}, {image_size}px -> {path}")
+    for col in ("model", "strategy", "activation", "peak", "status (meta/measured)"):
+        table.add_column(col)
+    for c in rows:
+        table.add_row(c.model, c.strategy, _ratio(c.activation_ratio), _ratio(c.peak_ratio),
+                      f"{c.meta_status}/{c.measured_status}")
+    console.print(table)
+    if not all(c.meta_status == "ok" and c.measured_status == "ok" for c in rows):
+        raise typer.Exit(1)
