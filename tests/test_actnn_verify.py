@@ -71,3 +71,19 @@ def test_cli_rejects_bad_level_and_model(backend):
     assert bad_level.exit_code == 2 and "L9" in bad_level.output
     bad_model = CliRunner().invoke(app, ["verify-grads", "resnet1800"])
     assert bad_model.exit_code == 2 and "resnet1800" in bad_model.output
+    assert bad_model.stderr.startswith("actbench: error:") and bad_model.stderr.count("\n") == 1
+    bad_device = CliRunner().invoke(app, ["verify-grads", "resnet18", "--device", "tpu"])
+    assert bad_device.exit_code == 2 and "--device must be cpu or cuda, got 'tpu'" in bad_device.stderr
+
+
+def test_verify_grads_cuda_without_a_gpu_is_one_line(tmp_path, monkeypatch):
+    import torch
+    from typer.testing import CliRunner
+
+    import actbench.cli  # noqa: F401  (registers the commands)
+    from actbench.cli.app import app
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = CliRunner().invoke(app, ["verify-grads", "resnet18", "--device", "cuda", "--out", str(tmp_path / "v")])
+    assert result.exit_code == 2 and "sees no CUDA GPU here; use --device cpu" in result.stderr
+    assert not (tmp_path / "v").exists()

@@ -72,6 +72,16 @@ def test_bench_kernels_bad_input(tmp_path, args, message):
     assert list(tmp_path.iterdir()) == []  # nothing written for a rejected command
 
 
+def test_bench_kernels_cuda_without_a_gpu_is_one_line(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = runner.invoke(app, ["bench-kernels", "--device", "cuda", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "sees no CUDA GPU here; use --device cpu" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("device,calls_per_sample", [("cpu", 1), ("cuda", kernel_bench.CUDA_CALLS_PER_SAMPLE)])
 def test_time_call_samples_per_device(monkeypatch, device, calls_per_sample):
     """cpu times each call alone; cuda times back-to-back calls between syncs and reports seconds per call."""

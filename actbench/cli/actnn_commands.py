@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from actbench.cli.app import app
+from actbench.cli.app import app, fail
 
 
 class Level(str, enum.Enum):
@@ -50,11 +50,16 @@ def verify_grads_command(
     from actbench.models import ModelSpec, validate_model_spec
 
     if device not in ("cpu", "cuda"):
-        raise typer.BadParameter(f"must be cpu or cuda, got {device!r}", param_hint="--device")
+        fail(f"--device must be cpu or cuda, got {device!r}")
     try:
         validate_model_spec(ModelSpec(model))
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="MODEL") from None
+        fail(str(exc))
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            fail(f"--device cuda: torch {torch.__version__} sees no CUDA GPU here; use --device cpu")
     config = VerifyConfig(model, level_config(level.value, backend=backend.value), batch, seeds, image_size, device)
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err) as bar:

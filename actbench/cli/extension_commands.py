@@ -106,6 +106,11 @@ def bench_kernels(
         fail(f"--device must be cpu or cuda, got {device!r}")
     if repeats < 1:
         fail(f"--repeats must be >= 1, got {repeats}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():  # before the run directory exists: nothing half-written
+            fail(f"--device cuda: torch {torch.__version__} sees no CUDA GPU here; use --device cpu")
     config = kernel_bench.KernelBenchConfig(
         device=device,
         sizes_mib=_parse_sizes(sizes_mib),
