@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from actbench.cli.app import app, fail
+from actbench.cli.app import app, fail, require_cuda
 
 
 class Level(str, enum.Enum):
@@ -56,10 +56,7 @@ def verify_grads_command(
     except ValueError as exc:
         fail(str(exc))
     if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            fail(f"--device cuda: torch {torch.__version__} sees no CUDA GPU here; use --device cpu")
+        require_cuda()
     config = VerifyConfig(model, level_config(level.value, backend=backend.value), batch, seeds, image_size, device)
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err) as bar:

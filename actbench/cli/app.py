@@ -1,5 +1,7 @@
 """The Typer app shared by every command module, and options used by several commands."""
 
+from typing import NoReturn
+
 import typer
 
 app = typer.Typer(
@@ -15,7 +17,19 @@ app = typer.Typer(
 )
 
 
-def fail(message: str, code: int = 2) -> "typer.Exit":
+def fail(message: str, code: int = 2) -> NoReturn:
     """Print one clear line on stderr and exit with ``code`` (used for every bad input)."""
     typer.echo(f"actbench: error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def require_cuda() -> None:
+    """Exit 2 with one line when ``--device cuda`` meets a torch that sees no GPU.
+
+    Called before anything is written. ``is_available()`` asks the driver for a device count; it
+    creates no CUDA context in this process.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        fail(f"--device cuda: torch {torch.__version__} sees no CUDA GPU here; use --device cpu")

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from actbench.cli.app import app, fail
+from actbench.cli.app import app, fail, require_cuda
 
 console = Console()
 err_console = Console(stderr=True)
@@ -107,10 +107,7 @@ def bench_kernels(
     if repeats < 1:
         fail(f"--repeats must be >= 1, got {repeats}")
     if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():  # before the run directory exists: nothing half-written
-            fail(f"--device cuda: torch {torch.__version__} sees no CUDA GPU here; use --device cpu")
+        require_cuda()
     config = kernel_bench.KernelBenchConfig(
         device=device,
         sizes_mib=_parse_sizes(sizes_mib),

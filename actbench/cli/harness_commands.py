@@ -10,7 +10,7 @@ import enum
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Callable, NoReturn, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -18,7 +18,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
-from actbench.cli.app import app
+from actbench.cli.app import app, fail, require_cuda
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +61,11 @@ ExtraBlocksOpt = Annotated[int, typer.Option("--extra-blocks", help="resnet152 o
 WidthOpt = Annotated[Optional[int], typer.Option("--width-per-group", help="resnet152 only: width_per_group (default 64).")]
 
 
-def _fail(message: str) -> NoReturn:
-    """One clear line on stderr, exit code 2."""
-    typer.echo(f"actbench: error: {message}", err=True)
-    raise typer.Exit(2)
-
-
 def _checked(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _settings(command: str, device: Device, budget: Optional[str], warmup: Optional[int], timed: Optional[int],
@@ -80,16 +74,16 @@ def _settings(command: str, device: Device, budget: Optional[str], warmup: Optio
     from actbench.search import MeasureSettings
 
     if warmup is not None and warmup < 0:
-        _fail(f"--warmup-steps must be >= 0, got {warmup}")
+        fail(f"--warmup-steps must be >= 0, got {warmup}")
     if timed is not None and timed < 0:
-        _fail(f"--timed-steps must be >= 0, got {timed}")
+        fail(f"--timed-steps must be >= 0, got {timed}")
     if segments is not None and segments <= 0:
-        _fail(f"--checkpoint-segments must be > 0, got {segments}")
+        fail(f"--checkpoint-segments must be > 0, got {segments}")
     if timeout <= 0:
-        _fail(f"--timeout must be > 0 seconds, got {timeout:g}")
+        fail(f"--timeout must be > 0 seconds, got {timeout:g}")
     budget_bytes = _checked(lambda: parse_bytes(budget)) if budget is not None else None
     if device is Device.meta and timed:
-        _fail(f"--device meta predicts memory only (no compute to time); --timed-steps must be 0, got {timed}")
+        fail(f"--device meta predicts memory only (no compute to time); --timed-steps must be 0, got {timed}")
     return MeasureSettings.resolve(device.value, command, budget_bytes, warmup, timed, segments, timeout)
 
 
@@ -109,7 +103,7 @@ def _model(name: str, extra_blocks: int = 0, width: Optional[int] = None):
 
 def _image_size(size: int) -> int:
     if size < 16:
-        _fail(f"--image-size must be >= 16 pixels, got {size}")
+        fail(f"--image-size must be >= 16 pixels, got {size}")
     return size
 
 
@@ -118,11 +112,7 @@ def _open_store(out: Path, name: str, identity: dict[str, Any], device: str):
     from actbench.results import RunStore, check_writable
 
     if device == "cuda":
-        import torch
-
-        # is_available() asks the driver for a device count; it creates no context in this process.
-        if not torch.cuda.is_available():
-            _fail(f"--device cuda: torch {torch.__version__} sees no CUDA GPU here; use --device cpu")
+        require_cuda()
     _checked(lambda: check_writable(out))
     store = RunStore(out / name)
     _checked(lambda: store.write_config(identity))
@@ -153,7 +143,7 @@ def _execute(store, settings, total: int, job: Callable[[Callable], Any]) -> Any
             result = job(runner.run)
         except EnvironmentCaptureError as exc:
             progress.stop()
-            _fail(str(exc))
+            fail(str(exc))
         except KeyboardInterrupt:
             progress.stop()
             store.write_table()
@@ -240,7 +230,7 @@ def models_command(pattern: Annotated[Optional[str], typer.Argument(help="Glob f
 
     names = list_model_names(pattern)
     if not names:
-        _fail(f"no model matches '{pattern}'")
+        fail(f"no model matches '{pattern}'")
     for name in names:
         typer.echo(name)
 
@@ -282,7 +272,7 @@ def sweep_batch(
     names = _strategies(strategies, levels, no_baseline)
     batches = _checked(lambda: parse_int_range(batch, "batch"))
     if stop_after <= 0:
-        _fail(f"--stop-after must be >= 1, got {stop_after}")
+        fail(f"--stop-after must be >= 1, got {stop_after}")
     cfg = SweepConfig(spec, names, batches, _image_size(image_size), settings, stop_after, find_max)
     name = run_name("sweep-batch", spec.label(), settings.device, cfg.image_size, cfg.identity())
     cands = cfg.candidates()
@@ -333,7 +323,7 @@ def max_scale(
     _model(model)
     names = _strategies(strategies, levels, no_baseline)
     if batch <= 0:
-        _fail(f"--batch must be a positive batch size, got {batch}")
+        fail(f"--batch must be a positive batch size, got {batch}")
     lo, hi, st = with_defaults(dim.value, low, high, step)
     cfg = MaxScaleConfig(dim.value, model, names, batch, _image_size(image_size), lo, hi, st, settings)
     _checked(lambda: validate_max_scale(cfg))
@@ -480,7 +470,7 @@ def plan(
     _model(model)
     names = _strategies(strategies, levels, no_baseline)
     if batch <= 0:
-        _fail(f"--batch must be a positive batch size, got {batch}")
+        fail(f"--batch must be a positive batch size, got {batch}")
     lo, hi, st = plan_defaults(dim.value, low, high, step)
     cfg = _checked(lambda: PlanConfig(dim.value, model, names, batch, _image_size(image_size), lo, hi, st, settings))
     _checked(lambda: validate_plan(cfg))

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from actbench.cli.app import app, fail
+from actbench.cli.app import app, fail, require_cuda
 from actbench.measure.trust import TRUST_MODELS, TRUST_STRATEGIES
 
 
@@ -67,10 +67,7 @@ def trust_command(
     if not chosen:
         fail("--strategies is empty: give at least one of fp32, swap, checkpoint, L0..L5")
     if device is TrustDevice.cuda:
-        import torch
-
-        if not torch.cuda.is_available():
-            fail(f"--device cuda: torch {torch.__version__} sees no CUDA GPU here; use --device cpu")
+        require_cuda()
 
     try:
         check_writable(out)
