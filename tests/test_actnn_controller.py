@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -155,3 +156,38 @@ def test_levels_run_under_fake_tensor_mode(backend, level):
         for _ in range(3):
             F.cross_entropy(conv.model(x), y).backward()  # no float(loss): there is no data
     assert conv.controller.step == 3
+
+
+def _cost_factors(model, x, backend):
+    """Each converted conv/linear layer's cost factor after one L3 training step on ``x``."""
+    conv = convert(model, level_config("L3", backend=backend))
+    conv.model(x.requires_grad_()).sum().backward()
+    c = conv.controller
+    return {info.name: c._cost_factor(i) for i, info in enumerate(c.layers)}
+
+
+def test_cost_factor_divides_conv_by_groups(backend):
+    """A grouped conv's output reads C_in / groups channels: a 32-group 3x3 conv is charged 9/32 per
+    position, not 9 (ignoring groups gave depthwise layers bits they cannot use)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(32, 32, 3, padding=1),
+        nn.Conv2d(32, 32, 3, padding=1, groups=32),  # depthwise
+        nn.Conv2d(32, 32, 3, padding=1, groups=4),
+        nn.ConvTranspose2d(32, 32, 3, padding=1, groups=8),
+    )
+    f = _cost_factors(model, torch.randn(2, 32, 8, 8), backend)
+    spatial = 8 * 8
+    assert f["0"] == pytest.approx(9 / spatial)
+    assert f["1"] == pytest.approx(f["0"] / 32) and f["1"] < f["0"]
+    assert f["2"] == pytest.approx(f["0"] / 4)
+    assert f["3"] == pytest.approx(f["0"] / 8)
+
+
+@pytest.mark.parametrize("tokens", [(), (5,), (3, 5)])
+def test_cost_factor_divides_nd_linear_by_tokens(backend, tokens):
+    """An N-D linear input [N, *tokens, in] reuses each weight at every token: its cost per unit of
+    ||g||^2 * range^2 is 1 / tokens (a 2-D input: 1)."""
+    torch.manual_seed(0)
+    f = _cost_factors(nn.Sequential(nn.Linear(16, 4)), torch.randn(2, *tokens, 16), backend)
+    assert f["0"] == pytest.approx(1 / math.prod(tokens))

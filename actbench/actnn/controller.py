@@ -100,7 +100,7 @@ class Controller:
         self._grad_sq: dict[int, torch.Tensor] = {}
         self._range_sq: dict[int, torch.Tensor] = {}
         self._elements: dict[int, int] = {}
-        self._spatial: dict[int, int] = {}
+        self._positions: dict[int, int] = {}
         self._allocation: dict[int, LayerAllocation] = {}
 
     # -- registration -------------------------------------------------------------------------
@@ -213,12 +213,17 @@ class Controller:
         """Variance of the weight gradient per unit of ||g||^2 * sum_groups range^2 (constants dropped).
 
         Var(grad W) = sum over output positions of ||g_p||^2 * (the quantization variance summed
-        over the C_in * k elements p reads). With the mean per-element variance
-        S * sum range^2 / (4 B^2 F_in), that is ||g||^2 * S sum range^2 / (4 B^2) * C_in k / F_in:
-        for a linear layer the factor is 1, for a conv k / (input spatial size) — without it a
-        conv's cost is overstated by its map size and small layers (fc) are starved of bits.
+        over the elements p reads). With the mean per-element variance
+        S * sum range^2 / (4 B^2 F_in), that is ||g||^2 * S sum range^2 / (4 B^2) * reads / F_in.
+        A conv output position reads (C_in / groups) * k elements of F_in = C_in * spatial: the
+        factor is k / (groups * spatial) — a 32-group 3x3 conv is charged 9/32 per position, not
+        9, or depthwise layers get bits they cannot use. A linear layer's token reads ``in`` of
+        F_in = tokens * in: 1 / tokens (1 for a 2-D input). The layer supplies k / groups (or 1)
+        as ``cost_factor``; the positions (spatial size, tokens) are the input's, seen in forward.
+        Without the division a conv's cost is overstated by its map size and small layers (fc)
+        are starved of bits.
         """
-        return self.layers[index].cost_factor / self._spatial.get(index, 1)
+        return self.layers[index].cost_factor / self._positions.get(index, 1)
 
     def allocation(self) -> dict[str, LayerAllocation]:
         """The current step's per-layer allocation (empty before the first adaptive step)."""
@@ -234,15 +239,26 @@ class Controller:
 
     def sample_bits(self, index: int, x: torch.Tensor) -> int | torch.Tensor:
         """Bits for each sample of ``x`` [N, ...] saved by layer ``index`` (int when uniform)."""
+        return self.plan_bits(index, x).bits
+
+    def plan_bits(self, index: int, x: torch.Tensor) -> "BitPlan":
+        """This step's bits for ``x`` [N, ...] saved by layer ``index``, with what quantize needs.
+
+        Everything the quantizer would otherwise read back from the device is returned from the
+        host: ``total_bits`` is the sum of the per-sample widths (known here, where the multiset
+        lives), and ``minmax`` is the per-group min/max already computed for the range statistic.
+        Without them ``ops.quantize`` checks and sums the bits tensor with ``int()`` — three host
+        syncs per layer and step — and computes the min/max a second time.
+        """
         kind = self.layers[index].kind
         target = self.target_bits(kind)
         n = x.shape[0]
         self._elements[index] = x.numel() // n
-        if kind == "conv":
-            self._spatial[index] = math.prod(x.shape[2:])
+        self._positions[index] = _positions(kind, x)
         if not self.config.mixed_precision:
-            return int(target)
-        mn, mx = ops.group_minmax(x, self.config.group_size, backend=self.config.backend)
+            return BitPlan(int(target))
+        minmax = ops.group_minmax(x, self.config.group_size, backend=self.config.backend)
+        mn, mx = minmax
         r2 = torch.nan_to_num((mx - mn).pow(2), nan=0.0, posinf=0.0).sum(1)
         self._range_sq[index] = r2
         alloc = self._allocation.get(index)
@@ -251,12 +267,35 @@ class Controller:
         else:
             desc = uniform_bits(n, float(target), self.config.min_bits, self.config.max_bits)
         if len(set(desc)) == 1 and desc[0] in UNIFORM_BITS:
-            return desc[0]
+            return BitPlan(desc[0], minmax=minmax)
         # Rank match on the device: the widest widths go to the samples with the largest ranges.
         rank = torch.argsort(r2, descending=True, stable=True)
         bits = torch.empty(n, dtype=torch.int32, device=x.device)
         bits[rank] = torch.tensor(desc, dtype=torch.int32).to(x.device, non_blocking=True)
-        return bits
+        return BitPlan(bits, total_bits=sum(desc), minmax=minmax)
+
+
+def _positions(kind: str, x: torch.Tensor) -> int:
+    """Output positions that reuse one input element's quantization error in the weight gradient.
+
+    A conv's input [N, C, *spatial] is read at every spatial position; an N-D linear layer's
+    [N, *tokens, in] at every token (a 2-D [N, in] has one). See Controller._cost_factor.
+    """
+    if kind == "conv":
+        return math.prod(x.shape[2:])
+    if kind == "linear":
+        return math.prod(x.shape[1:-1])
+    return 1
+
+
+@dataclass(frozen=True)
+class BitPlan:
+    """One layer's bits in one step: an int (uniform) or a per-sample int32 tensor on the device,
+    with their sum known on the host and the group min/max already computed (both may be None)."""
+
+    bits: int | torch.Tensor
+    total_bits: int | None = None
+    minmax: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class LayerSlot:
@@ -288,9 +327,11 @@ class LayerSlot:
         view_shape = None
         if x.dim() < 2:
             view_shape, x = x.shape, x.reshape(1, -1)
-        bits = c.sample_bits(self.index, x)
+        plan = c.plan_bits(self.index, x)
+        bits = plan.bits
         packed = ops.quantize(
-            x, bits, group_size=self.config.group_size, backend=self.config.backend, seed_offset=c.draw_seed_offset()
+            x, bits, group_size=self.config.group_size, backend=self.config.backend, seed_offset=c.draw_seed_offset(),
+            total_bits=plan.total_bits, minmax=plan.minmax,
         )
         mixed = isinstance(bits, torch.Tensor)
         spec = PackSpec(

@@ -53,8 +53,9 @@ class ActNNModule:
     def actnn_cost_factor(self) -> float:
         """Scale of this layer's weight-gradient variance per unit of range^2 * ||grad||^2.
 
-        1 for linear layers; convs return their kernel area (the controller divides by the input's
-        spatial size, see Controller._cost_factor). The common 1/4 of DESIGN.md §2 is dropped.
+        1 for linear layers (the controller divides by the input's token count); convs return
+        their kernel area over their groups (the controller divides by the input's spatial size,
+        see Controller._cost_factor). The common 1/4 of DESIGN.md §2 is dropped.
         """
         return 1.0
 
@@ -76,7 +77,8 @@ class _QConvNd(ActNNModule):
     _nd = 2
 
     def actnn_cost_factor(self) -> float:
-        return float(math.prod(self.kernel_size))
+        # Each output position reads C_in / groups channels of a k-window (Controller._cost_factor).
+        return float(math.prod(self.kernel_size)) / self.groups
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._compressing(input, self.weight, self.bias):
@@ -111,7 +113,8 @@ class _QConvTransposeNd(ActNNModule):
     _nd = 2
 
     def actnn_cost_factor(self) -> float:
-        return float(math.prod(self.kernel_size))
+        # Each output position reads C_in / groups channels of a k-window (Controller._cost_factor).
+        return float(math.prod(self.kernel_size)) / self.groups
 
     def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
         if not self._compressing(input, self.weight, self.bias) or self.padding_mode != "zeros":
