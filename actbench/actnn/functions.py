@@ -102,7 +102,12 @@ class BatchNormFunction(torch.autograd.Function):
             x, weight, bias, running_mean, running_var, True, momentum, eps
         )
         shape = (1, -1) + (1,) * (x.dim() - 2)
-        x_norm = (x - save_mean.reshape(shape).to(x.dtype)) * save_invstd.reshape(shape).to(x.dtype)
+        # One full-size temporary, normalised in place: (x - mean), then *= invstd, gives the same
+        # values as the out-of-place product, which was a second full-size buffer. With x and the
+        # output alive, that buffer set the forward's peak; on meta it, not the stored activations,
+        # bounded the predicted maximum batch of L2-L5 (docs/design.md §3 BatchNorm, §4 meta).
+        x_norm = torch.sub(x, save_mean.reshape(shape).to(x.dtype))
+        x_norm.mul_(save_invstd.reshape(shape).to(x.dtype))
         tensors, spec = slot.save_input(x_norm)
         ctx.save_for_backward(*tensors, weight, save_invstd)
         ctx.slot, ctx.spec, ctx.eps = slot, spec, eps

@@ -166,6 +166,7 @@ class _QBatchNorm(ActNNModule):
         if not self._compressing(input, self.weight, self.bias):
             return super().forward(input)
         self._check_input_dim(input)
+        _check_values_per_channel(input)
         # Same running-statistics bookkeeping as torch.nn.modules.batchnorm._BatchNorm.forward.
         factor = 0.0 if self.momentum is None else self.momentum
         if self.track_running_stats and self.num_batches_tracked is not None:
@@ -174,6 +175,17 @@ class _QBatchNorm(ActNNModule):
         rm = self.running_mean if self.track_running_stats else None
         rv = self.running_var if self.track_running_stats else None
         return BatchNormFunction.apply(input, self.weight, self.bias, rm, rv, factor, self.eps, self.actnn_slot)
+
+
+def _check_values_per_channel(input: torch.Tensor) -> None:
+    """torch's training-mode check (F.batch_norm): one value per channel has no batch variance.
+
+    Without it aten normalises by the variance 0 (invstd = 1/sqrt(eps)) where torch raises; the
+    message is torch's own, so callers that catch it see no difference.
+    """
+    size = input.size()
+    if math.prod(size[2:]) * size[0] == 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {size}")
 
 
 class QBatchNorm1d(_QBatchNorm, nn.BatchNorm1d):
