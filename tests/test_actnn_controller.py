@@ -114,7 +114,7 @@ def test_l4_swap_gives_the_same_gradients_as_l3_and_prefetches(backend):
         grads[level] = [p.grad.clone() for p in conv.model.parameters()]
         if level == "L4":
             stats = conv.controller.offloader.stats
-            assert stats.offloaded == 3 * 7  # conv, bn, relu, conv, bn, relu, linear: each step
+            assert stats.offloaded == 3 * 5  # conv, bn, conv, bn, linear codes each step (masks stay: "codes")
             assert stats.prefetch_hits > 0 and stats.prefetch_hits + stats.fetched_on_demand == stats.offloaded
     for a, b in zip(grads["L3"], grads["L4"]):
         assert torch.equal(a, b)
@@ -132,7 +132,7 @@ def test_l4_saved_tensors_are_separate_copies(backend):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = conv.model(x)
     packed = [t for t in seen if t.dtype == torch.uint8]
-    assert packed and conv.controller.offloader.stats.offloaded == 7
+    assert packed and conv.controller.offloader.stats.offloaded == 5  # the packed codes of 5 layers
     out.sum().backward()
 
 

@@ -76,7 +76,8 @@ class PackSpec:
     mixed: bool = False
     group_size: int = ops.DEFAULT_GROUP_SIZE
     view_shape: torch.Size | None = None  # original shape when a 0/1-D input was packed as [1, F]
-    offload: tuple[int, int] | None = None
+    offload: tuple[int, int] | None = None  # the offloader's handle when some tensors went to the host
+    offloaded: tuple[int, ...] = ()  # positions, among the saved tensors, of those host copies
     device: torch.device | None = None
 
 
@@ -350,18 +351,34 @@ class LayerSlot:
         return self._stash((argmax,), PackSpec("argmax", input_shape, argmax.dtype, device=argmax.device))
 
     def _stash(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec):
+        """Swap (L4/L5) the tensors the level's ``swap_scope`` names to the host; keep the rest."""
         off = self.controller.offloader
-        if off is None:
+        positions = self._swapped(tensors, spec) if off is not None else ()
+        if not positions:
             return tensors, spec
-        host, handle = off.offload(tensors)
-        return host, dataclasses.replace(spec, offload=handle)
+        host, handle = off.offload(tuple(tensors[i] for i in positions))
+        kept = list(tensors)
+        for i, h in zip(positions, host):
+            kept[i] = h
+        return tuple(kept), dataclasses.replace(spec, offload=handle, offloaded=positions)
+
+    def _swapped(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec) -> tuple[int, ...]:
+        # "codes" is the original's scope: only packed codes (tensors[0] of a PackedTensor) move;
+        # metadata, masks and argmax are small and stay on the device (levels.py, LevelConfig).
+        if self.config.swap_scope == "all":
+            return tuple(range(len(tensors)))
+        return (0,) if spec.kind == "packed" else ()
 
     # -- restoring ------------------------------------------------------------------------------
 
     def _unstash(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec) -> tuple[torch.Tensor, ...]:
         if spec.offload is None:
             return tensors
-        return self.controller.offloader.fetch(spec.offload, tuple(tensors), spec.device)
+        fetched = self.controller.offloader.fetch(spec.offload, tuple(tensors[i] for i in spec.offloaded), spec.device)
+        restored = list(tensors)
+        for i, d in zip(spec.offloaded, fetched):
+            restored[i] = d
+        return tuple(restored)
 
     def load_input(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec) -> torch.Tensor:
         tensors = self._unstash(tensors, spec)

@@ -14,6 +14,8 @@ from actbench import ops
 
 LEVEL_NAMES: tuple[str, ...] = ("L0", "L1", "L2", "L3", "L4", "L5")
 UNIFORM_BITS: tuple[int, ...] = (1, 2, 4, 8)
+# What L4/L5 move to the host (LevelConfig.swap_scope): packed codes only, or every saved tensor.
+SWAP_SCOPES: tuple[str, ...] = ("codes", "all")
 
 
 @dataclass(frozen=True)
@@ -25,8 +27,13 @@ class LevelConfig:
     (per-sample and per-layer allocation by :class:`~actbench.actnn.controller.Controller`), any
     value in 1..8; otherwise they must be 1, 2, 4 or 8. ReLU/Dropout masks (1 bit) and MaxPool
     argmax (int8) are lossless, so they are kept compressed at every level (``masks``).
-    ``swap`` moves the packed activations to (pinned) CPU memory; ``cuda_alloc_conf`` is the
-    ``PYTORCH_CUDA_ALLOC_CONF`` the harness sets in the child process before CUDA starts.
+    ``swap`` moves saved activations to (pinned) CPU memory after forward, and ``swap_scope``
+    says which: ``"codes"`` (the default, as the original ActNN did) moves only the packed codes
+    of conv/linear/BatchNorm inputs — the bulk of the bytes — and keeps their bf16 ``lo``/``scale``
+    metadata, per-sample bit widths, ReLU/Dropout masks and MaxPool argmax on the device;
+    ``"all"`` moves every saved tensor a converted layer keeps (less device memory, more and
+    smaller host copies). ``cuda_alloc_conf`` is the ``PYTORCH_CUDA_ALLOC_CONF`` the harness sets
+    in the child process before CUDA starts.
     """
 
     name: str = "custom"
@@ -36,6 +43,7 @@ class LevelConfig:
     group_size: int = ops.DEFAULT_GROUP_SIZE
     masks: bool = True
     swap: bool = False
+    swap_scope: str = "codes"
     prefetch_depth: int = 2
     cuda_alloc_conf: str | None = None
     backend: str = "extension"
@@ -64,6 +72,8 @@ class LevelConfig:
                     f"LevelConfig.{field} must be 1, 2, 4 or 8 (or None for full precision) without "
                     f"mixed_precision, got {bits}"
                 )
+        if self.swap_scope not in SWAP_SCOPES:
+            raise ValueError(f"LevelConfig.swap_scope must be one of {', '.join(SWAP_SCOPES)}, got {self.swap_scope!r}")
         if self.prefetch_depth < 0:
             raise ValueError(f"LevelConfig.prefetch_depth must be >= 0, got {self.prefetch_depth}")
 

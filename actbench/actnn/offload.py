@@ -1,4 +1,7 @@
-"""L4/L5: move packed activations to host memory after forward, prefetch them back in backward.
+"""L4/L5: move saved activations to host memory after forward, prefetch them back in backward.
+
+Which saved tensors move is the level's ``swap_scope`` (actbench/actnn/levels.py): by default only
+packed codes, as the original ActNN did; the layer slot hands this module just those tensors.
 
 On CUDA the copies run on a side stream into pinned buffers, so they overlap compute; backward
 runs in reverse forward order, so when the layer saved at position i is fetched, the ones saved at
