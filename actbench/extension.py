@@ -5,6 +5,26 @@ sources' hash, the torch version and whether CUDA is compiled in; later processe
 binary directly. CUDA sources are compiled whenever ``nvcc`` is found (so CI compiles them without
 a GPU) and run when a GPU is present. Failures raise :class:`ExtensionError` with the cause and
 the fix, not a traceback from deep inside the toolchain.
+
+Loading a cached binary runs its code in this process, so the cache is guarded:
+
+* **Private directories.** The cache root (``~/.cache/actbench`` or ``$ACTBENCH_CACHE_DIR``), its
+  ``extension/`` folder and each build folder are created owner-only (0700, whatever the umask).
+  One that already exists must belong to the current user and must not be writable by group or
+  others; otherwise nothing is built or loaded from it and :class:`UnsafeCacheError` (an
+  :class:`ExtensionError`) names the folder and the fix.
+* **Recorded hash.** A build writes the SHA-256 of the library it linked into its build record
+  (``build.json``, written atomically after the build). A cached library is loaded only when its
+  SHA-256 equals the recorded one (and the file belongs to the current user and is not writable by
+  group or others). On a mismatch, or when the record is unreadable or has no hash, the library
+  is **not loaded, and not silently rebuilt** (that would hide that something changed a binary
+  this user built): :class:`ExtensionError` names the file and says to run
+  ``actbench build --force``, which deletes that build folder and compiles it again.
+
+A build folder without a record is not loaded directly: it goes through the build (ninja redoes
+whatever is out of date), and the record then holds the hash of the library that build leaves.
+The cache key includes ``RECORD_FORMAT``, so builds from before hashes were recorded are not looked
+up at all. None of this defends against the current user or root, who can write the cache anyway.
 """
 
 from __future__ import annotations
@@ -14,6 +34,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -30,10 +51,17 @@ CUDA_SOURCES = ("cuda/ops_cuda.cpp", "cuda/kernels.cu")
 # Every float multiply and add rounds on its own, on both compilers, so CPU and CUDA codes match.
 CXX_FLAGS = ("-O3", "-ffp-contract=off")
 NVCC_FLAGS = ("-O3", "--fmad=false")
+# Part of the cache key: bumped when the build record changes meaning (2: records the library's
+# SHA-256), so builds whose record cannot be verified are never looked up again.
+RECORD_FORMAT = 2
 
 
 class ExtensionError(RuntimeError):
     """The extension could not be built or loaded; the message names the cause and the fix."""
+
+
+class UnsafeCacheError(ExtensionError):
+    """A cache folder or cached library that someone other than the current user could have written."""
 
 
 @dataclass(frozen=True)
@@ -111,9 +139,9 @@ def plan(cache_dir: Path | None = None, with_cuda: bool | None = None) -> BuildP
         archs = archs or DEFAULT_CUDA_ARCHS
     source_hash = _source_hash()
     key = hashlib.sha256(
-        json.dumps([source_hash, torch.__version__, with_cuda, archs, sys.version_info[:2]]).encode()
+        json.dumps([source_hash, torch.__version__, with_cuda, archs, sys.version_info[:2], RECORD_FORMAT]).encode()
     ).hexdigest()[:16]
-    root = cache_dir or Path(os.environ.get("ACTBENCH_CACHE_DIR", Path.home() / ".cache" / "actbench"))
+    root = cache_dir or Path(os.environ.get("ACTBENCH_CACHE_DIR") or Path.home() / ".cache" / "actbench")
     flavour = f"cu{torch.version.cuda.replace('.', '')}" if with_cuda else "cpu"
     directory = root / "extension" / f"torch{torch.__version__.split('+')[0]}-{flavour}-{key}"
     return BuildPlan(with_cuda, cuda_home if with_cuda else None, archs, torch.__version__, source_hash, directory)
@@ -133,6 +161,100 @@ def _gencode_flags(archs: str) -> list[str]:
     return flags
 
 
+def _others_can_write(mode: int) -> bool:
+    return bool(mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _check_private(path: Path, what: str) -> None:
+    """Raise UnsafeCacheError unless ``path`` belongs to this user and only this user can write it."""
+    try:
+        st = path.stat()
+    except OSError as err:
+        raise UnsafeCacheError(f"actbench {what} {path} cannot be inspected: {err.strerror or err}") from err
+    if what == "library":
+        fix = f"delete {path} and run `actbench build --force`"
+    else:
+        fix = "delete it, or set ACTBENCH_CACHE_DIR to a private folder (actbench creates it 0700)"
+    uid = os.geteuid()
+    if st.st_uid != uid:
+        raise UnsafeCacheError(
+            f"actbench {what} {path} belongs to another user (uid {st.st_uid}, you are uid {uid}), "
+            f"so actbench will not build or load code there; {fix}"
+        )
+    if _others_can_write(st.st_mode):
+        if what != "library":
+            fix = f"`chmod go-w {path}` if only you have ever written there, else " + fix
+        raise UnsafeCacheError(
+            f"actbench {what} {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}), "
+            f"so anyone could plant code that actbench would load: refusing it; {fix}"
+        )
+
+
+def _private_dir(path: Path, what: str) -> None:
+    """Create ``path`` owner-only (0700) if missing; then require it to be private (see module doc)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise UnsafeCacheError(
+            f"actbench {what} {path} cannot be created: {err.strerror or err}; set ACTBENCH_CACHE_DIR to a folder "
+            "you can write"
+        ) from err
+    else:
+        os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask; this makes it exactly 0700
+    if not path.is_dir():
+        raise UnsafeCacheError(f"actbench {what} {path} is not a folder; set ACTBENCH_CACHE_DIR to a private folder")
+    _check_private(path, what)
+
+
+def prepare_cache(p: BuildPlan) -> None:
+    """Create the cache root, ``extension/`` and the build folder 0700, or refuse unsafe ones."""
+    _private_dir(p.directory.parent.parent, "cache folder")
+    _private_dir(p.directory.parent, "cache folder")
+    _private_dir(p.directory, "build folder")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_cached(p: BuildPlan) -> None:
+    """Raise ExtensionError unless ``p.library`` is the library its build record hashed."""
+    fix = f"refusing to load it; run `actbench build --force` to rebuild it (or delete {p.directory})"
+    try:
+        record = json.loads(p.marker.read_text())
+        expected = record.get("library_sha256") if isinstance(record, dict) else None
+    except (OSError, ValueError) as err:
+        raise ExtensionError(f"actbench build record {p.marker} is unreadable ({err}): {fix}") from err
+    if not isinstance(expected, str) or not expected:
+        raise ExtensionError(f"actbench build record {p.marker} has no SHA-256 of {p.library}: {fix}")
+    _check_private(p.library, "library")
+    actual = file_sha256(p.library)
+    if actual != expected:
+        raise ExtensionError(
+            f"actbench extension at {p.library} does not match the SHA-256 in {p.marker} (recorded "
+            f"{expected[:16]}..., found {actual[:16]}...): it changed after it was built; {fix}"
+        )
+
+
+def _write_record(p: BuildPlan) -> None:
+    """Write build.json with the library's SHA-256, atomically (concurrent loaders never read half of it)."""
+    os.chmod(p.library, stat.S_IMODE(p.library.stat().st_mode) & ~0o022)
+    record = {k: str(v) for k, v in asdict(p).items()}
+    record["library"] = p.library.name
+    record["library_sha256"] = file_sha256(p.library)
+    record["record_format"] = RECORD_FORMAT
+    tmp = p.marker.with_name(f".{p.marker.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, p.marker)
+
+
 def _load_library(p: BuildPlan) -> None:
     try:
         torch.ops.load_library(str(p.library))
@@ -149,9 +271,11 @@ def _is_loaded() -> bool:
 
 def build(p: BuildPlan, force: bool = False, verbose: bool = False) -> None:
     """Compile the extension into ``p.directory`` and load it (ninja rebuilds only what changed)."""
+    _private_dir(p.directory.parent.parent, "cache folder")
+    _private_dir(p.directory.parent, "cache folder")
     if force and p.directory.exists():
         shutil.rmtree(p.directory)
-    p.directory.mkdir(parents=True, exist_ok=True)
+    _private_dir(p.directory, "build folder")
     if p.with_cuda:
         # torch reads CUDA_HOME when cpp_extension is imported: set it first (see find_cuda_home).
         os.environ["CUDA_HOME"] = p.cuda_home or ""
@@ -187,21 +311,30 @@ def build(p: BuildPlan, force: bool = False, verbose: bool = False) -> None:
             + (f" and the CUDA toolkit at {p.cuda_home}" if p.with_cuda else "")
             + " are installed, or set ACTBENCH_WITH_CUDA=0 to build the CPU kernels only"
         ) from err
-    p.marker.write_text(json.dumps({k: str(v) for k, v in asdict(p).items()}, indent=2))
+    _write_record(p)
 
 
 def load(force_rebuild: bool = False, verbose: bool = False) -> BuildPlan:
-    """Load the extension into this process, building it first when no cached build matches."""
+    """Load the extension into this process, building it first when no cached build matches.
+
+    A cached library is loaded only from private folders and only when its SHA-256 matches its
+    build record (see the module docstring); otherwise this raises :class:`ExtensionError`.
+    """
     env = os.environ.get("ACTBENCH_WITH_CUDA")
     if env not in (None, "", "0", "1"):
         raise ExtensionError(f"ACTBENCH_WITH_CUDA must be 0 or 1 (or unset to decide by nvcc), got {env!r}")
     p = plan(with_cuda=None if env in (None, "") else env == "1")
     if _is_loaded() and not force_rebuild:
         return p
-    if p.marker.exists() and p.library.exists() and not force_rebuild:
+    if force_rebuild:
+        build(p, force=True, verbose=verbose)
+        return p
+    prepare_cache(p)
+    if p.marker.exists() and p.library.exists():
+        verify_cached(p)
         _load_library(p)
     else:
-        build(p, force=force_rebuild, verbose=verbose)
+        build(p, verbose=verbose)
     return p
 
 

@@ -11,11 +11,21 @@ OUT=${OUT:-results/_scratch/gpu_check_$(date -u +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 SCRATCH=$(mktemp -d)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export ACTBENCH_CACHE_DIR=${ACTBENCH_CACHE_DIR:-/tmp/actbench-cache}
+# The extension cache: actbench's own default (~/.cache/actbench, which it creates 0700 and refuses
+# if anyone else can write it), never a fixed path under the shared /tmp that another user could
+# create first. Without a usable $HOME: a private mktemp -d (0700), built afresh.
+if [ -z "${ACTBENCH_CACHE_DIR:-}" ]; then
+  if [ -n "${HOME:-}" ] && mkdir -p "$HOME/.cache" 2>/dev/null && [ -w "$HOME/.cache" ]; then
+    export ACTBENCH_CACHE_DIR="$HOME/.cache/actbench"
+  else
+    ACTBENCH_CACHE_DIR=$(mktemp -d) && export ACTBENCH_CACHE_DIR
+  fi
+fi
 PY=${PYTHON:-python3}
 LOG="$OUT/gpu_check.log"
 : >"$LOG"
 echo "commit: ${ACTBENCH_GIT_COMMIT:-unknown (set ACTBENCH_GIT_COMMIT)}" | tee -a "$LOG"
+echo "extension cache: $ACTBENCH_CACHE_DIR" | tee -a "$LOG"
 
 # The device tool kills a command after 600 s and returns only what is under $OUT by then, so the
 # whole script keeps to DEADLINE: each step's limit shrinks to what is left (a step with under 30 s

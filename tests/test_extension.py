@@ -1,7 +1,9 @@
 """Building and loading: cache key, clear errors for broken or mismatched binaries."""
 
+import hashlib
 import json
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,9 @@ def test_failed_build_gives_clear_error(tmp_path, monkeypatch):
     with pytest.raises(extension.ExtensionError, match=r"failed to build.*error:.*Full log: .*build\.log"):
         extension.build(p)
     assert (p.directory / "build.log").read_text()
+    assert not p.marker.exists()  # a failed build records nothing that a later load could trust
+    for folder in (tmp_path / "cache", tmp_path / "cache" / "extension", p.directory):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
 
 
 def test_bad_with_cuda_setting(monkeypatch):
@@ -69,6 +74,13 @@ def test_cuda_home_needs_runtime_library(tmp_path, monkeypatch):
 
 
 def test_loaded_extension_is_the_cached_build():
+    """The build record holds the SHA-256 of the library it built, and the cache passes its own checks."""
     p = extension.load()
     assert p.marker.exists() and Path(p.library).exists()
     assert hasattr(torch.ops.actbench, "quantize")
+    record = json.loads(p.marker.read_text())
+    assert record["library_sha256"] == hashlib.sha256(p.library.read_bytes()).hexdigest()
+    assert record["library"] == p.library.name
+    extension.verify_cached(p)  # what a later process checks before loading it
+    extension.prepare_cache(p)
+    assert not stat.S_IMODE(p.library.stat().st_mode) & 0o022
