@@ -144,7 +144,7 @@ def test_l5_config_substitutes_expandable_segments():
 
 @pytest.mark.parametrize("level", ["L2", "L3", "L4"])
 def test_levels_run_under_fake_tensor_mode(backend, level):
-    """The harness sizes steps on fake tensors (DESIGN.md §4): the quantizer's seed draw and the L3
+    """The harness sizes steps on fake tensors (docs/design.md §4): the quantizer's seed draw and the L3
     allocator must not need tensor data there (both failed with a data-dependent int() before)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 

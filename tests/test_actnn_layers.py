@@ -159,12 +159,19 @@ def test_eval_and_no_grad_compress_nothing(backend, monkeypatch):
     assert len(calls) > 0
 
 
-def test_directly_built_layer_works(backend):
-    """Same constructor as the torch twin; a layer built alone gets a private L2 controller."""
+def test_directly_built_layer_is_an_error_in_training_and_plain_torch_otherwise(backend):
+    """Same constructor as the torch twin, but no level: training with it used to create a private
+    L2 controller silently (outside the model's budget and swap); now it names the layer and says
+    to convert. Eval and no-grad forwards compress nothing and need no controller."""
     layer = L.QConv2d(3, 4, 3, padding=1)
     assert set(layer.state_dict()) == {"weight", "bias"}
     x = torch.randn(2, 3, 8, 8, requires_grad=True)
-    if backend == "reference":
-        pytest.skip("a directly built layer uses the default (extension) backend")
-    layer(x).sum().backward()
-    assert x.grad.shape == x.shape and layer.weight.grad is not None
+    with pytest.raises(L.NotConvertedError, match=r"QConv2d \(3, 4, kernel_size=\(3, 3\).*actbench\.actnn\.convert"):
+        layer(x)
+    torch.testing.assert_close(layer.eval()(x), F.conv2d(x, layer.weight, layer.bias, padding=1))
+    with torch.no_grad():
+        layer.train()(x)
+    relu = nn.ReLU()
+    relu.__class__ = L.QReLU  # re-classed by hand, never attached
+    with pytest.raises(L.NotConvertedError, match="QReLU"):
+        relu(x)

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from actbench.actnn import LevelConfig, convert, level_config
+from actbench.actnn import LevelConfig, convert, level_config, set_host_scope
 from actbench.actnn import layers as L
 
 try:
@@ -158,3 +158,19 @@ def test_both_scopes_give_l3_gradients(backend, scope):
         grads[level] = [p.grad.clone() for p in conv.model.parameters()]
     for a, b in zip(grads["L3"], grads["L4"]):
         assert torch.equal(a, b)
+
+
+def test_set_host_scope_points_every_offloader_at_the_scope(backend):
+    """The harness's way to file L4/L5 host copies (was a reach into each layer's __dict__)."""
+    conv = convert(_net(), level_config("L4", backend=backend))
+    filing = HostFiling()
+    assert set_host_scope(conv.model, filing.scope) == 1  # one controller, one offloader
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    saved = _saved_by_layer(conv, x, filing)
+    assert saved["0"][0][1] and filing.host  # the first conv's codes were made in the scope
+    assert set_host_scope(conv.model, None) == 1
+    filing = HostFiling()
+    saved = _saved_by_layer(conv, x, filing)
+    assert not filing.host  # default again: no scope
+    assert set_host_scope(convert(_net(), level_config("L3", backend=backend)).model, filing.scope) == 0
+    assert set_host_scope(_net(), filing.scope) == 0

@@ -2,12 +2,14 @@
 
 ``convert(model, "L3")`` returns a :class:`Conversion` whose model trains with an ordinary loop;
 each converted model has its own config and controller (no global state).
+``set_host_scope(model, scope)`` files an L4/L5 model's host copies under a measurement's scope.
 """
 
 from actbench.actnn.controller import Controller
-from actbench.actnn.convert import Conversion, ConversionReport, UnsupportedModuleError, convert
+from actbench.actnn.convert import Conversion, ConversionReport, UnsupportedModuleError, convert, set_host_scope
 from actbench.actnn.levels import LEVEL_NAMES, LevelConfig, level_config
-from actbench.actnn.memory import SavedCensus, level_memory_table, saved_bytes, saved_tensor_census
+from actbench.actnn.layers import NotConvertedError
+from actbench.actnn.memory import SavedCensus, saved_bytes, saved_tensor_census
 
 __all__ = [
     "LEVEL_NAMES",
@@ -15,11 +17,12 @@ __all__ = [
     "Conversion",
     "ConversionReport",
     "LevelConfig",
+    "NotConvertedError",
     "SavedCensus",
     "UnsupportedModuleError",
     "convert",
     "level_config",
-    "level_memory_table",
     "saved_bytes",
     "saved_tensor_census",
+    "set_host_scope",
 ]

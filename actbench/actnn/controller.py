@@ -4,7 +4,7 @@ One :class:`Controller` per converted model, held by the :class:`~actbench.actnn
 and referenced by each converted layer through a :class:`LayerSlot` (no globals: upstream's class
 attributes broke as soon as two models existed).
 
-Mixed precision (DESIGN.md §2), arranged so the training loop stays ordinary and there is at most
+Mixed precision (docs/design.md §2), arranged so the training loop stays ordinary and there is at most
 one small host round trip per step:
 
 * every quantizing backward records the per-sample ``||grad_output||^2`` of its layer, every
@@ -176,14 +176,14 @@ class Controller:
         if compat.is_fake(self._grad_sq[order[0]]):
             # Meta sizing (fake tensors, no data): keep the uniform allocation of each target. The
             # greedy lands on exactly max(N, floor(target * N)) sample-bits per budget, so packed
-            # sizes equal what real statistics would give (DESIGN.md §2); only the split differs.
+            # sizes equal what real statistics would give (docs/design.md §2); only the split differs.
             return
         stacked = torch.cat([torch.stack([self._grad_sq[i], self._range_sq[i].to(self._grad_sq[i].device)]).reshape(-1) for i in order])
         try:
             host_values = stacked.to("cpu", torch.float64).tolist()  # the one device -> host transfer per step
         except RuntimeError as exc:
             # Fake tensors (the harness's meta sizing) carry no data: keep the uniform allocation,
-            # which has exactly the same packed sizes (DESIGN.md §2).
+            # which has exactly the same packed sizes (docs/design.md §2).
             log.info("actnn: statistics have no data (%s); uniform allocation this step", type(exc).__name__)
             return
         with compat.dispatch_modes_disabled():  # plain CPU bookkeeping, also inside a FakeTensorMode

@@ -9,9 +9,11 @@ autograd saves the whole input).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from dataclasses import dataclass
+from typing import Callable, ContextManager
 
 import torch
 from torch import nn
@@ -160,3 +162,21 @@ def _torch_name(twin: type[nn.Module]) -> str:
             return base.__name__
     return twin.__name__
 
+
+def set_host_scope(model: nn.Module, scope: Callable[[], ContextManager[None]] | None) -> int:
+    """Make every L4/L5 host copy of ``model``'s converted layers be made inside ``scope()``.
+
+    Off CUDA the offloader's "host" copies are ordinary tensors; a measurement passes a context
+    (e.g. ``LiveStorageTracker.host_allocations``) so they are counted as host, not device, memory
+    (docs/design.md §4, ``host_bytes``). ``None`` restores the default (no scope). Returns the
+    number of offloaders changed: 0 when ``model`` has no converted layer that swaps.
+    """
+    offloaders = {}
+    for module in model.modules():
+        slot = module.attached_slot if isinstance(module, ActNNModule) else None
+        offloader = slot.controller.offloader if slot is not None else None
+        if offloader is not None:
+            offloaders[id(offloader)] = offloader
+    for offloader in offloaders.values():
+        offloader.host_scope = scope if scope is not None else contextlib.nullcontext
+    return len(offloaders)

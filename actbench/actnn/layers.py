@@ -3,8 +3,9 @@
 In training with gradients flowing they run the compressing functions of
 :mod:`actbench.actnn.functions`; in eval mode or without gradients they are exactly the torch
 module (nothing is compressed when nothing is saved). Each module keeps a :class:`LayerSlot`
-(its controller and index); :func:`actbench.actnn.convert` attaches it. A module built directly
-gets a private L2 controller of its own on first use.
+(its controller and index); :func:`actbench.actnn.convert` attaches it. A module that was never
+converted (built directly, or re-classed by hand) has no level and no controller: compressing with
+it raises :class:`NotConvertedError` instead of guessing a level for it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.utils import _pair
 
-from actbench.actnn.controller import Controller, LayerSlot
+from actbench.actnn.controller import LayerSlot
 from actbench.actnn.functions import (
     BatchNormFunction,
     ClampFunction,
@@ -28,9 +29,12 @@ from actbench.actnn.functions import (
     MaxPool2dFunction,
     PoolParams,
 )
-from actbench.actnn.levels import level_config
 
 KIND_CONV, KIND_LINEAR, KIND_BN, KIND_MASK, KIND_POOL = "conv", "linear", "bn", "mask", "pool"
+
+
+class NotConvertedError(RuntimeError):
+    """An ActNN layer compressed without a controller: it was not made by ``actbench.actnn.convert``."""
 
 
 class ActNNModule:
@@ -43,11 +47,21 @@ class ActNNModule:
         object.__setattr__(self, "_actnn_slot", slot)
 
     @property
+    def attached_slot(self) -> LayerSlot | None:
+        """The slot convert attached, or None for a layer that was never converted."""
+        return self.__dict__.get("_actnn_slot")
+
+    @property
     def actnn_slot(self) -> LayerSlot:
-        slot = self.__dict__.get("_actnn_slot")
+        slot = self.attached_slot
         if slot is None:
-            slot = Controller(level_config("L2")).register(type(self).__name__, self.actnn_kind, self.actnn_cost_factor())
-            self.attach(slot)
+            # A silent private controller would train at a level nobody chose, outside the model's
+            # bit budget and swap (the level lives in the model's one Controller, levels.py).
+            raise NotConvertedError(
+                f"ActNN layer {type(self).__name__} ({self.extra_repr()}) was never converted, so it has no "
+                f"level or controller; build ActNN models with actbench.actnn.convert(model, level) instead of "
+                f"constructing ActNN layers directly"
+            )
         return slot
 
     def actnn_cost_factor(self) -> float:
@@ -55,7 +69,7 @@ class ActNNModule:
 
         1 for linear layers (the controller divides by the input's token count); convs return
         their kernel area over their groups (the controller divides by the input's spatial size,
-        see Controller._cost_factor). The common 1/4 of DESIGN.md §2 is dropped.
+        see Controller._cost_factor). The common 1/4 of docs/design.md §2 is dropped.
         """
         return 1.0
 

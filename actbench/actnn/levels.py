@@ -1,4 +1,4 @@
-"""ActNN levels L0-L5 (DESIGN.md §3) as frozen configs, passed explicitly to every layer.
+"""ActNN levels L0-L5 (docs/design.md §3) as frozen configs, passed explicitly to every layer.
 
 Upstream kept its level in a global singleton and class attributes, so two models at different
 levels in one process corrupted each other; here a level is a value, and a converted model carries
@@ -91,7 +91,7 @@ def _presets() -> dict[str, LevelConfig]:
         "L3": l3,
         "L4": l3.replace(name="L4", swap=True),
         # The forked defragmenting allocator of upstream L5 is unavailable: expandable segments is
-        # PyTorch's own answer to the same fragmentation (DESIGN.md §3, a documented substitution).
+        # PyTorch's own answer to the same fragmentation (docs/design.md §3, a documented substitution).
         "L5": l3.replace(name="L5", swap=True, cuda_alloc_conf="expandable_segments:True"),
     }
 

@@ -164,30 +164,3 @@ def saved_tensor_census(model: nn.Module, example_input: torch.Tensor | tuple) -
 def saved_bytes(model: nn.Module, batch: torch.Tensor | tuple) -> int:
     """Activation bytes kept for backward at the end of one training forward (deduplicated storages)."""
     return saved_tensor_census(model, batch).total_bytes
-
-
-
-
-@dataclass(frozen=True)
-class LevelMemoryRow:
-    """Activation bytes kept for backward by one strategy; ``ratio_vs_fp32`` = fp32 bytes / these."""
-
-    level: str
-    saved_bytes: int
-    saved_mib: float
-    ratio_vs_fp32: float
-
-
-def level_memory_table(
-    model: nn.Module, batch: torch.Tensor, levels: tuple[str, ...] | None = None, backend: str = "extension"
-) -> list[LevelMemoryRow]:
-    """Measure fp32 and each ActNN level on the same model and batch (one forward each)."""
-    from actbench.actnn.convert import convert
-    from actbench.actnn.levels import LEVEL_NAMES, level_config
-
-    fp32 = saved_bytes(model, batch)
-    rows = [LevelMemoryRow("fp32", fp32, fp32 / 2**20, 1.0)]
-    for level in levels or LEVEL_NAMES:
-        b = saved_bytes(convert(model, level_config(level, backend=backend)).model, batch)
-        rows.append(LevelMemoryRow(level, b, b / 2**20, fp32 / b))
-    return rows
