@@ -321,15 +321,10 @@ class AccuracyStore:
         self.table_path = run_dir / TABLE_FILE
 
     def read_rows(self) -> list[AccuracyRow]:
-        if not self.rows_path.exists():
-            return []
-        rows = []
-        for line in self.rows_path.read_text().splitlines():
-            try:
-                rows.append(AccuracyRow.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, TypeError):
-                continue  # a torn last line from an interrupted write
-        return rows
+        from actbench.results import read_jsonl
+
+        # unreadable lines (a torn last line, invalid UTF-8 or JSON, not a row): skipped, one warning each
+        return read_jsonl(self.rows_path, AccuracyRow)
 
     def append(self, row: AccuracyRow) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)

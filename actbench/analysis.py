@@ -6,7 +6,7 @@ the maximum depth), so both read them from here; nothing in this module writes a
 Grouping: batch-type runs (sweep-batch, throughput, memory) are pooled by *setting* — model, input
 size and budget — so a cuda measurement and a meta prediction of the same setting share a figure.
 Max-scale runs vary the model or the input size on purpose, so each is grouped by its dimension.
-Within a group a *series* is one (strategy, device); ``device == "meta"`` marks a prediction.
+Within a group a *series* is one (strategy, device); a predicting device (meta) marks a prediction.
 """
 
 from __future__ import annotations
@@ -18,18 +18,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from actbench.measure.point import MEMORY_FAILURES
-from actbench.models import ModelSpec
-from actbench.results import ResultRow, RunStore
-
-PREDICTED_DEVICE = "meta"
-SCALE_DIMENSIONS = ("depth", "width", "resolution")
-STRATEGY_ORDER = ("fp32", "swap", "checkpoint", "L0", "L1", "L2", "L3", "L4", "L5")
-
-
-def strategy_rank(strategy: str) -> tuple[int, str]:
-    """Canonical order: fp32, swap, checkpoint, L0..L5, then anything else by name."""
-    return (STRATEGY_ORDER.index(strategy), "") if strategy in STRATEGY_ORDER else (len(STRATEGY_ORDER), strategy)
+from actbench.devices import is_prediction
+from actbench.results import RunStore
+from actbench.schema import DIMENSIONS, MEMORY_FAILURES, ModelSpec, ResultRow
+from actbench.strategies import rank as strategy_rank
 
 
 def read_json(path: Path) -> Mapping[str, Any]:
@@ -55,7 +47,7 @@ class Run:
 
     def scale_dimension(self) -> str | None:
         """The max-scale dimension: from config.json when the harness wrote it, else from what varies."""
-        if self.config.get("command") == "max-scale" and self.config.get("dim") in SCALE_DIMENSIONS:
+        if self.config.get("command") == "max-scale" and self.config.get("dim") in DIMENSIONS:
             return str(self.config["dim"])
         if self.config.get("command") not in (None, "max-scale"):
             return None
@@ -93,7 +85,7 @@ def _harness_runs(results_dir: Path) -> tuple[Run, ...]:
     runs = []
     for rows_path in sorted(results_dir.rglob("rows.jsonl")):
         run_dir = rows_path.parent
-        rows = tuple(RunStore(run_dir).read_rows())
+        rows = tuple(RunStore(run_dir).rows)  # the latest row per key (a retried point: its new row)
         if rows:
             runs.append(Run(path=run_dir, rows=rows, env=read_json(run_dir / "env.json"),
                             config=read_json(run_dir / "config.json")))
@@ -166,7 +158,7 @@ class Series:
 
     @property
     def predicted(self) -> bool:
-        return self.device == PREDICTED_DEVICE
+        return is_prediction(self.device)
 
     def sort_key(self) -> tuple:
         return (self.predicted, self.device, strategy_rank(self.strategy))
@@ -178,7 +170,7 @@ def _series_of(rows: Iterable[ResultRow]) -> tuple[Series, ...]:
 
 
 def _devices_text(devices: Iterable[str]) -> str:
-    return ", ".join(f"{d} (predicted)" if d == PREDICTED_DEVICE else d for d in sorted(set(devices)))
+    return ", ".join(f"{d} (predicted)" if is_prediction(d) else d for d in sorted(set(devices)))
 
 
 @dataclass(frozen=True)
@@ -201,7 +193,7 @@ class BatchGroup:
 
     @property
     def measured_devices(self) -> tuple[str, ...]:
-        return tuple(d for d in self.devices if d != PREDICTED_DEVICE)
+        return tuple(d for d in self.devices if not is_prediction(d))
 
     def title(self, what: str) -> str:
         return f"{what}: {self.model}, {_devices_text(self.devices)}, {format_budget(self.budget_bytes)}, " \

@@ -38,7 +38,7 @@ def memtracker_class() -> type:
     """PyTorch's own MemTracker (torch.distributed._tools), for cross-checks; not used to measure.
 
     actbench measures with its own tracker because MemTracker's category split (it files gradients
-    created inside backward as temporaries) does not match DESIGN.md's columns.
+    created inside backward as temporaries) does not match docs/design.md's columns.
     """
     from torch.distributed._tools.mem_tracker import MemTracker
 

@@ -55,11 +55,12 @@ def _self_check(device: str) -> tuple[bool, str]:
         scale = p.scale.float().repeat_interleave(p.group_size, dim=1)[:, : x[0].numel()].reshape(x.shape)
         if not bool(((y - x).abs() <= 1 / scale + 1e-6).all()):
             return False, f"round trip at bits={bits if isinstance(bits, int) else 'mixed'} is off by more than one step"
-        if device == "cpu":
-            ref = ops.quantize(x, bits, seed_offset=(1, 2), backend="reference")
-            if not torch.equal(ref.codes, p.codes):
-                return False, f"codes at bits={bits if isinstance(bits, int) else 'mixed'} differ from the reference"
-    return True, "round trip of 1, 2, 4, 8 and mixed bits" + (", codes equal the reference" if device == "cpu" else "")
+        # Every device's kernels must give the host reference's codes, bit for bit (docs/design.md §2).
+        host_bits = bits.cpu() if isinstance(bits, torch.Tensor) else bits
+        ref = ops.quantize(x.cpu(), host_bits, seed_offset=(1, 2), backend="reference")
+        if not torch.equal(ref.codes, p.codes.cpu()):
+            return False, f"codes at bits={bits if isinstance(bits, int) else 'mixed'} differ from the reference"
+    return True, "round trip of 1, 2, 4, 8 and mixed bits, codes equal the reference"
 
 
 def diagnose() -> Report:
@@ -83,7 +84,9 @@ def diagnose() -> Report:
     kinds = "CPU + CUDA kernels" if plan.with_cuda else "CPU kernels only"
     r.add("extension", True, f"{kinds}, {plan.library}")
     if plan.with_cuda:
-        registered = extension.cuda_kernels_registered()
+        from actbench import ops
+
+        registered = ops.cuda_kernels_registered()
         missing = [op for op, ok in registered.items() if not ok and op != "allocate_bits"]
         r.add("cuda kernels", not missing, "registered for every GPU op" if not missing else f"missing: {missing}")
     for device in ["cpu"] + (["cuda"] if gpu else []):

@@ -7,7 +7,7 @@ A file describes, and only describes, which commands run with which options::
     paper = "Table 4 / Figure 7"                       # what it reproduces (optional)
 
     [[steps]]                                          # one or more; each is one command
-    command = "sweep-batch"                            # sweep-batch | throughput | memory | max-scale | accuracy
+    command = "sweep-batch"                            # sweep-batch | throughput | memory | max-scale | plan | accuracy
     models = ["resnet50", "resnet152"]
     strategies = ["fp32", "swap", "L3"]
     ...
@@ -16,7 +16,8 @@ A file describes, and only describes, which commands run with which options::
     [quick]                                            # overrides for every step with --quick
     image_size = 32
 
-Each step's keys are the fields of :class:`HarnessStep` (or :class:`AccuracyStep`); an unknown key,
+Each step's keys are the fields of :class:`~actbench.commands.CommandSpec` with ``models`` for ``model`` (or
+those of :class:`AccuracyStep`); an unknown key,
 a wrong type or a bad value is a one-line :class:`ExperimentError`. With ``quick``, the file's
 ``[quick]`` table and then the step's own ``[steps.quick]`` override the step.
 
@@ -37,14 +38,15 @@ from pathlib import Path
 from typing import Any, Callable, Union
 
 import actbench
+from actbench.commands import MEASURING_COMMANDS, PLAN_DEVICE, CommandSpec, RunPlan, SpecError
+from actbench.devices import DEVICE_NAMES as DEVICES
+from actbench.devices import PROFILES
 
 log = logging.getLogger(__name__)
 
 EXPERIMENTS_DIR = Path(actbench.__file__).resolve().parent.parent / "experiments"
-HARNESS_COMMANDS = ("sweep-batch", "throughput", "memory", "max-scale")
+HARNESS_COMMANDS = MEASURING_COMMANDS
 COMMANDS = HARNESS_COMMANDS + ("accuracy",)
-DEVICES = ("cpu", "cuda", "meta")
-DIMENSIONS = ("depth", "width", "resolution")  # actbench.search.DIMENSIONS, without importing torch here
 TOP_KEYS = ("name", "description", "paper", "steps", "quick")
 
 
@@ -55,126 +57,54 @@ class ExperimentError(ValueError):
 # --- schema --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class HarnessStep:
-    """One measuring command over one or more models (the CLI's options, with the same defaults).
+    """One measuring command over one or more models: a :class:`~actbench.commands.CommandSpec` per model.
 
-    ``batch``: "START:STOP:STEP", "N" or "N,M,..." (max-scale: one batch size). ``budget``: e.g.
-    "16GiB". ``warmup_steps``/``timed_steps``: None = the command's default for the device.
-    ``dim``/``low``/``high``/``step``: max-scale only (None = the command's default range).
+    The step's keys are the spec's fields, with ``models`` (a list) instead of ``model``; validation
+    and defaults are the spec's, so a step means exactly what the same command line means. Fields
+    shared by the models (``device``, ``strategies``, ...) read through to the first spec.
     """
 
-    command: str
     models: tuple[str, ...]
-    strategies: tuple[str, ...]
-    batch: str = "64"
-    image_size: int = 224
-    device: str = "cuda"
-    budget: str | None = None
-    stop_after: int = 2
-    find_max: bool = False
-    dim: str | None = None
-    low: int | None = None
-    high: int | None = None
-    step: int | None = None
-    warmup_steps: int | None = None
-    timed_steps: int | None = None
-    checkpoint_segments: int | None = None
-    timeout_s: float = 1800.0
+    specs: tuple[CommandSpec, ...]
 
-    def __post_init__(self) -> None:
-        from actbench.models import ModelSpec, validate_model_spec
-        from actbench.parsing import parse_bytes, parse_int_range, parse_strategies
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("models", "specs"):
+            raise AttributeError(name)
+        return getattr(self.specs[0], name)
 
-        if self.command not in HARNESS_COMMANDS:
-            raise ValueError(f"command must be one of {', '.join(COMMANDS)}, got '{self.command}'")
-        if not self.models:
-            raise ValueError("models is empty")
-        for name in self.models:
-            validate_model_spec(ModelSpec(name))
-        if not self.strategies:
-            raise ValueError("strategies is empty")
-        object.__setattr__(self, "strategies", parse_strategies(",".join(self.strategies)))
-        if self.device not in DEVICES:
-            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got '{self.device}'")
-        if self.image_size < 16:
-            raise ValueError(f"image_size must be >= 16 pixels, got {self.image_size}")
-        batches = parse_int_range(self.batch, "batch")
-        if self.command == "max-scale":
-            if len(batches) != 1:
-                raise ValueError(f"max-scale takes one batch size, got '{self.batch}'")
-            if self.dim not in DIMENSIONS:
-                raise ValueError(f"max-scale needs dim = depth, width or resolution, got {self.dim!r}")
-        elif any(v is not None for v in (self.dim, self.low, self.high, self.step)):
-            raise ValueError(f"dim/low/high/step apply to max-scale only, not {self.command}")
-        if self.budget is not None:
-            parse_bytes(self.budget)
-        for name in ("stop_after", "timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("warmup_steps", "timed_steps"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
-        if self.checkpoint_segments is not None and self.checkpoint_segments <= 0:
-            raise ValueError(f"checkpoint_segments must be > 0, got {self.checkpoint_segments}")
-        for plan in self.plans():  # build every library config now, so a bad range fails at load time
-            if self.command == "max-scale":
-                from actbench.search import validate_max_scale
-
-                validate_max_scale(plan.config)
-
-    def settings(self):
-        """The MeasureSettings the CLI would build from these options."""
-        from actbench.parsing import parse_bytes
-        from actbench.search import MeasureSettings
-
-        return MeasureSettings.resolve(
-            self.device, self.command, parse_bytes(self.budget) if self.budget is not None else None,
-            self.warmup_steps, self.timed_steps, self.checkpoint_segments, self.timeout_s)
-
-    def plans(self) -> list["RunPlan"]:
-        """One library config per model, with its run-directory name (the CLI's naming)."""
-        from actbench.models import ModelSpec
-        from actbench.parsing import parse_int_range
-        from actbench.results import run_name
-        from actbench.search import (GridConfig, MaxScaleConfig, SweepConfig, run_grid, run_max_scale, run_sweep,
-                                     search_probes, with_defaults)
-
-        settings = self.settings()
-        batches = parse_int_range(self.batch, "batch")
-        plans = []
-        for model in self.models:
-            spec = ModelSpec(model)
-            if self.command == "sweep-batch":
-                cfg = SweepConfig(spec, self.strategies, batches, self.image_size, settings, self.stop_after,
-                                  self.find_max)
-                n = len(cfg.candidates())
-                points = (search_probes(n) if self.find_max else n) * len(self.strategies)
-                name = run_name("sweep-batch", spec.label(), settings.device, self.image_size, cfg.identity())
-                plans.append(RunPlan(name, cfg, run_sweep, points, self._summary_maker("max_batch")))
-            elif self.command == "max-scale":
-                lo, hi, st = with_defaults(self.dim, self.low, self.high, self.step)
-                cfg = MaxScaleConfig(self.dim, model, self.strategies, batches[0], self.image_size, lo, hi, st, settings)
-                points = search_probes(len(cfg.candidates())) * len(self.strategies)
-                name = run_name(f"max-scale-{self.dim}", model, settings.device, self.image_size, cfg.identity())
-                plans.append(RunPlan(name, cfg, run_max_scale, points, self._summary_maker("max", dim=self.dim)))
-            else:
-                cfg = GridConfig(self.command, spec, self.strategies, batches, self.image_size, settings)
-                name = run_name(self.command, spec.label(), settings.device, self.image_size, cfg.identity())
-                plans.append(RunPlan(name, cfg, run_grid, len(cfg.points()), None))
-        return plans
-
-    def _summary_maker(self, what: str, **extra: Any) -> Callable[[Any], dict[str, Any]]:
-        command = self.command
-
-        def make(outcome) -> dict[str, Any]:
-            return {"command": command, **extra, what: outcome.summary()}
-
-        return make
+    def plans(self) -> list[RunPlan]:
+        """One run per model, with its run-directory name (the CLI's naming)."""
+        return [spec.plan() for spec in self.specs]
 
     def describe(self) -> str:
-        what = f"dim {self.dim}" if self.command == "max-scale" else f"batch {self.batch}"
-        return (f"{self.command} {','.join(self.models)} [{','.join(self.strategies)}] {what} "
-                f"{self.image_size}px {self.device}" + (f" budget {self.budget}" if self.budget else ""))
+        first = self.specs[0]
+        what = f"dim {first.dim}" if first.dim is not None else f"batch {first.batch}"
+        return (f"{first.command} {','.join(self.models)} [{','.join(first.strategies)}] {what} "
+                f"{first.image_size}px {first.device}" + (f" budget {first.budget}" if first.budget else ""))
+
+
+#: The keys a measuring step accepts: the spec's fields, ``models`` in place of ``model``.
+_STEP_FIELDS = ("models",) + tuple(f.name for f in dataclasses.fields(CommandSpec) if f.name != "model")
+
+
+def _harness_step(data: dict[str, Any], where: str) -> HarnessStep:
+    unknown = sorted(set(data) - set(_STEP_FIELDS))
+    if unknown:
+        raise ExperimentError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(_STEP_FIELDS)}")
+    hints = typing.get_type_hints(CommandSpec)
+    hints["models"] = tuple[str, ...]
+    values = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in data.items()}
+    for required in ("models", "strategies"):
+        if not values.get(required):
+            raise ExperimentError(f"{where}.{required}: is missing or empty")
+    models = values.pop("models")
+    specs = []
+    for model in models:
+        try:
+            specs.append(CommandSpec(model=model, **values))
+        except SpecError as exc:
+            raise ExperimentError(f"{where}.{exc.field}: {exc.problem}") from None
+    return HarnessStep(models, tuple(specs))
 
 
 @dataclass(frozen=True)
@@ -189,17 +119,6 @@ class AccuracyStep:
         bits = ", ".join(f"{b:g}" for b in c.bits)
         return (f"accuracy resnet{c.model_depth} {c.image_size}px {c.num_classes} classes, {c.steps} steps, "
                 f"{'fp32 + ' if c.include_fp32 else ''}bits {bits} (cpu)")
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """One run directory's worth of work: a library config and the search that executes it."""
-
-    name: str
-    config: Any
-    search: Callable[[Any, Callable], Any]
-    points: int
-    summary: Callable[[Any], dict[str, Any]] | None
 
 
 @dataclass(frozen=True)
@@ -267,7 +186,7 @@ def _fields_of(command: Any) -> set[str]:
 
         return {"command"} | {f.name for f in dataclasses.fields(AccuracyConfig)}
     if command in HARNESS_COMMANDS:
-        return {f.name for f in dataclasses.fields(HarnessStep)}
+        return set(_STEP_FIELDS)
     return set()
 
 
@@ -280,7 +199,7 @@ def _step(data: dict[str, Any], where: str) -> HarnessStep | AccuracyStep:
 
         rest = {k: v for k, v in data.items() if k != "command"}
         return AccuracyStep("accuracy", _build(AccuracyConfig, rest, where))
-    return _build(HarnessStep, data, where)
+    return _harness_step(data, where)
 
 
 def load_experiment(path: Path, quick: bool = False, device: str | None = None) -> Experiment:
@@ -328,8 +247,13 @@ def load_experiment(path: Path, quick: bool = False, device: str | None = None) 
         if quick:
             merged.update(shared)
             merged.update(own_quick)
-        if device is not None and merged.get("command") != "accuracy":
+        if device is not None and merged.get("command") in HARNESS_COMMANDS and merged["command"] != "plan":
             merged["device"] = device
+            if PROFILES[device].predicts:  # a prediction times nothing: the file's step counts do not apply
+                merged.pop("warmup_steps", None)
+                merged.pop("timed_steps", None)
+        if merged.get("command") == "plan":
+            merged.setdefault("device", PLAN_DEVICE)
         step = _step(merged, here + (" (quick)" if quick else ""))
         if not quick:  # the reduced version must be valid too, so `--quick` never fails on a typo
             _step({**merged, **shared, **own_quick}, here + " (quick)")

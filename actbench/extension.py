@@ -337,9 +337,3 @@ def load(force_rebuild: bool = False, verbose: bool = False) -> BuildPlan:
         build(p, verbose=verbose)
     return p
 
-
-def cuda_kernels_registered() -> dict[str, bool]:
-    """For each op, whether a CUDA kernel is registered in this process (after :func:`load`)."""
-    from actbench.ops import OPS
-
-    return {op: torch._C._dispatch_has_kernel_for_dispatch_key(f"actbench::{op}", "CUDA") for op in OPS}

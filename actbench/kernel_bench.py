@@ -15,17 +15,17 @@ from typing import Callable, Iterable
 import torch
 
 from actbench import ops
+from actbench.devices import profile
 
 log = logging.getLogger(__name__)
 MIB = 2**20
 DEFAULT_SIZES_MIB = (1, 4, 16, 64, 256, 1024)
 SAMPLES_PER_BATCH = 64  # the tensor is shaped [64, values / 64], like a batch of activations
-#: On cuda one timed sample is this many back-to-back calls between two synchronisations, divided
-#: by the count: the ops never synchronise, so in training the host's launch work overlaps the
-#: previous kernel, and a lone call's ~tens of microseconds of Python would otherwise swamp a
-#: 0.1 ms kernel. The copy baseline is timed the same way. On cpu every call is its own sample.
-CUDA_CALLS_PER_SAMPLE = 10
-
+# On cuda one timed sample is several back-to-back calls between two synchronisations (the device
+# profile's kernel_calls_per_sample), divided by the count: the ops never synchronise, so in training
+# the host's launch work overlaps the previous kernel, and a lone call's ~tens of microseconds of
+# Python would otherwise swamp a 0.1 ms kernel. The copy baseline is timed the same way. On cpu
+# every call is its own sample.
 
 @dataclass(frozen=True)
 class KernelBenchConfig:
@@ -50,18 +50,17 @@ class KernelRow:
     fraction_of_copy: float
     speedup_vs_reference: float | None
     torch_threads: int
-    calls_per_sample: int  # calls timed between two synchronisations (cuda: CUDA_CALLS_PER_SAMPLE)
+    calls_per_sample: int  # calls timed between two synchronisations (the device profile's kernel_calls_per_sample)
 
 
 def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+    profile(device).synchronize(torch.device(device))
 
 
 def time_call(fn: Callable[[], object], device: str, repeats: int,
               clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
     """Median and interquartile range, over ``repeats`` samples after one warm-up call, of seconds per call."""
-    calls = CUDA_CALLS_PER_SAMPLE if device == "cuda" else 1
+    calls = profile(device).kernel_calls_per_sample
     fn()
     _sync(device)
     times = []
@@ -78,8 +77,9 @@ def time_call(fn: Callable[[], object], device: str, repeats: int,
 
 def run(config: KernelBenchConfig, on_row: Callable[[KernelRow], None] | None = None) -> list[KernelRow]:
     """Benchmark every (size, bits); rows come back (and go to ``on_row``) as they are measured."""
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("bench-kernels: --device cuda needs a GPU, and torch sees none")
+    reason = profile(config.device).unavailable()
+    if reason is not None:
+        raise ValueError(f"bench-kernels: {reason}")
     ops.ensure_loaded()
     rows: list[KernelRow] = []
 
@@ -131,7 +131,7 @@ def _row(config, op, backend, bits, nbytes, sec, iqr, copy_rate, speedup) -> Ker
         fraction_of_copy=rate / copy_rate,
         speedup_vs_reference=speedup,
         torch_threads=torch.get_num_threads(),
-        calls_per_sample=CUDA_CALLS_PER_SAMPLE if config.device == "cuda" else 1,
+        calls_per_sample=profile(config.device).kernel_calls_per_sample,
     )
 
 
@@ -141,10 +141,10 @@ def verdicts(rows: list[KernelRow], device: str) -> list[tuple[str, bool]]:
     for r in rows:
         if r.backend != "extension" or r.input_bytes != 256 * MIB:
             continue
-        need = 0.7 if device == "cuda" else 0.5
+        need, speedup = profile(device).kernel_targets
         out.append((f"{r.op} {r.bits}-bit at 256 MiB: {r.fraction_of_copy:.0%} of copy (target >= {need:.0%})",
                     r.fraction_of_copy >= need))
-        if device == "cpu" and r.speedup_vs_reference is not None:
-            out.append((f"{r.op} {r.bits}-bit at 256 MiB: {r.speedup_vs_reference:.1f}x the reference (target >= 5x)",
-                        r.speedup_vs_reference >= 5))
+        if speedup is not None and r.speedup_vs_reference is not None:
+            out.append((f"{r.op} {r.bits}-bit at 256 MiB: {r.speedup_vs_reference:.1f}x the reference "
+                        f"(target >= {speedup:g}x)", r.speedup_vs_reference >= speedup))
     return out

@@ -9,33 +9,15 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-#: ResNet-152's bottleneck stages; DESIGN.md §5 grows stage 2 and 3 in upstream's 8:36 split.
+from actbench.schema import GROWABLE_MODEL, ModelSpec
+
+#: ResNet-152's bottleneck stages; docs/design.md §5 grows stage 2 and 3 in upstream's 8:36 split.
 RESNET152_LAYERS: tuple[int, int, int, int] = (3, 8, 36, 3)
-GROWABLE_MODEL = "resnet152"
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What to build. ``extra_blocks``/``width_per_group`` apply to resnet152 only (the grown ResNet)."""
-
-    name: str
-    extra_blocks: int = 0
-    width_per_group: int | None = None
-    num_classes: int = 1000
-
-    def label(self) -> str:
-        parts = [self.name]
-        if self.extra_blocks:
-            parts.append(f"+{self.extra_blocks}blk")
-        if self.width_per_group is not None:
-            parts.append(f"w{self.width_per_group}")
-        return "-".join(parts)
 
 
 @functools.cache

@@ -47,6 +47,11 @@ def _lib():
     return torch.ops.actbench
 
 
+def cuda_kernels_registered() -> dict[str, bool]:
+    """For each op, whether a CUDA kernel is registered in this process (after :func:`ensure_loaded`)."""
+    return {op: torch._C._dispatch_has_kernel_for_dispatch_key(f"actbench::{op}", "CUDA") for op in OPS}
+
+
 def ensure_loaded() -> None:
     """Load the compiled extension now (building it on first use); raises ExtensionError."""
     _lib()
@@ -172,7 +177,7 @@ def packed_nbytes(shape: tuple[int, ...], bits: float, group_size: int = DEFAULT
     """Bytes a quantized tensor of ``shape`` takes at (average) ``bits`` per value, metadata included.
 
     With ``mixed`` (per-sample bits) the greedy allocator with unit weights lands exactly on
-    max(N, floor(bits * N)) sample-bits (DESIGN.md §2), so the size is known before the data;
+    max(N, floor(bits * N)) sample-bits (docs/design.md §2), so the size is known before the data;
     the per-sample bit widths add one byte per sample.
     """
     n = shape[0]
@@ -191,9 +196,13 @@ def _check_backend(backend: str) -> None:
         raise ValueError(f"actbench.ops: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
 
+#: Where seeds are drawn: a host generator, so drawing never waits for a device.
+_HOST = torch.device("cpu")
+
+
 def _draw_seed_offset(generator: torch.Generator | None) -> tuple[int, int]:
     """Seed and offset for the Philox stream, drawn from a CPU generator (no device sync)."""
-    if generator is not None and generator.device.type != "cpu":
+    if generator is not None and generator.device != _HOST:
         raise ValueError(f"actbench.ops: generator must be a CPU torch.Generator, got one on {generator.device}")
     from actbench import compat
 
@@ -338,7 +347,7 @@ def max_pool2d_backward(
 def allocate_bits(
     cost: torch.Tensor, weight: torch.Tensor, target: float, min_bits: int = 1, max_bits: int = 8
 ) -> torch.Tensor:
-    """Greedy bit allocation (DESIGN.md §2): minimise sum C_i / (2^b_i - 1)^2 s.t. sum w_i b_i <= target.
+    """Greedy bit allocation (docs/design.md §2): minimise sum C_i / (2^b_i - 1)^2 s.t. sum w_i b_i <= target.
 
     ``cost`` and ``weight`` are float64 [K] on the CPU; returns int32 [K] in min_bits..max_bits.
     """

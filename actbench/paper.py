@@ -1,4 +1,4 @@
-"""The ActNN paper's reference numbers (DESIGN.md §6), so plots and reports can set ours beside theirs.
+"""The ActNN paper's reference numbers (docs/design.md §6), so plots and reports can set ours beside theirs.
 
 Every number here comes from Chen, Zheng et al., ICML 2021 (arXiv 2104.14129): ResNet-50, 224²,
 an NVIDIA T4 with 16 GB, PyTorch 1.7. Comparisons are only meaningful for the same model, input
@@ -34,7 +34,7 @@ class PaperSetting:
 
 SETTING = PaperSetting()
 
-#: largest batch that trains, per strategy (DESIGN.md §6); dtr/cap/blpa are the paper's baselines
+#: largest batch that trains, per strategy (docs/design.md §6); dtr/cap/blpa are the paper's baselines
 MAX_BATCH: Mapping[str, int] = MappingProxyType({
     "fp32": 160, "L1": 256, "L2": 416, "L3": 608, "L4": 768, "L5": 1056,
     "swap": 480, "dtr": 256, "cap": 288, "blpa": 608,

@@ -20,19 +20,18 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from actbench import paper as paper_ref
+from actbench.strategies import FALLBACK_COLOUR, registered
 from actbench.analysis import (BatchGroup, Run, ScaleGroup, Series, batch_groups, find_result_runs, max_batch_table,
                                memory_table, scale_groups)
 
 if TYPE_CHECKING:
     from actbench.accuracy import AccuracyRow
 
+#: One colour per strategy (from the registry), and the paper's own baselines (overlay only).
 PALETTE: Mapping[str, str] = MappingProxyType({
-    "fp32": "#333333", "swap": "#8c564b", "checkpoint": "#9467bd",
-    "L0": "#1f77b4", "L1": "#17becf", "L2": "#2ca02c", "L3": "#bcbd22", "L4": "#ff7f0e", "L5": "#e377c2",
-    # the paper's own baselines (overlay only)
+    **{name: s.colour for name, s in registered().items()},
     "dtr": "#7f7f7f", "cap": "#aec7e8", "blpa": "#c5b0d5",
 })
-FALLBACK_COLOUR = "#999999"
 FAIL_COLOUR = "red"
 FAIL_MARKER = "x"
 PREDICTED_HATCH = "//"

@@ -1,4 +1,4 @@
-"""Searches over points (DESIGN.md §5): linear batch scan, binary searches for the largest that fits.
+"""Searches over points (docs/design.md §5): linear batch scan, binary searches for the largest that fits.
 
 Configs are frozen dataclasses built by the CLI; execution goes through a ``run`` callable (normally
 ``PointRunner.run``) so searches neither know nor care whether a point was measured now or resumed.
@@ -10,13 +10,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from actbench.measure.point import MEMORY_FAILURES, PointConfig
-from actbench.models import GROWABLE_MODEL, ModelSpec
-from actbench.results import ResultRow
+from actbench.devices import profile
+from actbench.schema import (DEFAULT_TIMEOUT_S, DIMENSIONS, GROWABLE_MODEL, MEMORY_FAILURES, PLAN_DIMENSIONS,
+                             ModelSpec, PointConfig, ResultRow)
 
 RunPoint = Callable[[PointConfig], ResultRow]
 
-DIMENSIONS = ("depth", "width", "resolution")
 #: (low, high, step) per dimension: depth = extra bottleneck blocks, width = width_per_group, resolution = pixels
 DEFAULT_RANGES: dict[str, tuple[int, int, int]] = {
     "depth": (0, 4096, 1),
@@ -34,7 +33,7 @@ class MeasureSettings:
     warmup_steps: int = 1
     timed_steps: int = 3
     checkpoint_segments: int | None = None
-    timeout_s: float = 1800.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
     def point(self, model: ModelSpec, strategy: str, batch: int, image_size: int) -> PointConfig:
         return PointConfig(model=model, strategy=strategy, batch_size=batch, image_size=image_size,
@@ -50,23 +49,15 @@ class MeasureSettings:
     @classmethod
     def resolve(cls, device: str, command: str, budget_bytes: int | None = None, warmup_steps: int | None = None,
                 timed_steps: int | None = None, checkpoint_segments: int | None = None,
-                timeout_s: float = 1800.0) -> "MeasureSettings":
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> "MeasureSettings":
         """Settings with each step count left as None filled with the device's default.
 
-        cuda warms up 3 steps and times 10 (kernels autotune and the allocator settles); cpu 1 and 3
-        (a step costs seconds); ``memory`` times nothing; meta runs no compute, so one untimed step.
-        The CLI and experiment files both come through here, so the same options name the same run.
+        The defaults are the device profile's (cuda warms up 3 steps and times 10: kernels autotune
+        and the allocator settles; cpu 1 and 3: a step costs seconds; meta one untimed step: no
+        compute); ``memory`` times nothing. The CLI and experiment files both come through here, so
+        the same options name the same run.
         """
-        if device == "meta":
-            if timed_steps:
-                raise ValueError(f"device meta predicts memory only (no compute to time); "
-                                 f"timed steps must be 0, got {timed_steps}")
-            warmup_steps, timed_steps = 1, 0
-        is_cuda = device == "cuda"
-        if warmup_steps is None:
-            warmup_steps = 3 if is_cuda else 1
-        if timed_steps is None:
-            timed_steps = 0 if command == "memory" else (10 if is_cuda else 3)
+        warmup_steps, timed_steps = profile(device).resolve_steps(command, warmup_steps, timed_steps)
         return cls(device=device, budget_bytes=budget_bytes, warmup_steps=warmup_steps, timed_steps=timed_steps,
                    checkpoint_segments=checkpoint_segments, timeout_s=timeout_s)
 
@@ -139,7 +130,6 @@ class MaxScaleConfig:
         return self.settings.point(ModelSpec(self.model_name), strategy, self.batch, value)
 
 
-PLAN_DIMENSIONS = ("batch",) + DIMENSIONS
 #: plan's batch range (multiples of 4, as in upstream's max-batch search, up to a size no GPU holds)
 PLAN_BATCH_RANGE = (4, 16384, 4)
 

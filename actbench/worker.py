@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from actbench.measure.point import Measurement, PointConfig
+    from actbench.schema import Measurement, PointConfig
 
 FAULT_ENV = "ACTBENCH_TEST_FAULT"
 
@@ -75,7 +75,7 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
 
 def error_measurement(exc: BaseException, alloc_conf: str | None = None) -> "Measurement":
     """An ``error`` row's measurement: the exception's type and message on one line."""
-    from actbench.measure.point import Measurement
+    from actbench.schema import Measurement
 
     logging.getLogger(__name__).debug("point failed", exc_info=exc)
     message = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
@@ -91,7 +91,8 @@ def run_request(request: dict[str, Any], fault_spec: str | None) -> dict[str, An
 
         return {"environment": capture_environment(request["device"], alloc_conf)}
     if task == "measure":
-        from actbench.measure.point import Measurement, PointConfig, measure_point
+        from actbench.measure.point import measure_point
+        from actbench.schema import PointConfig
 
         point = PointConfig.from_dict(request["point"])
         try:
@@ -106,10 +107,46 @@ def run_request(request: dict[str, Any], fault_spec: str | None) -> dict[str, An
     raise ValueError(f"unknown worker task '{task}'")
 
 
+def die_with_parent() -> None:
+    """Exit when the process that started this worker goes away, however it went (even ``kill -9``).
+
+    The worker runs in its own session (so a timeout can kill its whole group), which also means no
+    terminal signal reaches it: without this, a killed CLI would leave it running, holding GPU
+    memory. Linux delivers SIGKILL on the parent's death (``PR_SET_PDEATHSIG``); a watchdog thread
+    covers other systems and the window before the request was made.
+    """
+    import threading
+
+    expected = os.environ.get("ACTBENCH_PARENT_PID")
+    if not expected:
+        return
+    parent = int(expected)
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before the request above took effect
+        os._exit(3)
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="actbench-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         sys.stderr.write("usage: python -m actbench.worker REQUEST.json RESULT.json\n")
         return 2
+    die_with_parent()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     request = json.loads(Path(argv[0]).read_text())
     result = run_request(request, os.environ.get(FAULT_ENV))

@@ -42,8 +42,8 @@ def test_experiment_file_validates_full_and_quick(path: Path) -> None:
     assert quick.folder(Path("r")) == Path("r") / f"{path.stem}-quick"
     for step in quick.steps:
         if isinstance(step, HarnessStep):
-            # a quick version must be a small CPU run, not the GPU experiment again
-            assert step.device == "cpu" and step.image_size <= 64, step.describe()
+            # a quick version must be a small CPU run (or a prediction), not the GPU experiment again
+            assert step.device in ("cpu", "meta") and step.image_size <= 64, step.describe()
             assert len(step.strategies) <= 4, step.describe()
         else:
             assert step.config.steps <= 200 and step.config.train_size <= 4096
@@ -86,7 +86,7 @@ GOOD_STEP = '[[steps]]\ncommand = "memory"\nmodels = ["resnet18"]\nstrategies = 
     (GOOD_HEAD + GOOD_STEP.replace('"fp32"', '"fp16"'), "unknown strategy 'fp16'"),
     (GOOD_HEAD + GOOD_STEP.replace('"resnet18"', '"resnet19"'), "unknown model 'resnet19'"),
     (GOOD_HEAD + GOOD_STEP.replace('"memory"', '"train"'), "command: must be one of"),
-    (GOOD_HEAD + GOOD_STEP + 'dim = "depth"\n', "apply to max-scale only"),
+    (GOOD_HEAD + GOOD_STEP + 'dim = "depth"\n', "apply to max-scale and plan only"),
     (GOOD_HEAD + GOOD_STEP.replace('"memory"', '"max-scale"') + 'dim = "height"\n', "got 'height'"),
     (GOOD_HEAD + GOOD_STEP.replace('"memory"', '"max-scale"').replace('"resnet18"', '"resnet152"')
      + 'dim = "width"\nlow = 96\nhigh = 64\n', "bad search range"),
@@ -201,7 +201,7 @@ def test_accuracy_fp32_and_2_bits_give_finite_rows(tmp_path: Path) -> None:
         assert r.ok and math.isfinite(r.train_loss_final) and math.isfinite(r.test_loss)
         assert 0 <= r.test_accuracy <= 1 and r.chance_accuracy == 0.25
     assert rows[0].mean_bits is None
-    # per-sample mixed precision at a 2-bit target allocates exactly 2 bits on average (DESIGN.md §2)
+    # per-sample mixed precision at a 2-bit target allocates exactly 2 bits on average (docs/design.md §2)
     assert rows[1].mean_bits == pytest.approx(2.0, abs=0.05)
     assert (run_dir / "accuracy.csv").read_text().count("\n") == 3
     written = write_report(tmp_path)  # a folder holding only accuracy runs: that section is the report
@@ -216,3 +216,28 @@ def _write(folder: Path, text: str) -> Path:
     path = folder / "exp.toml"
     path.write_text(text)
     return path
+
+
+# --- every shipped experiment runs on cpu and on meta ---------------------------------------------
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+@pytest.mark.parametrize("path", experiment_paths(), ids=lambda p: p.stem)
+def test_every_experiment_plans_with_quick_on_each_device(path: Path, device: str) -> None:
+    """`actbench run NAME --quick --device {meta,cpu}` is a documented combination: it must load and plan."""
+    exp = load_experiment(path, quick=True, device=device)
+    for step in exp.steps:
+        if isinstance(step, HarnessStep):
+            assert step.plans(), step.describe()
+            assert step.device == device or step.command == "plan", step.describe()
+
+
+@pytest.mark.parametrize("path", [p for p in experiment_paths() if p.stem != "accuracy_vs_bits"],
+                         ids=lambda p: p.stem)
+def test_every_measuring_experiment_runs_quick_on_meta(tmp_path: Path, path: Path) -> None:
+    """Each harness experiment end to end on meta (seconds): rows, figures and a report, exit 0.
+
+    accuracy_vs_bits trains on cpu whatever the device (its quick run is a CPU test of its own)."""
+    res = invoke(["run", path.stem, "--quick", "--device", "meta", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    folder = tmp_path / f"{path.stem}-quick"
+    runs = [p for p in folder.iterdir() if (p / "rows.jsonl").exists()]
+    assert runs and (folder / "report.md").is_file()

@@ -99,7 +99,7 @@ def test_rerun_resumes_and_skips_finished_points(swept) -> None:
     (["sweep-batch", "resnet18", "--batch", "0:8:2"], "batch sizes must be positive, got 0"),
     (["sweep-batch", "resnet18", "--budget", "16XB"], "cannot parse budget '16XB'"),
     (["max-scale", "resnet18", "--dim", "depth"], "grows resnet152 only"),
-    (["throughput", "resnet18", "--device", "meta", "--timed-steps", "3"], "--device meta predicts memory only"),
+    (["throughput", "resnet18", "--device", "meta", "--timed-steps", "3"], "--timed-steps must be 0 on meta: it predicts memory only"),
 ])
 def test_bad_input_exits_with_one_line_and_keeps_results(swept, bad_args, expected) -> None:
     out, run_dir, _ = swept

@@ -11,15 +11,17 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from actbench.measure.environment import GIT_COMMIT_VAR, _git_commit
-from actbench.measure.point import (Measurement, PointConfig, count_flops, measure_point, pinned_host_bytes,
-                                     synthetic_batch)
+from actbench.devices import pinned_host_bytes
+from actbench.measure.accounting import count_flops
+from actbench.measure.point import measure_point
 from actbench.measure.tracker import LiveStorageTracker, unique_storage_bytes
-from actbench.models import (ModelSpec, build_model, grown_resnet152_layers, logits_of, real_depth,
-                             validate_model_spec)
+from actbench.models import build_model, grown_resnet152_layers, logits_of, real_depth, validate_model_spec
 from actbench.parsing import combine_strategies, parse_bytes, parse_int_range, parse_levels, parse_strategies
-from actbench.results import COLUMNS, ResultRow
+from actbench.schema import COLUMNS, Measurement, ModelSpec, PointConfig, ResultRow
 from actbench.search import MeasureSettings, SearchOutcome, binary_search_largest, linear_scan, multiples_of
-from actbench.strategies import ALL_STRATEGIES, LEVEL_NAMES, apply_checkpointing, build_training_step
+from actbench.strategies import ALL_STRATEGIES, LEVEL_NAMES
+from actbench.training.checkpointing import apply_checkpointing
+from actbench.training.step import build_training_step, synthetic_batch
 
 TINY = dict(batch_size=4, image_size=32, device="cpu", warmup_steps=1, timed_steps=1)
 

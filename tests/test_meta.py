@@ -112,16 +112,16 @@ def test_trust_command_writes_ratios(tmp_path):
 
 
 def test_trust_command_keeps_finished_points_and_exits_1_on_a_failed_one(tmp_path, monkeypatch):
-    import actbench.measure.trust as trust
+    import actbench.measure.point as point_module  # trust measures through the in-process executor
 
-    real = trust.measure_point
+    real = point_module.measure_point
 
     def flaky(point, **kwargs):
         if point.device == "cpu" and point.strategy == "L3":
             raise RuntimeError("boom in the measurement")
         return real(point, **kwargs)
 
-    monkeypatch.setattr(trust, "measure_point", flaky)
+    monkeypatch.setattr(point_module, "measure_point", flaky)
     result = invoke(["trust", "--models", "resnet18", "--strategies", "fp32,L3", "--out", str(tmp_path)])
     assert result.exit_code == 1
     text = (tmp_path / "meta_vs_cpu.csv").read_text()

@@ -128,7 +128,7 @@ def test_allocation_never_over_budget_and_close_to_optimal(seed):
 
 
 def test_allocation_unit_weights_land_exactly_on_target():
-    """DESIGN.md §2: unit weights end at exactly max(N, floor(target * N)) total bits."""
+    """docs/design.md §2: unit weights end at exactly max(N, floor(target * N)) total bits."""
     cost = torch.rand(64, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     for avg in (1.0, 1.25, 2.0, 2.7, 8.0):
         bits = ops.allocate_bits(cost, torch.ones(64, dtype=torch.float64), avg * 64)

@@ -76,6 +76,6 @@ def test_cuda_kernel_registered_for_every_op_when_built_with_nvcc():
     plan = extension.load()
     if not plan.with_cuda:
         pytest.skip("extension built without CUDA: no nvcc found on this machine")
-    registered = extension.cuda_kernels_registered()
-    assert registered.pop("allocate_bits") is False  # CPU-only by design (DESIGN.md §2 runs it on the host)
+    registered = ops.cuda_kernels_registered()
+    assert registered.pop("allocate_bits") is False  # CPU-only by design (docs/design.md §2 runs it on the host)
     assert all(registered.values()), registered

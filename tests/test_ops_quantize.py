@@ -96,7 +96,7 @@ def test_generator_draws_reproducible_streams():
 
 @pytest.mark.parametrize("bits,per_elem", [(2, 2.125), (4, 4.125), (1, 1.125), (8, 8.125)])
 def test_storage_bits_per_element_exact(bits, per_elem):
-    """bf16 lo and scale per 256 values add 32/256 = 0.125 bit per value (DESIGN.md §2)."""
+    """bf16 lo and scale per 256 values add 32/256 = 0.125 bit per value (docs/design.md §2)."""
     x = _x((8, 64, 32), torch.float32)  # 2048 values per sample: 8 full groups
     p = ops.quantize(x, bits)
     assert p.nbytes * 8 / x.numel() == per_elem
@@ -112,7 +112,7 @@ def test_storage_mixed_bits_counts_per_sample_widths():
 
 
 # ------------------------------------------------------------------------------------------------
-# Statistics: unbiased, and variance within 1 / (4 scale^2) (DESIGN.md §2).
+# Statistics: unbiased, and variance within 1 / (4 scale^2) (docs/design.md §2).
 # ------------------------------------------------------------------------------------------------
 
 K = 400  # independent quantizations of the same tensor (fixed seeds)

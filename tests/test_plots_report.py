@@ -24,7 +24,7 @@ from actbench.cli import app
 from actbench.plots import (PALETTE, PREDICTED_HATCH, plot_activation_vs_batch, plot_max_batch, plot_max_scale,
                             plot_memory, plot_throughput_vs_batch, write_figures)
 from actbench.report import build_report, write_report
-from actbench.results import ResultRow
+from actbench.schema import ResultRow
 
 GIB = 1 << 30
 MIB = 1 << 20

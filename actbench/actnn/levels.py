@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from actbench import ops
 
-LEVEL_NAMES: tuple[str, ...] = ("L0", "L1", "L2", "L3", "L4", "L5")
+from actbench.schema import LEVEL_NAMES  # noqa: E402  (spelled once, in the torch-free schema)
 UNIFORM_BITS: tuple[int, ...] = (1, 2, 4, 8)
 # What L4/L5 move to the host (LevelConfig.swap_scope): packed codes only, or every saved tensor.
 SWAP_SCOPES: tuple[str, ...] = ("codes", "all")

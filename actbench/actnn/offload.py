@@ -19,6 +19,8 @@ from typing import Callable, ContextManager
 
 import torch
 
+from actbench.devices import profile_of
+
 log = logging.getLogger(__name__)
 
 
@@ -63,7 +65,7 @@ class Offloader:
     def offload(self, tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], tuple[int, int]]:
         """Copy ``tensors`` (all on one device) to host buffers -> (host tensors, handle)."""
         device = tensors[0].device
-        if device.type == "cuda":
+        if profile_of(device).async_host_copies:
             side = self._stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
             host = []
@@ -83,7 +85,7 @@ class Offloader:
         return host, (self._step, len(self._order) - 1)
 
     def _copy_back(self, host: tuple[torch.Tensor, ...], device: torch.device):
-        if device.type == "cuda":
+        if profile_of(device).async_host_copies:
             side = self._stream(device)
             with torch.cuda.stream(side):
                 dev = tuple(h.to(device, non_blocking=True) for h in host)
@@ -109,14 +111,14 @@ class Offloader:
         if ready is not None and len(ready[0]) == len(host):
             dev, event = ready
             self.stats.prefetch_hits += 1
-            if device.type == "cuda":
+            if profile_of(device).async_host_copies:
                 current = torch.cuda.current_stream(device)
                 current.wait_event(event)
                 for d in dev:
                     d.record_stream(current)
         else:
             self.stats.fetched_on_demand += 1
-            if device.type == "cuda":
+            if profile_of(device).async_host_copies:
                 # The device-to-host copy ran on the side stream; wait for it before reading.
                 torch.cuda.current_stream(device).wait_stream(self._stream(device))
                 dev = tuple(h.to(device, non_blocking=True) for h in host)

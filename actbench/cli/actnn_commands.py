@@ -12,16 +12,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from actbench.cli.app import app, fail, require_cuda
+from actbench.cli.app import app, fail, require_device
+from actbench.devices import MEASURING_DEVICES
+from actbench.schema import LEVEL_NAMES
 
 
-class Level(str, enum.Enum):
-    L0 = "L0"
-    L1 = "L1"
-    L2 = "L2"
-    L3 = "L3"
-    L4 = "L4"
-    L5 = "L5"
+Level = enum.Enum("Level", {name: name for name in LEVEL_NAMES}, type=str)
 
 
 class QuantBackend(str, enum.Enum):
@@ -49,14 +45,13 @@ def verify_grads_command(
     from actbench.actnn.verify import VerifyConfig, verify_grads, write_csv
     from actbench.models import ModelSpec, validate_model_spec
 
-    if device not in ("cpu", "cuda"):
-        fail(f"--device must be cpu or cuda, got {device!r}")
+    if device not in MEASURING_DEVICES:
+        fail(f"--device must be {' or '.join(MEASURING_DEVICES)}, got {device!r}")
     try:
         validate_model_spec(ModelSpec(model))
     except ValueError as exc:
         fail(str(exc))
-    if device == "cuda":
-        require_cuda()
+    require_device(device)
     config = VerifyConfig(model, level_config(level.value, backend=backend.value), batch, seeds, image_size, device)
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err) as bar:

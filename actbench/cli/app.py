@@ -1,8 +1,11 @@
 """The Typer app shared by every command module, and options used by several commands."""
 
+import enum
 from typing import NoReturn
 
 import typer
+
+from actbench.devices import DEVICE_NAMES, MEASURING_DEVICES, profile
 
 app = typer.Typer(
     name="actbench",
@@ -23,13 +26,22 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def require_cuda() -> None:
-    """Exit 2 with one line when ``--device cuda`` meets a torch that sees no GPU.
+#: --device choices, from the device profiles (actbench/devices.py).
+Device = enum.Enum("Device", {name: name for name in DEVICE_NAMES}, type=str)
+#: Devices that compute (not meta): bench-kernels, verify-grads, trust.
+MeasuringDevice = enum.Enum("MeasuringDevice", {name: name for name in MEASURING_DEVICES}, type=str)
 
-    Called before anything is written. ``is_available()`` asks the driver for a device count; it
-    creates no CUDA context in this process.
+
+#: What to do without a GPU when the question is memory or scale: predict it.
+PREDICT_INSTEAD = ("without a GPU, predict with --device meta --budget 16GiB (or `actbench plan`), "
+                   "or measure small sizes with --device cpu --image-size 64")
+
+
+def require_device(name: str, instead: str = "use --device cpu") -> None:
+    """Exit 2 with one line when this machine cannot run points on device ``name`` (e.g. no GPU).
+
+    Called before anything is written; the profile says why, ``instead`` what to do.
     """
-    import torch
-
-    if not torch.cuda.is_available():
-        fail(f"--device cuda: torch {torch.__version__} sees no CUDA GPU here; use --device cpu")
+    reason = profile(name).unavailable()
+    if reason is not None:
+        fail(f"{reason}; {instead}")

@@ -15,15 +15,10 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from actbench.cli.app import app, fail
+from actbench.cli.app import Device, app, fail
+from actbench.devices import profile
 
 log = logging.getLogger(__name__)
-
-
-class RunDevice(str, enum.Enum):
-    cpu = "cpu"
-    cuda = "cuda"
-    meta = "meta"
 
 
 @app.command("run")
@@ -31,7 +26,7 @@ def run_command(
     experiment: Annotated[Optional[str], typer.Argument(
         help="An experiment file (experiments/NAME.toml) or a bare NAME from experiments/.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Apply the file's [quick] overrides: a reduced run for CPU in minutes.")] = False,
-    device: Annotated[Optional[RunDevice], typer.Option(
+    device: Annotated[Optional[Device], typer.Option(
         "--device", help="Override every measuring step's device (accuracy always trains on cpu).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Results root; runs go to OUT/<experiment>[-quick]/<run>/.")] = Path("results"),
     list_: Annotated[bool, typer.Option("--list", help="List the experiments in experiments/ and exit.")] = False,
@@ -64,12 +59,11 @@ def run_command(
                               device=device.value if device is not None else None)
     except ExperimentError as exc:
         fail(str(exc))
-    if any(getattr(s, "device", None) == "cuda" for s in exp.steps):
-        import torch
-
-        if not torch.cuda.is_available():
-            fail(f"{exp.name}: a step runs on cuda but torch {torch.__version__} sees no GPU here; "
-                 "use --device cpu (or --quick)")
+    for device_name in dict.fromkeys(getattr(s, "device", None) for s in exp.steps if hasattr(s, "device")):
+        reason = profile(device_name).unavailable()
+        if reason is not None:
+            fail(f"{exp.name}: a step runs on {device_name}, but {reason.partition(': ')[2]}; "
+                 "use --device meta (predictions) or --quick --device cpu")
     err = Console(stderr=True, highlight=False)
 
     def on_event(kind: str, text: str) -> None:

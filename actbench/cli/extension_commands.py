@@ -13,7 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from actbench.cli.app import app, fail, require_cuda
+from actbench.cli.app import app, fail, require_device
+from actbench.devices import MEASURING_DEVICES
 
 console = Console()
 err_console = Console(stderr=True)
@@ -102,12 +103,11 @@ def bench_kernels(
     from actbench import kernel_bench
     from actbench.measure.environment import capture_environment
 
-    if device not in ("cpu", "cuda"):
-        fail(f"--device must be cpu or cuda, got {device!r}")
+    if device not in MEASURING_DEVICES:
+        fail(f"--device must be {' or '.join(MEASURING_DEVICES)}, got {device!r}")
     if repeats < 1:
         fail(f"--repeats must be >= 1, got {repeats}")
-    if device == "cuda":
-        require_cuda()
+    require_device(device)
     config = kernel_bench.KernelBenchConfig(
         device=device,
         sizes_mib=_parse_sizes(sizes_mib),

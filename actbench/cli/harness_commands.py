@@ -18,28 +18,15 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
-from actbench.cli.app import app, fail, require_cuda
+from actbench.cli.app import PREDICT_INSTEAD, Device, app, fail, require_device
+from actbench.devices import PROFILES
+from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, MIN_IMAGE_SIZE, PLAN_DIMENSIONS
 
 log = logging.getLogger(__name__)
 
 
-class Device(str, enum.Enum):
-    cpu = "cpu"
-    cuda = "cuda"
-    meta = "meta"
-
-
-class Dim(str, enum.Enum):
-    depth = "depth"
-    width = "width"
-    resolution = "resolution"
-
-
-class PlanDim(str, enum.Enum):
-    batch = "batch"
-    depth = "depth"
-    width = "width"
-    resolution = "resolution"
+Dim = enum.Enum("Dim", {name: name for name in DIMENSIONS}, type=str)
+PlanDim = enum.Enum("PlanDim", {name: name for name in PLAN_DIMENSIONS}, type=str)
 
 
 # --- shared option aliases ---------------------------------------------------------------------
@@ -49,7 +36,7 @@ StrategiesOpt = Annotated[Optional[str], typer.Option(
 NoBaselineOpt = Annotated[bool, typer.Option("--no-baseline", help="Do not add fp32 as the baseline.")]
 ImageSizeOpt = Annotated[int, typer.Option("--image-size", help="Input side in pixels.")]
 DeviceOpt = Annotated[Device, typer.Option(
-    "--device", help="cuda measures on the GPU; cpu with a live-storage tracker; meta predicts on fake tensors (no compute).")]
+    "--device", help="; ".join(f"{name} {p.help}" for name, p in PROFILES.items()) + ".")]
 BudgetOpt = Annotated[Optional[str], typer.Option("--budget", help="Memory cap, e.g. 16GiB (cuda: enforced; cpu: peak compared).")]
 OutOpt = Annotated[Path, typer.Option("--out", help="Results root; the run goes to OUT/<run>/.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the planned points and exit.")]
@@ -68,23 +55,27 @@ def _checked(fn: Callable[[], Any]) -> Any:
         fail(str(exc))
 
 
-def _settings(command: str, device: Device, budget: Optional[str], warmup: Optional[int], timed: Optional[int],
-              segments: Optional[int], timeout: float):
-    from actbench.parsing import parse_bytes
-    from actbench.search import MeasureSettings
+def _spec(**fields: Any):
+    """The command's spec (actbench/commands.py): every check and default, shared with experiment files."""
+    from actbench.commands import CommandSpec, SpecError
 
-    if warmup is not None and warmup < 0:
-        fail(f"--warmup-steps must be >= 0, got {warmup}")
-    if timed is not None and timed < 0:
-        fail(f"--timed-steps must be >= 0, got {timed}")
-    if segments is not None and segments <= 0:
-        fail(f"--checkpoint-segments must be > 0, got {segments}")
-    if timeout <= 0:
-        fail(f"--timeout must be > 0 seconds, got {timeout:g}")
-    budget_bytes = _checked(lambda: parse_bytes(budget)) if budget is not None else None
-    if device is Device.meta and timed:
-        fail(f"--device meta predicts memory only (no compute to time); --timed-steps must be 0, got {timed}")
-    return MeasureSettings.resolve(device.value, command, budget_bytes, warmup, timed, segments, timeout)
+    try:
+        return CommandSpec(**fields)
+    except SpecError as exc:
+        fail(exc.as_option())
+
+
+def _run_spec(spec, out: Path, dry_run: bool):
+    """Dry run: print the plan. Otherwise measure it into OUT/<run>/ -> (store, outcome), or None."""
+    plan = spec.plan()
+    if dry_run:
+        _print_plan(out / plan.name, list(plan.preview))
+        return None
+    store = _open_store(out, plan.name, plan.config.identity(), plan.device)
+    outcome = _execute(store, plan.config.settings, plan.points, lambda run: plan.search(plan.config, run))
+    if plan.summary is not None:
+        store.write_summary(plan.summary(outcome))
+    return store, outcome
 
 
 def _strategies(strategies: Optional[str], levels: Optional[str], no_baseline: bool) -> tuple[str, ...]:
@@ -93,26 +84,11 @@ def _strategies(strategies: Optional[str], levels: Optional[str], no_baseline: b
     return _checked(lambda: combine_strategies(parse_strategies(strategies), parse_levels(levels), not no_baseline))
 
 
-def _model(name: str, extra_blocks: int = 0, width: Optional[int] = None):
-    from actbench.models import ModelSpec, validate_model_spec
-
-    spec = ModelSpec(name, extra_blocks=extra_blocks, width_per_group=width)
-    _checked(lambda: validate_model_spec(spec))
-    return spec
-
-
-def _image_size(size: int) -> int:
-    if size < 16:
-        fail(f"--image-size must be >= 16 pixels, got {size}")
-    return size
-
-
 def _open_store(out: Path, name: str, identity: dict[str, Any], device: str):
     """Checks that need the machine (not needed for --dry-run), then the run directory."""
     from actbench.results import RunStore, check_writable
 
-    if device == "cuda":
-        require_cuda()
+    require_device(device, PREDICT_INSTEAD)
     _checked(lambda: check_writable(out))
     store = RunStore(out / name)
     _checked(lambda: store.write_config(identity))
@@ -253,7 +229,7 @@ def sweep_batch(
     warmup_steps: WarmupOpt = None,
     timed_steps: TimedOpt = None,
     checkpoint_segments: SegmentsOpt = None,
-    timeout: TimeoutOpt = 1800.0,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     dry_run: DryRunOpt = False,
 ) -> None:
     """Scan batch sizes per strategy (or --find-max): memory and throughput at each.
@@ -263,30 +239,16 @@ def sweep_batch(
       actbench sweep-batch resnet50 --levels all --strategies swap --find-max --budget 16GiB
       actbench sweep-batch resnet18 --levels L3 --batch 4:16:4 --image-size 64 --device cpu
     """
-    from actbench.parsing import parse_int_range
-    from actbench.results import run_name
-    from actbench.search import SweepConfig, run_sweep, search_probes
-
-    settings = _settings("sweep-batch", device, budget, warmup_steps, timed_steps, checkpoint_segments, timeout)
-    spec = _model(model, extra_blocks, width_per_group)
-    names = _strategies(strategies, levels, no_baseline)
-    batches = _checked(lambda: parse_int_range(batch, "batch"))
-    if stop_after <= 0:
-        fail(f"--stop-after must be >= 1, got {stop_after}")
-    cfg = SweepConfig(spec, names, batches, _image_size(image_size), settings, stop_after, find_max)
-    name = run_name("sweep-batch", spec.label(), settings.device, cfg.image_size, cfg.identity())
-    cands = cfg.candidates()
-    if dry_run:
-        how = (f"binary search over {len(cands)} batch sizes {cands[0]}..{cands[-1]} (multiples of 4), "
-               f"<= {search_probes(len(cands))} points" if find_max else f"batches {', '.join(map(str, cands))}")
-        _print_plan(out / name, [f"{s}: {spec.label()} {cfg.image_size}px {settings.device}: {how}" for s in names])
-        return
-    store = _open_store(out, name, cfg.identity(), settings.device)
-    per = search_probes(len(cands)) if find_max else len(cands)
-    outcome = _execute(store, settings, per * len(names), lambda run: run_sweep(cfg, run))
-    store.write_summary({"command": "sweep-batch", "max_batch": outcome.summary()})
-    _render(outcome.rows, f"sweep-batch {spec.label()} {cfg.image_size}px on {settings.device} -> {store.run_dir}")
-    _render_maxima(outcome, "batch")
+    spec = _spec(command="sweep-batch", model=model, strategies=_strategies(strategies, levels, no_baseline),
+                 batch=batch, image_size=image_size, device=device.value, budget=budget, stop_after=stop_after,
+                 find_max=find_max, extra_blocks=extra_blocks, width_per_group=width_per_group,
+                 warmup_steps=warmup_steps, timed_steps=timed_steps, checkpoint_segments=checkpoint_segments,
+                 timeout_s=timeout)
+    ran = _run_spec(spec, out, dry_run)
+    if ran is not None:
+        store, outcome = ran
+        _render(outcome.rows, f"sweep-batch {spec.model_spec().label()} {image_size}px on {device.value} -> {store.run_dir}")
+        _render_maxima(outcome, "batch")
 
 
 @app.command("max-scale")
@@ -307,7 +269,7 @@ def max_scale(
     warmup_steps: WarmupOpt = None,
     timed_steps: TimedOpt = None,
     checkpoint_segments: SegmentsOpt = None,
-    timeout: TimeoutOpt = 1800.0,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     dry_run: DryRunOpt = False,
 ) -> None:
     """Binary search of the largest depth, width or resolution that fits, with throughput and FLOPs there.
@@ -316,49 +278,26 @@ def max_scale(
       actbench max-scale --dim depth --levels L3 --budget 16GiB        # ResNet-152 grown in depth
       actbench max-scale --dim resolution resnet50 --levels L2,L3 --batch 32 --budget 16GiB
     """
-    from actbench.results import run_name
-    from actbench.search import MaxScaleConfig, run_max_scale, search_probes, validate_max_scale, with_defaults
-
-    settings = _settings("max-scale", device, budget, warmup_steps, timed_steps, checkpoint_segments, timeout)
-    _model(model)
-    names = _strategies(strategies, levels, no_baseline)
-    if batch <= 0:
-        fail(f"--batch must be a positive batch size, got {batch}")
-    lo, hi, st = with_defaults(dim.value, low, high, step)
-    cfg = MaxScaleConfig(dim.value, model, names, batch, _image_size(image_size), lo, hi, st, settings)
-    _checked(lambda: validate_max_scale(cfg))
-    name = run_name(f"max-scale-{dim.value}", model, settings.device, cfg.image_size, cfg.identity())
-    cands = cfg.candidates()
-    if dry_run:
-        _print_plan(out / name, [f"{s}: {model} batch {batch}: binary search of {dim.value} over {lo}..{hi} step {st} "
-                                 f"({len(cands)} candidates, <= {search_probes(len(cands))} points)" for s in names])
-        return
-    store = _open_store(out, name, cfg.identity(), settings.device)
-    outcome = _execute(store, settings, search_probes(len(cands)) * len(names), lambda run: run_max_scale(cfg, run))
-    store.write_summary({"command": "max-scale", "dim": dim.value, "max": outcome.summary()})
-    _render(outcome.rows, f"max-scale --dim {dim.value} {model} batch {batch} on {settings.device} -> {store.run_dir}")
-    label = {"depth": "extra blocks", "width": "width_per_group", "resolution": "image size"}[dim.value]
-    _render_maxima(outcome, label)
+    spec = _spec(command="max-scale", model=model, strategies=_strategies(strategies, levels, no_baseline),
+                 batch=str(batch), image_size=image_size, device=device.value, budget=budget, dim=dim.value,
+                 low=low, high=high, step=step, warmup_steps=warmup_steps, timed_steps=timed_steps,
+                 checkpoint_segments=checkpoint_segments, timeout_s=timeout)
+    ran = _run_spec(spec, out, dry_run)
+    if ran is not None:
+        store, outcome = ran
+        _render(outcome.rows, f"max-scale --dim {dim.value} {model} batch {batch} on {device.value} -> {store.run_dir}")
+        label = {"depth": "extra blocks", "width": "width_per_group", "resolution": "image size"}[dim.value]
+        _render_maxima(outcome, label)
 
 
 def _grid(command: str, model: str, strategies, levels, no_baseline, batch, image_size, device, budget, out,
           extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments, timeout, dry_run):
-    from actbench.parsing import parse_int_range
-    from actbench.results import run_name
-    from actbench.search import GridConfig, run_grid
-
-    settings = _settings(command, device, budget, warmup_steps, timed_steps, checkpoint_segments, timeout)
-    spec = _model(model, extra_blocks, width_per_group)
-    names = _strategies(strategies, levels, no_baseline)
-    batches = _checked(lambda: parse_int_range(batch, "batch"))
-    cfg = GridConfig(command, spec, names, batches, _image_size(image_size), settings)
-    name = run_name(command, spec.label(), settings.device, cfg.image_size, cfg.identity())
-    if dry_run:
-        _print_plan(out / name, [p.describe() for p in cfg.points()])
-        return None, None
-    store = _open_store(out, name, cfg.identity(), settings.device)
-    outcome = _execute(store, settings, len(cfg.points()), lambda run: run_grid(cfg, run))
-    return store, outcome
+    spec = _spec(command=command, model=model, strategies=_strategies(strategies, levels, no_baseline), batch=batch,
+                 image_size=image_size, device=device.value, budget=budget, extra_blocks=extra_blocks,
+                 width_per_group=width_per_group, warmup_steps=warmup_steps, timed_steps=timed_steps,
+                 checkpoint_segments=checkpoint_segments, timeout_s=timeout)
+    ran = _run_spec(spec, out, dry_run)
+    return (None, None) if ran is None else ran
 
 
 @app.command("throughput")
@@ -377,7 +316,7 @@ def throughput(
     warmup_steps: WarmupOpt = None,
     timed_steps: TimedOpt = None,
     checkpoint_segments: SegmentsOpt = None,
-    timeout: TimeoutOpt = 1800.0,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     dry_run: DryRunOpt = False,
 ) -> None:
     """Training throughput (images/s, median and IQR) per strategy and batch size.
@@ -408,7 +347,7 @@ def memory(
     warmup_steps: WarmupOpt = None,
     timed_steps: Annotated[int, typer.Option("--timed-steps", help="Timed steps (default 0: memory only).")] = 0,
     checkpoint_segments: SegmentsOpt = None,
-    timeout: TimeoutOpt = 1800.0,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     dry_run: DryRunOpt = False,
 ) -> None:
     """One point's memory breakdown: activations, peak, reserved, parameters, gradients, optimizer state.
@@ -462,29 +401,18 @@ def plan(
       actbench plan resnet50 --budget 16GiB --strategies swap,checkpoint --levels L0..L5
       actbench plan resnet152 --budget 40GiB --dim depth --levels L3
     """
+    from actbench.commands import PLAN_DEVICE
     from actbench.parsing import format_bytes
-    from actbench.results import run_name
-    from actbench.search import PlanConfig, plan_defaults, run_plan, validate_plan
 
-    settings = _settings("plan", Device.meta, budget, None, None, checkpoint_segments, 1800.0)
-    _model(model)
-    names = _strategies(strategies, levels, no_baseline)
-    if batch <= 0:
-        fail(f"--batch must be a positive batch size, got {batch}")
-    lo, hi, st = plan_defaults(dim.value, low, high, step)
-    cfg = _checked(lambda: PlanConfig(dim.value, model, names, batch, _image_size(image_size), lo, hi, st, settings))
-    _checked(lambda: validate_plan(cfg))
-    name = run_name(f"plan-{dim.value}", model, "meta", cfg.image_size, cfg.identity())
-    cands = cfg.candidates()
-    if dry_run:
-        _print_plan(out / name, [f"{s}: {model} {cfg.image_size}px meta: search of {dim.value} over {lo}..{hi} step {st} "
-                                 f"({len(cands)} candidates) under {format_bytes(settings.budget_bytes)}" for s in names])
+    spec = _spec(command="plan", model=model, strategies=_strategies(strategies, levels, no_baseline),
+                 batch=str(batch), image_size=image_size, device=PLAN_DEVICE, budget=budget, dim=dim.value, low=low,
+                 high=high, step=step, checkpoint_segments=checkpoint_segments)
+    ran = _run_spec(spec, out, dry_run)
+    if ran is None:
         return
-    store = _open_store(out, name, cfg.identity(), "meta")
-    outcome = _execute(store, settings, 4 * len(names), lambda run: run_plan(cfg, run))
-    store.write_summary({"command": "plan", "dim": dim.value, "budget_bytes": settings.budget_bytes,
-                         "max": outcome.summary()})
-    table = Table(title=f"plan {model} {cfg.image_size}px under {format_bytes(settings.budget_bytes)} "
+    store, outcome = ran
+    settings = spec.settings()
+    table = Table(title=f"plan {model} {image_size}px under {format_bytes(settings.budget_bytes)} "
                         f"(predicted on meta) -> {store.run_dir}")
     for col in ("strategy", f"max {dim.value}", "x fp32", "peak alloc", "activation", "model bytes",
                 "host (not counted)", "probes", "note"):

@@ -13,13 +13,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from actbench.cli.app import app, fail, require_cuda
+from actbench.cli.app import MeasuringDevice, app, fail, require_device
 from actbench.measure.trust import TRUST_MODELS, TRUST_STRATEGIES
-
-
-class TrustDevice(str, enum.Enum):
-    cpu = "cpu"
-    cuda = "cuda"
+from actbench.schema import MIN_IMAGE_SIZE
 
 
 def _ratio(value: float | None) -> str:
@@ -28,7 +24,7 @@ def _ratio(value: float | None) -> str:
 
 @app.command("trust")
 def trust_command(
-    device: Annotated[TrustDevice, typer.Option("--device", help="Where to measure the points meta predicts.")] = TrustDevice.cpu,
+    device: Annotated[MeasuringDevice, typer.Option("--device", help="Where to measure the points meta predicts.")] = MeasuringDevice.cpu,
     models: Annotated[str, typer.Option("--models", help="Comma list of model names.")] = ",".join(TRUST_MODELS),
     strategies: Annotated[str, typer.Option(
         "--strategies", help="Comma list of strategies and levels.")] = ",".join(TRUST_STRATEGIES),
@@ -53,8 +49,8 @@ def trust_command(
 
     if batch < 2:
         fail(f"--batch must be >= 2 (BatchNorm in train mode needs two samples), got {batch}")
-    if image_size < 16:
-        fail(f"--image-size must be >= 16 pixels, got {image_size}")
+    if image_size < MIN_IMAGE_SIZE:
+        fail(f"--image-size must be >= {MIN_IMAGE_SIZE} pixels, got {image_size}")
     names = tuple(m.strip() for m in models.split(",") if m.strip())
     if not names:
         fail("--models is empty: give at least one model name (see `actbench models`)")
@@ -66,8 +62,7 @@ def trust_command(
         fail(str(exc))
     if not chosen:
         fail("--strategies is empty: give at least one of fp32, swap, checkpoint, L0..L5")
-    if device is TrustDevice.cuda:
-        require_cuda()
+    require_device(device.value)
 
     try:
         check_writable(out)

@@ -10,6 +10,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from actbench.devices import profile
+
 
 def _cpu_model() -> str:
     try:
@@ -60,11 +62,7 @@ def capture_environment(device: str, alloc_conf: str | None = None) -> dict[str,
         "cuda_runtime": None,
         "cudnn": None,
     }
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        env.update(gpu_name=props.name, gpu_total_memory_bytes=props.total_memory,
-                   cuda_runtime=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
-                   gpu_count=torch.cuda.device_count())
+    env.update(profile(device).hardware())
     return env
 
 

@@ -1,4 +1,4 @@
-"""The ``meta`` device: a training step sized on fake tensors (no compute, no memory), DESIGN.md §4.
+"""The ``meta`` device: a training step sized on fake tensors (no compute, no memory), docs/design.md §4.
 
 Every tensor, parameters included, is a fake tensor (``compat.fake_tensor_mode``) that claims to be
 on the CPU, so a meta step runs the op set of a ``cpu`` measurement — the extension's ops through
@@ -7,13 +7,13 @@ storages. The protocol is the cpu one (build, warm up, one tracked step), except
 is an optimizer step on zero gradients (:func:`_warm_optimizer_state`). Rows carry no throughput.
 Mixed precision (L3-L5) cannot read statistics from fake tensors: the controller keeps the uniform
 allocation of the level's target, which has the packed size the greedy allocator would give
-(DESIGN.md §2).
+(docs/design.md §2).
 
 Searches probe one configuration at many batch sizes, so a :class:`MetaSessions` keeps the last
 built (fake) model and its optimizer: a further batch size costs one tracked step (the previous
 tracked step was its warm-up; parameters, gradients and optimizer state are the same storages a
 fresh warm-up would leave). FLOPs, a property of the unmodified model, are counted once per
-(model, image size), and a point already stepped (or L5's twin in L4, :data:`SAME_ON_META`) is
+(model, image size), and a point already stepped (or L5's twin in L4, ``Strategy.same_on_meta_as``) is
 not stepped again.
 """
 
@@ -25,12 +25,15 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from actbench import compat
-from actbench.measure.point import (Measurement, OverBudget, PointConfig, _file_offloads_as_host, _memory_step_cpu,
-                                    _model_breakdown, count_flops, synthetic_batch)
+from actbench import compat, strategies
+from actbench.devices import profile
+from actbench.measure.accounting import (check_budget, classified, count_flops, file_offloads_as_host,
+                                         model_breakdown, tracked_memory_step)
 from actbench.measure.tracker import LiveStorageTracker
 from actbench.models import build_model, real_depth
-from actbench.strategies import StrategyOptions, TrainingStep, build_training_step
+from actbench.schema import Measurement, PointConfig
+from actbench.strategies import StrategyOptions
+from actbench.training.step import TrainingStep, build_training_step, synthetic_batch
 
 #: The device fake tensors claim to be on: the CPU, so a meta step runs the very op set (and saves
 #: the very tensors) of a ``cpu`` measurement, which tests hold it against.
@@ -45,11 +48,6 @@ class _CurrentHostScope:
 
     def __call__(self) -> ContextManager[None]:
         return self.tracker.host_allocations() if self.tracker is not None else contextlib.nullcontext()
-
-
-#: Strategies whose device memory differs from another's only through the CUDA caching allocator,
-#: which meta does not model: L5 is L4 with expandable segments, so its meta step would be L4's.
-SAME_ON_META = {"L5": "L4"}
 
 
 @dataclasses.dataclass
@@ -71,11 +69,20 @@ class MetaSessions:
         self._flops: dict[tuple, tuple[float, float]] = {}
         self._done: dict[PointConfig, Measurement] = {}  # sizes of points already stepped
 
+    def measure_point(self, point: PointConfig, fault: Callable[[], None] | None = None) -> Measurement:
+        """Predict ``point``; over-budget (and an out-of-memory raised by a fault) become statuses."""
+        return classified(lambda result: self.measure(point, result, fault))
+
     def measure(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None = None) -> None:
-        """Fill ``result`` for ``point``; raises OverBudget, or whatever the fake step raised."""
-        if point.device != "meta":
-            raise ValueError(f"MetaSessions measures meta points, got device '{point.device}'")
-        twin = dataclasses.replace(point, strategy=SAME_ON_META.get(point.strategy, point.strategy), budget_bytes=None)
+        """Fill ``result`` for ``point``; raises OverBudget, or whatever the fake step raised.
+
+        A strategy whose step is another's on meta (``Strategy.same_on_meta_as``: L5 is L4 with an
+        allocator setting meta does not model) reuses that strategy's sizes.
+        """
+        if not profile(point.device).predicts:
+            raise ValueError(f"MetaSessions predicts points of a predicting device, got device '{point.device}'")
+        twin_name = strategies.get(point.strategy).same_on_meta_as or point.strategy
+        twin = dataclasses.replace(point, strategy=twin_name, budget_bytes=None)
         if twin in self._done and fault is None:
             for f in dataclasses.fields(Measurement):
                 if f.name not in ("status", "message", "elapsed_s", "alloc_conf"):
@@ -84,8 +91,7 @@ class MetaSessions:
         else:
             self._measure(point, result, fault)
             self._done[twin] = dataclasses.replace(result)
-        if point.budget_bytes is not None and result.peak_alloc_bytes > point.budget_bytes:
-            raise OverBudget(f"predicted peak {result.peak_alloc_bytes} B > budget {point.budget_bytes} B")
+        check_budget(result, point.budget_bytes, predicted=True)
 
     def _measure(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None) -> None:
         key = dataclasses.replace(point, batch_size=0, budget_bytes=None, warmup_steps=0, timed_steps=0)
@@ -106,10 +112,10 @@ class MetaSessions:
             session.step.zero_grad()
             tracker = LiveStorageTracker()
             session.host_scope.tracker = tracker
-            _file_offloads_as_host(session.step.model, tracker)
-            _memory_step_cpu(session.step, images, targets, tracker, result)
+            file_offloads_as_host(session.step.model, tracker)
+            tracked_memory_step(session.step, images, targets, tracker, result)
             del images, targets
-            for name, value in _model_breakdown(session.step).items():
+            for name, value in model_breakdown(session.step).items():
                 setattr(result, name, value)
         self._key, self._session = key, session
 

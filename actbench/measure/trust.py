@@ -3,7 +3,7 @@
 ``actbench trust --device cuda`` writes ``meta_vs_<device>.csv`` (one row per point: both byte
 counts and their ratio meta / measured); ``tests/test_meta.py`` holds the cpu ratios within 5%. On
 cuda the ratio includes what the caching allocator and cuDNN workspaces add, which meta does not
-model. Points are measured in this process (no child per point).
+model. Points are measured in this process (the in-process executor, no child per point).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from actbench.measure.meta import MetaSessions
-from actbench.measure.point import Measurement, PointConfig, measure_point
-from actbench.models import ModelSpec
+from actbench.devices import PROFILES
+from actbench.executors import InProcessExecutor
+from actbench.schema import Measurement, ModelSpec, PointConfig
 
 TRUST_MODELS = ("resnet18", "resnet50", "densenet121", "mobilenet_v2")
 TRUST_STRATEGIES = ("fp32", "checkpoint", "L2", "L3")
@@ -52,25 +52,22 @@ def _ratio(a: int | None, b: int | None) -> float | None:
     return None if a is None or not b else a / b
 
 
-def _measured(point: PointConfig, **kwargs) -> Measurement:
-    """A point's measurement; an exception becomes an ``error`` row so one bad point ends nothing."""
-    try:
-        return measure_point(point, **kwargs)
-    except Exception as exc:  # noqa: BLE001 -- reported in the row, like the harness's worker does
-        return Measurement(status="error", message=f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:200])
+#: The device whose points are predictions (meta).
+PREDICTING_DEVICE = next(name for name, p in PROFILES.items() if p.predicts)
 
 
 def compare(device: str, models=TRUST_MODELS, strategies=TRUST_STRATEGIES, batch_size: int = 2,
             image_size: int = 32, on_point: Callable[[Comparison], None] | None = None) -> list[Comparison]:
     """Measure every (model, strategy) on meta and on ``device`` (memory only, no timed steps)."""
-    sessions = MetaSessions()
+    executor = InProcessExecutor()  # an exception becomes an ``error`` measurement: one bad point ends nothing
     out = []
     for model in models:
         for strategy in strategies:
-            point = PointConfig(ModelSpec(model), strategy, batch_size, image_size, "meta", timed_steps=0)
-            meta = _measured(point, meta_sessions=sessions)
-            real = _measured(PointConfig(ModelSpec(model), strategy, batch_size, image_size, device,
-                                         warmup_steps=1, timed_steps=0))
+            predicted = PointConfig(ModelSpec(model), strategy, batch_size, image_size, PREDICTING_DEVICE,
+                                    timed_steps=0)
+            measured = PointConfig(ModelSpec(model), strategy, batch_size, image_size, device, warmup_steps=1,
+                                   timed_steps=0)
+            meta, real = executor.measure([predicted, measured])
             out.append(Comparison(model, strategy, batch_size, image_size, device, meta.status, real.status,
                                   meta.activation_bytes, real.activation_bytes, meta.peak_alloc_bytes,
                                   real.peak_alloc_bytes, real.reserved_bytes, (meta.message or real.message)[:120]))

@@ -367,7 +367,7 @@ at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_in, const at::Tensor& 
   return gin;
 }
 
-// Greedy allocation of DESIGN.md §2. The objective is separable and convex in each b_i (every
+// Greedy allocation of docs/design.md §2. The objective is separable and convex in each b_i (every
 // further decrement costs more), so repeatedly taking the cheapest decrement per unit of weight
 // is optimal for equal weights and a good heuristic otherwise.
 at::Tensor allocate_bits_cpu(const at::Tensor& cost_in, const at::Tensor& weight_in, double target, int64_t min_bits,

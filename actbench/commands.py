@@ -1,0 +1,261 @@
+"""One spec per measuring command, shared by the CLI and experiment files (docs/design.md §7).
+
+``actbench sweep-batch resnet50 --levels L3 --budget 16GiB`` and an experiment step with
+``command = "sweep-batch"`` build the same :class:`CommandSpec`; its validation and defaults live
+here once, and :meth:`CommandSpec.plan` turns it into a :class:`RunPlan`: the run directory's name,
+the library config, the search that executes it, how many points it may take, what a dry run
+prints and the summary it writes. The CLI only parses options and renders; experiment files only
+describe.
+
+A bad value raises :class:`SpecError` naming the field; the CLI prints it as ``--field-name ...``
+and an experiment file as ``steps[i].field_name: ...`` — the same check, in each one's vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from actbench.devices import DEVICE_NAMES, PROFILES
+from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, MIN_IMAGE_SIZE, PLAN_DIMENSIONS
+
+#: Commands that measure (or predict) points through the runner.
+MEASURING_COMMANDS: tuple[str, ...] = ("sweep-batch", "throughput", "memory", "max-scale", "plan")
+#: plan predicts, always on the predicting device.
+PLAN_DEVICE = next(name for name, p in PROFILES.items() if p.predicts)
+#: The CLI option of a field, where it is not ``--`` + the field with dashes.
+OPTION_NAMES = {"timeout_s": "--timeout", "model": "MODEL"}
+
+
+class SpecError(ValueError):
+    """A bad value of one field; ``field`` names it, ``problem`` says what is wrong and what is allowed."""
+
+    def __init__(self, field: str, problem: str, whole: bool = False) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+        self.whole = whole  # the problem is a complete sentence of its own (from a parser)
+
+    def as_option(self) -> str:
+        """The message in the CLI's vocabulary: ``--stop-after must be >= 1, got 0``."""
+        if self.whole:
+            return self.problem
+        option = OPTION_NAMES.get(self.field, "--" + self.field.replace("_", "-"))
+        return f"{option} {self.problem}"
+
+
+def _positive_finite(field: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise SpecError(field, f"must be a positive number of seconds, got {value}")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One run directory's worth of work: a library config and the search that executes it."""
+
+    name: str
+    command: str
+    config: Any
+    search: Callable[[Any, Callable], Any]
+    points: int
+    preview: tuple[str, ...]
+    summary: Callable[[Any], dict[str, Any]] | None
+
+    @property
+    def device(self) -> str:
+        return self.config.settings.device
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """A measuring command's options, with the CLI's defaults. ``strategies`` is the final list.
+
+    ``batch``: "START:STOP:STEP", "N" or "N,M,..." (max-scale and plan: one batch size). ``budget``:
+    e.g. "16GiB" (plan: required). ``warmup_steps``/``timed_steps``: None = the device's default.
+    ``dim``/``low``/``high``/``step``: max-scale and plan only (None = the dimension's default range).
+    """
+
+    command: str
+    model: str
+    strategies: tuple[str, ...]
+    batch: str = "64"
+    image_size: int = 224
+    device: str = "cuda"
+    budget: str | None = None
+    stop_after: int = 2
+    find_max: bool = False
+    dim: str | None = None
+    low: int | None = None
+    high: int | None = None
+    step: int | None = None
+    warmup_steps: int | None = None
+    timed_steps: int | None = None
+    checkpoint_segments: int | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    extra_blocks: int = 0
+    width_per_group: int | None = None
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    # --- validation, once for every front end ------------------------------------------------------
+    def _validate(self) -> None:
+        from actbench.parsing import parse_bytes, parse_int_range, parse_strategies
+
+        if self.command not in MEASURING_COMMANDS:
+            raise SpecError("command", f"must be one of {', '.join(MEASURING_COMMANDS)}, got '{self.command}'")
+        self._checked("model", lambda: _validate_model(self.model_spec()))
+        if not self.strategies:
+            raise SpecError("strategies", "is empty: give strategies or levels")
+        object.__setattr__(self, "strategies", self._checked("strategies",
+                                                             lambda: parse_strategies(",".join(self.strategies))))
+        if self.device not in DEVICE_NAMES:
+            raise SpecError("device", f"must be one of {', '.join(DEVICE_NAMES)}, got '{self.device}'")
+        if self.command == "plan" and self.device != PLAN_DEVICE:
+            raise SpecError("device", f"plan predicts on {PLAN_DEVICE}, got '{self.device}'")
+        if self.image_size < MIN_IMAGE_SIZE:
+            raise SpecError("image_size", f"must be >= {MIN_IMAGE_SIZE} pixels, got {self.image_size}")
+        batches = self._checked("batch", lambda: parse_int_range(self.batch, "batch"))
+        searches_a_dim = self.command in ("max-scale", "plan")
+        if searches_a_dim:
+            if len(batches) != 1:
+                raise SpecError("batch", f"{self.command} takes one batch size, got '{self.batch}'")
+            allowed = PLAN_DIMENSIONS if self.command == "plan" else DIMENSIONS
+            if self.dim not in allowed:
+                raise SpecError("dim", f"must be one of {', '.join(allowed)}, got {self.dim!r}")
+        elif any(v is not None for v in (self.dim, self.low, self.high, self.step)):
+            raise SpecError("dim", f"dim/low/high/step apply to max-scale and plan only, not {self.command}")
+        if self.budget is not None:
+            self._checked("budget", lambda: parse_bytes(self.budget))
+        elif self.command == "plan":
+            raise SpecError("budget", "is required: plan predicts the largest size under a memory budget (e.g. 16GiB)")
+        if self.stop_after <= 0:
+            raise SpecError("stop_after", f"must be >= 1, got {self.stop_after}")
+        _positive_finite("timeout_s", self.timeout_s)
+        for name in ("warmup_steps", "timed_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise SpecError(name, f"must be >= 0, got {value}")
+        if self.checkpoint_segments is not None and self.checkpoint_segments <= 0:
+            raise SpecError("checkpoint_segments", f"must be > 0, got {self.checkpoint_segments}")
+        if PROFILES[self.device].predicts and self.timed_steps:
+            raise SpecError("timed_steps", f"must be 0 on {self.device}: it predicts memory only (no compute to time), "
+                                           f"got {self.timed_steps}")
+        self._checked("timed_steps", self.settings)
+        if searches_a_dim:
+            self._checked("dim", self._search_config)
+
+    @staticmethod
+    def _checked(field: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except SpecError:
+            raise
+        except ValueError as exc:
+            raise SpecError(field, str(exc), whole=True) from None
+
+    # --- what the spec means ------------------------------------------------------------------------
+    def model_spec(self):
+        from actbench.schema import ModelSpec
+
+        return ModelSpec(self.model, extra_blocks=self.extra_blocks, width_per_group=self.width_per_group)
+
+    def batches(self) -> tuple[int, ...]:
+        from actbench.parsing import parse_int_range
+
+        return parse_int_range(self.batch, "batch")
+
+    def budget_bytes(self) -> int | None:
+        from actbench.parsing import parse_bytes
+
+        return None if self.budget is None else parse_bytes(self.budget)
+
+    def settings(self):
+        """How each point is measured: step counts resolved by the device profile."""
+        from actbench.search import MeasureSettings
+
+        return MeasureSettings.resolve(self.device, self.command, self.budget_bytes(), self.warmup_steps,
+                                       self.timed_steps, self.checkpoint_segments, self.timeout_s)
+
+    def _search_config(self):
+        from actbench.search import MaxScaleConfig, PlanConfig, plan_defaults, validate_max_scale, validate_plan, with_defaults
+
+        (batch,) = self.batches()
+        if self.command == "plan":
+            lo, hi, st = plan_defaults(self.dim, self.low, self.high, self.step)
+            cfg = PlanConfig(self.dim, self.model, self.strategies, batch, self.image_size, lo, hi, st, self.settings())
+            validate_plan(cfg)
+            return cfg
+        lo, hi, st = with_defaults(self.dim, self.low, self.high, self.step)
+        cfg = MaxScaleConfig(self.dim, self.model, self.strategies, batch, self.image_size, lo, hi, st,
+                             self.settings())
+        validate_max_scale(cfg)
+        return cfg
+
+    def plan(self) -> RunPlan:
+        """The run this spec asks for (run-directory name, config, search, point count, preview)."""
+        from actbench.results import run_name
+        from actbench.search import GridConfig, SweepConfig, run_grid, run_max_scale, run_plan, run_sweep, search_probes
+
+        settings = self.settings()
+        spec = self.model_spec()
+        if self.command == "sweep-batch":
+            cfg = SweepConfig(spec, self.strategies, self.batches(), self.image_size, settings, self.stop_after,
+                              self.find_max)
+            cands = cfg.candidates()
+            per = search_probes(len(cands)) if self.find_max else len(cands)
+            how = (f"binary search over {len(cands)} batch sizes {cands[0]}..{cands[-1]} (multiples of 4), "
+                   f"<= {search_probes(len(cands))} points" if self.find_max
+                   else f"batches {', '.join(map(str, cands))}")
+            preview = tuple(f"{s}: {spec.label()} {self.image_size}px {settings.device}: {how}" for s in self.strategies)
+            name = run_name("sweep-batch", spec.label(), settings.device, self.image_size, cfg.identity())
+            return RunPlan(name, self.command, cfg, run_sweep, per * len(self.strategies), preview,
+                           self._summary("max_batch"))
+        if self.command == "max-scale":
+            cfg = self._search_config()
+            cands = cfg.candidates()
+            preview = tuple(f"{s}: {self.model} batch {cfg.batch}: binary search of {self.dim} over {cfg.low}..{cfg.high} "
+                            f"step {cfg.step} ({len(cands)} candidates, <= {search_probes(len(cands))} points)"
+                            for s in self.strategies)
+            name = run_name(f"max-scale-{self.dim}", self.model, settings.device, self.image_size, cfg.identity())
+            return RunPlan(name, self.command, cfg, run_max_scale, search_probes(len(cands)) * len(self.strategies),
+                           preview, self._summary("max", dim=self.dim))
+        if self.command == "plan":
+            from actbench.parsing import format_bytes
+
+            cfg = self._search_config()
+            cands = cfg.candidates()
+            preview = tuple(f"{s}: {self.model} {self.image_size}px {PLAN_DEVICE}: search of {self.dim} over "
+                            f"{cfg.low}..{cfg.high} step {cfg.step} ({len(cands)} candidates) under "
+                            f"{format_bytes(settings.budget_bytes)}" for s in self.strategies)
+            name = run_name(f"plan-{self.dim}", self.model, PLAN_DEVICE, self.image_size, cfg.identity())
+            return RunPlan(name, self.command, cfg, run_plan, 4 * len(self.strategies), preview,
+                           self._summary("max", dim=self.dim, budget_bytes=settings.budget_bytes))
+        cfg = GridConfig(self.command, spec, self.strategies, self.batches(), self.image_size, settings)
+        name = run_name(self.command, spec.label(), settings.device, self.image_size, cfg.identity())
+        return RunPlan(name, self.command, cfg, run_grid, len(cfg.points()), tuple(p.describe() for p in cfg.points()),
+                       None)
+
+    def _summary(self, what: str, **extra: Any) -> Callable[[Any], dict[str, Any]]:
+        command = self.command
+
+        def make(outcome) -> dict[str, Any]:
+            return {"command": command, **extra, what: outcome.summary()}
+
+        return make
+
+    def describe(self) -> str:
+        what = f"dim {self.dim}" if self.dim is not None else f"batch {self.batch}"
+        return (f"{self.command} {self.model_spec().label()} [{','.join(self.strategies)}] {what} "
+                f"{self.image_size}px {self.device}" + (f" budget {self.budget}" if self.budget else ""))
+
+
+
+def _validate_model(spec) -> None:
+    from actbench.models import validate_model_spec
+
+    validate_model_spec(spec)
+
+
+__all__ = ["CommandSpec", "MEASURING_COMMANDS", "PLAN_DEVICE", "RunPlan", "SpecError"]

@@ -1,0 +1,105 @@
+"""What one training step costs, shared by measured points (``point.py``) and predicted ones (``meta.py``).
+
+Definitions (docs/design.md §4):
+
+- activation_bytes: device bytes allocated by forward + loss and still alive when backward starts.
+- peak_alloc_bytes: device peak over one whole step (forward, backward, optimizer step), model included.
+- reserved_bytes: peak bytes a caching allocator held during that step (None where there is none).
+- model_bytes: parameters + gradients + optimizer state (distinct storages).
+- host_bytes: host memory holding saved tensors moved off the device (swap, L4/L5).
+- flops_per_sample: FlopCounterMode FLOPs of forward + backward of the *unmodified* model, per sample
+  (a property of the model, identical across strategies; checkpoint's recompute is not included).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from actbench.measure.tracker import LiveStorageTracker, unique_storage_bytes
+from actbench.models import logits_of
+from actbench.schema import Measurement
+from actbench.training.step import TrainingStep
+
+
+class OverBudget(Exception):
+    """The step's peak exceeded the budget on a device where nothing enforces it (cpu, meta)."""
+
+
+def check_budget(result: Measurement, budget_bytes: int | None, predicted: bool = False) -> None:
+    if budget_bytes is not None and result.peak_alloc_bytes is not None and result.peak_alloc_bytes > budget_bytes:
+        what = "predicted peak" if predicted else "peak"
+        raise OverBudget(f"{what} {result.peak_alloc_bytes} B > budget {budget_bytes} B")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch's OOM, or the plain RuntimeError cuDNN/cuBLAS raise for allocation failures on some paths."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "CUDNN_STATUS_ALLOC_FAILED" in text)
+
+
+def classified(fill: Callable[[Measurement], None], alloc_conf: str | None = None) -> Measurement:
+    """Run ``fill`` on a fresh measurement; out-of-memory and over-budget become statuses, other errors raise."""
+    started = time.perf_counter()
+    result = Measurement(status="ok", alloc_conf=alloc_conf)
+    try:
+        fill(result)
+    except OverBudget as exc:
+        result.status, result.message = "over_budget", str(exc)
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        result.status, result.message = "oom", " ".join(str(exc).split())[:200]
+    result.elapsed_s = round(time.perf_counter() - started, 3)
+    return result
+
+
+def count_flops(model: torch.nn.Module, images: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
+    """(forward, forward+backward) FLOPs of one step of ``model`` on this batch (no optimizer step)."""
+    criterion = torch.nn.CrossEntropyLoss()
+    with FlopCounterMode(display=False) as fwd_counter:
+        loss = criterion(logits_of(model(images)), targets)
+    with FlopCounterMode(display=False) as bwd_counter:
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    fwd = fwd_counter.get_total_flops()
+    return fwd, fwd + bwd_counter.get_total_flops()
+
+
+def model_breakdown(step: TrainingStep) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state (distinct storages), and their sum."""
+    params = list(step.model.parameters())
+    param_b = unique_storage_bytes(params)
+    grad_b = unique_storage_bytes(p.grad for p in params if p.grad is not None)
+    opt_b = unique_storage_bytes(step.optimizer_state_tensors())
+    return {"param_bytes": param_b, "grad_bytes": grad_b, "optimizer_state_bytes": opt_b,
+            "model_bytes": param_b + grad_b + opt_b}
+
+
+def file_offloads_as_host(model: torch.nn.Module, tracker: LiveStorageTracker) -> None:
+    """L4/L5 off CUDA: their "host" copies are plain tensors; make the tracker file them as host."""
+    from actbench.actnn import set_host_scope
+
+    set_host_scope(model, tracker.host_allocations)
+
+
+def tracked_memory_step(step: TrainingStep, images: torch.Tensor, targets: torch.Tensor,
+                        tracker: LiveStorageTracker, result: Measurement) -> None:
+    """One step under the live-storage tracker: activation, peak and host bytes (cpu and meta)."""
+    tracker.adopt(step.state_tensors())
+    tracker.adopt([images, targets])
+    with tracker:
+        tracker.reset_peak()
+        before = tracker.live_bytes
+        loss = step.forward_loss(images, targets)
+        result.activation_bytes = tracker.live_bytes - before
+        result.host_bytes = tracker.host_live_bytes
+        step.backward_and_update(loss)
+        del loss
+    result.peak_alloc_bytes = tracker.peak_bytes
+    result.reserved_bytes = None  # no caching allocator here

@@ -1,0 +1,195 @@
+"""What a point is and what a row says: the result schema, without torch (docs/design.md §4, §7).
+
+Everything that reads, analyses or plots results imports this module and nothing heavier, so
+``actbench report`` starts without loading torch. The measuring side (``actbench.measure``) fills
+the same dataclasses. A row is composed from the point that was measured and the measurement made
+of it (:func:`ResultRow.build`); its columns are not typed a second time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+# --- constants spelled once ----------------------------------------------------------------------
+#: ActNN's compression levels (docs/design.md §3), in order of increasing compression.
+LEVEL_NAMES: tuple[str, ...] = ("L0", "L1", "L2", "L3", "L4", "L5")
+#: The strategy every comparison is made against.
+BASELINE = "fp32"
+#: What max-scale grows (ResNet-152 only for depth and width) and what plan can also search.
+DIMENSIONS: tuple[str, ...] = ("depth", "width", "resolution")
+PLAN_DIMENSIONS: tuple[str, ...] = ("batch",) + DIMENSIONS
+#: Seconds before a point's child is killed (status ``timeout``), unless the user says otherwise.
+DEFAULT_TIMEOUT_S = 1800.0
+#: The smallest input side every torchvision classifier accepts after its strides.
+MIN_IMAGE_SIZE = 16
+#: The model that max-scale grows in depth and width (docs/design.md §5).
+GROWABLE_MODEL = "resnet152"
+
+STATUSES: tuple[str, ...] = ("ok", "oom", "over_budget", "error", "timeout")
+#: Statuses that mean "does not fit": what bounds a search (error and timeout say nothing about memory).
+MEMORY_FAILURES: tuple[str, ...] = ("oom", "over_budget")
+#: Failures to measure, not results: a rerun measures these points again (unless told not to retry).
+RETRIED_STATUSES: tuple[str, ...] = ("error", "timeout")
+
+
+# --- the point -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to build. ``extra_blocks``/``width_per_group`` apply to resnet152 only (the grown ResNet)."""
+
+    name: str
+    extra_blocks: int = 0
+    width_per_group: int | None = None
+    num_classes: int = 1000
+
+    def label(self) -> str:
+        parts = [self.name]
+        if self.extra_blocks:
+            parts.append(f"+{self.extra_blocks}blk")
+        if self.width_per_group is not None:
+            parts.append(f"w{self.width_per_group}")
+        return "-".join(parts)
+
+
+@dataclass(frozen=True)
+class PointConfig:
+    """Everything that determines one measurement; its hash is the row's ``key``."""
+
+    model: ModelSpec
+    strategy: str
+    batch_size: int
+    image_size: int
+    device: str
+    budget_bytes: int | None = None
+    warmup_steps: int = 1
+    timed_steps: int = 3
+    checkpoint_segments: int | None = None
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PointConfig":
+        data = dict(data)
+        data["model"] = ModelSpec(**data["model"])
+        return cls(**data)
+
+    def key(self) -> str:
+        """Stable 16-hex-digit hash of the configuration (resume matches rows by it)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        return f"{self.model.label()} {self.strategy} b{self.batch_size} {self.image_size}px {self.device}"
+
+
+# --- the measurement -----------------------------------------------------------------------------
+@dataclass
+class Measurement:
+    """What measuring a point reports. ``None`` means "not measured", never zero."""
+
+    status: str
+    message: str = ""
+    activation_bytes: int | None = None
+    peak_alloc_bytes: int | None = None
+    reserved_bytes: int | None = None
+    model_bytes: int | None = None
+    param_bytes: int | None = None
+    grad_bytes: int | None = None
+    optimizer_state_bytes: int | None = None
+    host_bytes: int | None = None
+    samples_per_s_median: float | None = None
+    samples_per_s_iqr: float | None = None
+    step_time_s_median: float | None = None
+    flops_per_sample: float | None = None
+    forward_flops_per_sample: float | None = None
+    num_params: int | None = None
+    depth: int | None = None
+    strategy_note: str | None = None
+    alloc_conf: str | None = None
+    elapsed_s: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Measurement":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @classmethod
+    def failure(cls, status: str, message: str, **extra: Any) -> "Measurement":
+        """A point that could not be measured (or did not fit), with one line saying why."""
+        return cls(status=status, message=" ".join(message.split())[:300], **extra)
+
+
+# --- the row -------------------------------------------------------------------------------------
+#: Column order of ``table.csv`` (and of ``rows.jsonl``'s objects): identity first, then what was
+#: measured, then how. Names only; each column's type comes from the dataclass that owns it.
+_ROW_OWN = {"key": str, "run_id": str, "env_id": str, "model": str, "finished_at": "str | None"}
+_FROM_MODEL = ("extra_blocks", "width_per_group")
+_FROM_POINT = ("strategy", "batch_size", "image_size", "device", "budget_bytes", "checkpoint_segments",
+               "warmup_steps", "timed_steps")
+COLUMNS: tuple[str, ...] = (
+    "key", "run_id", "env_id", "status", "message", "model", "extra_blocks", "width_per_group", "depth",
+    "strategy", "batch_size", "image_size", "device", "budget_bytes",
+    "activation_bytes", "peak_alloc_bytes", "reserved_bytes", "model_bytes", "param_bytes", "grad_bytes",
+    "optimizer_state_bytes", "host_bytes", "samples_per_s_median", "samples_per_s_iqr", "step_time_s_median",
+    "flops_per_sample", "forward_flops_per_sample", "num_params", "checkpoint_segments", "warmup_steps",
+    "timed_steps", "strategy_note", "alloc_conf", "elapsed_s", "finished_at",
+)
+
+
+def _row_fields() -> list[tuple[str, Any, Any]]:
+    """(name, type, field) of every column, each type taken from its owner; identity columns are
+    required, measured ones default to None (not measured)."""
+    owners = {f.name: f.type for cls in (Measurement, PointConfig, ModelSpec) for f in fields(cls)}
+    first_optional = COLUMNS.index("activation_bytes")
+    return [(name, _ROW_OWN.get(name) or owners[name],
+             dataclasses.field(default=None) if i >= first_optional else dataclasses.field())
+            for i, name in enumerate(COLUMNS)]
+
+
+def _check_columns() -> None:
+    point_side = set(_ROW_OWN) | set(_FROM_MODEL) | set(_FROM_POINT)
+    measured = {f.name for f in fields(Measurement)}
+    missing = (point_side | measured) - set(COLUMNS)
+    if missing or len(set(COLUMNS)) != len(COLUMNS):
+        raise AssertionError(f"COLUMNS must name every row field once; missing {sorted(missing)}")
+
+
+_check_columns()
+
+
+def _build(cls: type, point: PointConfig, m: Measurement, run_id: str, env_id: str) -> Any:
+    identity = {name: getattr(point, name) for name in _FROM_POINT}
+    identity.update({name: getattr(point.model, name) for name in _FROM_MODEL})
+    return cls(key=point.key(), run_id=run_id, env_id=env_id, model=point.model.name,
+               finished_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+               **identity, **asdict(m))
+
+
+def _from_dict(cls: type, data: dict[str, Any]) -> Any:
+    return cls(**{k: v for k, v in data.items() if k in _ROW_NAMES})
+
+
+def _ok(self: Any) -> bool:
+    return self.status == "ok"
+
+
+_ROW_NAMES = frozenset(COLUMNS)
+
+ResultRow = dataclasses.make_dataclass(
+    "ResultRow", _row_fields(),
+    namespace={
+        "__module__": __name__,
+        "__doc__": "One measured point: the point's identity plus its Measurement. Units are in the names; "
+                   "``None`` = not measured (differs from 0).",
+        "build": classmethod(_build),
+        "from_dict": classmethod(_from_dict),
+        "ok": property(_ok),
+    },
+)

@@ -1,0 +1,84 @@
+"""Gradient checkpointing of a model's blocks: the mechanics behind the ``checkpoint`` strategy."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+def find_block_containers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Sequential]]:
+    """Outermost ``nn.Sequential`` children with >= 2 entries, as (parent, attribute, container).
+
+    Their entries are the model's blocks (ResNet layer1..4's bottlenecks, VGG/DenseNet/EfficientNet
+    ``features`` entries, ViT encoder layers), in forward order for torchvision models.
+    """
+    found: list[tuple[nn.Module, str, nn.Sequential]] = []
+
+    def visit(parent: nn.Module) -> None:
+        for name, child in parent.named_children():
+            if type(child).forward is nn.Sequential.forward and isinstance(child, nn.Sequential) and len(child) >= 2:
+                found.append((parent, name, child))
+            else:
+                visit(child)
+
+    visit(model)
+    return found
+
+
+class CheckpointedSequential(nn.Module):
+    """Runs a Sequential's entries in runs; each run is one non-reentrant checkpoint segment."""
+
+    def __init__(self, inner: nn.Sequential, runs: Sequence[tuple[int, int]]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.runs = tuple(runs)
+
+    def _run(self, start: int, stop: int, x: torch.Tensor) -> torch.Tensor:
+        for i in range(start, stop):
+            x = self.inner[i](x)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for start, stop in self.runs:
+            if torch.is_grad_enabled():
+                x = checkpoint(self._run, start, stop, x, use_reentrant=False)
+            else:
+                x = self._run(start, stop, x)
+        return x
+
+
+def _starts_inplace(module: nn.Module) -> bool:
+    return bool(getattr(module, "inplace", False))
+
+
+def apply_checkpointing(model: nn.Module, segments: int | None) -> int:
+    """Wrap the model's blocks in checkpoint segments; return the number of segments made.
+
+    Blocks from all containers are split into ``segments`` contiguous groups of near-equal size
+    (``None``: one per block); a group never spans two containers. A segment never starts with an
+    in-place module (VGG's ReLU(inplace)), which would overwrite the previous segment's saved input.
+    """
+    containers = find_block_containers(model)
+    blocks = [(ci, bi) for ci, (_, _, seq) in enumerate(containers) for bi in range(len(seq))]
+    if not blocks:
+        raise ValueError(f"checkpoint: found no nn.Sequential blocks in {type(model).__name__}")
+    n = len(blocks)
+    k = n if segments is None else max(1, min(segments, n))
+    group_of = [i * k // n for i in range(n)]
+    made = 0
+    for ci, (parent, attr, seq) in enumerate(containers):
+        idx = [g for (c, _), g in zip(blocks, group_of) if c == ci]
+        runs: list[tuple[int, int]] = []
+        start = 0
+        for bi in range(1, len(seq) + 1):
+            if bi == len(seq) or (idx[bi] != idx[bi - 1] and not _starts_inplace(seq[bi])):
+                runs.append((start, bi))
+                start = bi
+        made += len(runs)
+        setattr(parent, attr, CheckpointedSequential(seq, runs))
+    return made
+
+
