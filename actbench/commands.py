@@ -114,6 +114,13 @@ class CommandSpec:
             raise SpecError("device", f"must be one of {', '.join(DEVICE_NAMES)}, got '{self.device}'")
         if self.command == "plan" and self.device != PLAN_DEVICE:
             raise SpecError("device", f"plan predicts on {PLAN_DEVICE}, got '{self.device}'")
+        if PROFILES[self.device].predicts:
+            from actbench import strategies
+
+            for name in self.strategies:
+                reason = strategies.get(name).not_on_meta
+                if reason is not None:
+                    raise SpecError("strategies", f"strategy '{name}' cannot run on {self.device}: {reason}")
         if self.image_size < MIN_IMAGE_SIZE:
             raise SpecError("image_size", f"must be >= {MIN_IMAGE_SIZE} pixels, got {self.image_size}")
         batches = self._checked("batch", lambda: parse_int_range(self.batch, "batch"))

@@ -59,6 +59,8 @@ class Strategy:
     cuda_alloc_conf: ClassVar[str | None] = None
     #: on meta, a strategy whose step is identical (the allocator setting is all that differs)
     same_on_meta_as: ClassVar[str | None] = None
+    #: why this strategy cannot be predicted on fake tensors (None: it can); said before measuring
+    not_on_meta: ClassVar[str | None] = None
 
     def prepare(self, model: "nn.Module", device: "torch.device", options: StrategyOptions,
                 host_scope: HostScope) -> PreparedModel:
