@@ -156,6 +156,11 @@ class AccuracyConfig:
             raise ValueError(f"accuracy: num_classes must be >= 2, got {self.num_classes}")
         if self.image_size < 8:
             raise ValueError(f"accuracy: image_size must be >= 8 pixels, got {self.image_size}")
+        for name in ("lr", "momentum", "weight_decay", "noise_std"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
+                raise ValueError(f"accuracy: {name} must be a finite number {'> 0' if name == 'lr' else '>= 0'}, "
+                                 f"got {value}")
         if not self.bits and not self.include_fp32:
             raise ValueError("accuracy: nothing to train (no bits and include_fp32 = false)")
 

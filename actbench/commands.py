@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from actbench.devices import DEVICE_NAMES, PROFILES
-from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, MIN_IMAGE_SIZE, PLAN_DIMENSIONS
+from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, LIMITS, MAX_LIST_VALUES, MIN_IMAGE_SIZE, PLAN_DIMENSIONS
 
 #: Commands that measure (or predict) points through the runner.
 MEASURING_COMMANDS: tuple[str, ...] = ("sweep-batch", "throughput", "memory", "max-scale", "plan")
@@ -123,7 +123,7 @@ class CommandSpec:
                     raise SpecError("strategies", f"strategy '{name}' cannot run on {self.device}: {reason}")
         if self.image_size < MIN_IMAGE_SIZE:
             raise SpecError("image_size", f"must be >= {MIN_IMAGE_SIZE} pixels, got {self.image_size}")
-        batches = self._checked("batch", lambda: parse_int_range(self.batch, "batch"))
+        batches = self._checked("batch", self.batches)
         searches_a_dim = self.command in ("max-scale", "plan")
         if searches_a_dim:
             if len(batches) != 1:
@@ -133,6 +133,16 @@ class CommandSpec:
                 raise SpecError("dim", f"must be one of {', '.join(allowed)}, got {self.dim!r}")
         elif any(v is not None for v in (self.dim, self.low, self.high, self.step)):
             raise SpecError("dim", f"dim/low/high/step apply to max-scale and plan only, not {self.command}")
+        for name, dim in (("extra_blocks", "depth"), ("width_per_group", "width"), ("image_size", "resolution")):
+            value = getattr(self, name)
+            if value is not None and value > LIMITS[dim]:
+                raise SpecError(name, f"must be at most {LIMITS[dim]}, got {value}")
+        if searches_a_dim:
+            limit = LIMITS["batch" if self.dim == "batch" else self.dim]
+            for name in ("low", "high"):
+                value = getattr(self, name)
+                if value is not None and value > limit:
+                    raise SpecError(name, f"must be at most {limit} for --dim {self.dim}, got {value}")
         if self.budget is not None:
             self._checked("budget", lambda: parse_bytes(self.budget))
         elif self.command == "plan":
@@ -169,9 +179,10 @@ class CommandSpec:
         return ModelSpec(self.model, extra_blocks=self.extra_blocks, width_per_group=self.width_per_group)
 
     def batches(self) -> tuple[int, ...]:
+        """The batch sizes given (with --find-max, a search range: only its ends matter, any length)."""
         from actbench.parsing import parse_int_range
 
-        return parse_int_range(self.batch, "batch")
+        return parse_int_range(self.batch, "batch", max_values=None if self.find_max else MAX_LIST_VALUES)
 
     def budget_bytes(self) -> int | None:
         from actbench.parsing import parse_bytes

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import tomllib
 import types
 import typing
@@ -48,6 +49,7 @@ EXPERIMENTS_DIR = Path(actbench.__file__).resolve().parent.parent / "experiments
 HARNESS_COMMANDS = MEASURING_COMMANDS
 COMMANDS = HARNESS_COMMANDS + ("accuracy",)
 TOP_KEYS = ("name", "description", "paper", "steps", "quick")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 class ExperimentError(ValueError):
@@ -220,11 +222,19 @@ def load_experiment(path: Path, quick: bool = False, device: str | None = None) 
     for key in ("name", "description"):
         if not isinstance(data.get(key), str) or not data[key].strip():
             raise ExperimentError(f"{where}: '{key}' must be a non-empty string")
+    if not _NAME.fullmatch(data["name"].strip()):
+        # the name is a folder under --out: a path in it would write elsewhere
+        raise ExperimentError(f"{where}: 'name' must be letters, digits, '_', '-' or '.' (a folder name, "
+                              f"not a path), got {data['name']!r}")
     if data.get("paper") is not None and not isinstance(data["paper"], str):
         raise ExperimentError(f"{where}: 'paper' must be a string")
     steps = data.get("steps")
     if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
         raise ExperimentError(f"{where}: needs at least one [[steps]] table")
+    for i, raw in enumerate(steps):  # a bad command is blamed on itself, before [quick] is read
+        if raw.get("command") not in COMMANDS:
+            raise ExperimentError(f"{where}: steps[{i}].command: must be one of {', '.join(COMMANDS)}, "
+                                  f"got {raw.get('command')!r}")
     quick_all = data.get("quick", {})
     if not isinstance(quick_all, dict):
         raise ExperimentError(f"{where}: [quick] must be a table")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Sequence
 
+from actbench.schema import LIMITS, MAX_LIST_VALUES
 from actbench.strategies import ALL_STRATEGIES, BASELINE, LEVEL_NAMES, PLAIN_STRATEGIES
 
 _UNITS = {
@@ -82,8 +84,13 @@ def combine_strategies(strategies: tuple[str, ...], levels: tuple[str, ...], bas
     return tuple(dict.fromkeys(combined))
 
 
-def parse_int_range(text: str, what: str = "batch") -> tuple[int, ...]:
-    """'16:1024:16' (start:stop:step, stop included), '8', or '2,4,8' -> positive ints."""
+def parse_int_range(text: str, what: str = "batch", largest: int = LIMITS["batch"],
+                    max_values: int | None = MAX_LIST_VALUES) -> tuple[int, ...]:
+    """'16:1024:16' (start:stop:step, stop included), '8', or '2,4,8' -> positive ints up to ``largest``.
+
+    A range is sized before it is expanded: more than ``max_values`` values is an error, not a
+    list that fills the memory (None: a search range, bounded by ``largest`` alone).
+    """
     spec = text.strip()
     try:
         if ":" in spec:
@@ -92,19 +99,27 @@ def parse_int_range(text: str, what: str = "batch") -> tuple[int, ...]:
                 parts.append(1)
             if len(parts) != 3:
                 raise ValueError
-            start, stop, step = parts
-            if step <= 0:
-                raise ValueError(f"bad {what} range '{text}': step must be > 0")
-            values = tuple(range(start, stop + 1, step))
+            values: Sequence[int] = range(parts[0], parts[1] + 1, parts[2]) if parts[2] > 0 else ()
         else:
             values = tuple(int(p) for p in spec.split(","))
-    except ValueError as exc:
-        if str(exc).startswith("bad"):
-            raise
+    except ValueError:
         raise ValueError(f"bad {what} '{text}': use START:STOP:STEP (e.g. 16:1024:16), N, or N,M,...") from None
+    if ":" in spec and parts[2] <= 0:
+        raise ValueError(f"bad {what} range '{text}': step must be > 0")
+    if isinstance(values, range):
+        if max(values.start, values.stop - 1) > largest:
+            raise ValueError(f"{what} sizes must be at most {largest}, got {max(values.start, values.stop - 1)} "
+                             f"in '{text}'")
+        if max_values is not None and len(values) > max_values:
+            raise ValueError(f"bad {what} range '{text}': {len(values)} values, at most {max_values} "
+                             f"(use a larger step, or --find-max to search a range)")
+        values = tuple(values)
     if not values:
         raise ValueError(f"bad {what} range '{text}': it contains no values")
     bad = [v for v in values if v <= 0]
     if bad:
         raise ValueError(f"{what} sizes must be positive, got {bad[0]} in '{text}'")
+    huge = [v for v in values if v > largest]
+    if huge:
+        raise ValueError(f"{what} sizes must be at most {largest}, got {huge[0]} in '{text}'")
     return values

@@ -29,6 +29,12 @@ DEFAULT_TIMEOUT_S = 1800.0
 MIN_IMAGE_SIZE = 16
 #: The model that max-scale grows in depth and width (docs/design.md §5).
 GROWABLE_MODEL = "resnet152"
+#: Largest values accepted for each searchable quantity: far beyond any device (a batch of 2^20
+#: images, 65,536 extra blocks, width_per_group 8,192, 16,384-pixel inputs), yet small enough that
+#: a typo like 1:100000000000 is refused instead of expanding into billions of points.
+LIMITS: dict[str, int] = {"batch": 2**20, "depth": 65536, "width": 8192, "resolution": 16384}
+#: Most values a batch list may expand to (a scan measures each one; --find-max searches a range).
+MAX_LIST_VALUES = 10_000
 
 STATUSES: tuple[str, ...] = ("ok", "oom", "over_budget", "error", "timeout")
 #: Statuses that mean "does not fit": what bounds a search (error and timeout say nothing about memory).

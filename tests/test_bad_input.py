@@ -1,0 +1,81 @@
+"""Huge, meaningless or hostile values are refused in one line, before anything runs (issue 11, items 5-7).
+
+Each case names what a hostile user tried; each must exit 2 with one line on stderr, quickly (no list
+of billions of points is ever built) and without writing anything under --out.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from actbench.cli import app
+from actbench.experiments import ExperimentError, load_experiment
+
+
+def invoke(args: list[str]):
+    return CliRunner().invoke(app, args)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["sweep-batch", "resnet18", "--batch", "1:100000000000:1", "--dry-run"], "at most 1048576"),
+    (["sweep-batch", "resnet18", "--batch", "1:1000000:1", "--dry-run"], "1000000 values, at most 10000"),
+    (["sweep-batch", "resnet18", "--batch", "16:100000000000", "--find-max", "--dry-run"], "at most 1048576"),
+    (["plan", "resnet50", "--budget", "16GiB", "--high", "100000000000"], "--high must be at most 1048576"),
+    (["plan", "resnet152", "--budget", "16GiB", "--dim", "depth", "--high", "100000000000"], "at most 65536"),
+    (["memory", "resnet18", "--batch", "99999999999999999999", "--device", "meta"], "at most 1048576"),
+    (["memory", "resnet152", "--width-per-group", "100000000", "--device", "meta"], "--width-per-group must be at most"),
+    (["memory", "resnet152", "--extra-blocks", "100000000", "--device", "meta"], "--extra-blocks must be at most"),
+    (["memory", "resnet18", "--image-size", "100000", "--device", "meta"], "--image-size must be at most"),
+    (["sweep-batch", "resnet18", "--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
+    (["sweep-batch", "resnet18", "--timeout", "inf"], "--timeout must be a positive number of seconds, got inf"),
+])
+def test_huge_or_meaningless_numbers_are_one_line_errors(tmp_path: Path, args: list[str], needle: str) -> None:
+    started = time.perf_counter()
+    result = invoke([*args, "--out", str(tmp_path / "out")])
+    assert time.perf_counter() - started < 30  # refused, not expanded
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+HEAD = 'name = "{name}"\ndescription = "x"\n'
+STEP = ('[[steps]]\ncommand = "{command}"\nmodels = ["resnet18"]\nstrategies = ["fp32"]\ndevice = "meta"\n'
+        'image_size = 32\nbatch = "2"\n{extra}')
+
+
+def _file(tmp_path: Path, name: str = "ok", command: str = "memory", extra: str = "", tail: str = "") -> Path:
+    path = tmp_path / "exp.toml"
+    path.write_text(HEAD.format(name=name) + STEP.format(command=command, extra=extra) + tail)
+    return path
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(name="../../../X"), "'name' must be letters, digits"),
+    (dict(name="/tmp/elsewhere"), "not a path"),
+    (dict(command="rm -rf /", tail="[quick]\nimage_size = 16\n"), "steps[0].command: must be one of"),
+    (dict(extra="timeout_s = nan\n"), "steps[0].timeout_s: must be a positive number of seconds, got nan"),
+    (dict(), None),  # control: the same file with nothing wrong loads
+])
+def test_experiment_files_cannot_write_elsewhere_or_blame_the_wrong_key(tmp_path: Path, kwargs, needle) -> None:
+    path = _file(tmp_path, **kwargs)
+    if needle is None:
+        assert load_experiment(path).name == "ok"
+        return
+    with pytest.raises(ExperimentError) as info:
+        load_experiment(path)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+    result = invoke(["run", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and needle in result.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path.parent / "X").exists()
+
+
+def test_accuracy_rejects_non_finite_hyperparameters(tmp_path: Path) -> None:
+    path = tmp_path / "acc.toml"
+    path.write_text('name = "acc"\ndescription = "x"\n[[steps]]\ncommand = "accuracy"\nlr = nan\n')
+    with pytest.raises(ExperimentError, match="lr must be a finite number > 0, got nan"):
+        load_experiment(path)
