@@ -130,3 +130,11 @@ def test_code_cites_only_files_in_the_repository() -> None:
              if re.search(r"(?<![/\w])DESIGN\.md", p.read_text(errors="replace"))]
     assert not stale, f"cite docs/design.md, not a file outside the repository: {stale}"
     assert (root / "docs" / "design.md").is_file()
+
+
+def test_results_readme_lists_the_registered_strategies() -> None:
+    from actbench import strategies
+
+    text = (PACKAGE.parent / "results" / "README.md").read_text()
+    block = text.split("<!-- strategies:begin -->\n", 1)[1].split("\n<!-- strategies:end -->", 1)[0]
+    assert block == strategies.markdown_table(), "regenerate with actbench.strategies.markdown_table()"

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from actbench.cli.app import PREDICT_INSTEAD, Device, app, fail, require_device
 from actbench.devices import PROFILES
+from actbench.strategies import PLAIN_STRATEGIES
 from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, MIN_IMAGE_SIZE, PLAN_DIMENSIONS
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,8 @@ PlanDim = enum.Enum("PlanDim", {name: name for name in PLAN_DIMENSIONS}, type=st
 # --- shared option aliases ---------------------------------------------------------------------
 LevelsOpt = Annotated[Optional[str], typer.Option("--levels", help="ActNN levels: L1..L5, L1,L3 or all.")]
 StrategiesOpt = Annotated[Optional[str], typer.Option(
-    "--strategies", "--strategy", help="Comma list of fp32, swap, checkpoint (levels allowed too).")]
+    "--strategies", "--strategy",
+    help=f"Comma list of {', '.join(PLAIN_STRATEGIES)} (levels allowed too); results/README.md describes each.")]
 NoBaselineOpt = Annotated[bool, typer.Option("--no-baseline", help="Do not add fp32 as the baseline.")]
 ImageSizeOpt = Annotated[int, typer.Option("--image-size", help="Input side in pixels.")]
 DeviceOpt = Annotated[Device, typer.Option(

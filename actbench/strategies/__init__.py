@@ -56,12 +56,21 @@ def is_actnn_level(name: str) -> bool:
 
 
 def help_text() -> str:
-    """One line per strategy, for --help and results/README.md."""
+    """One line per strategy, for --help."""
     return "\n".join(f"{name}: {s.description}" for name, s in registered().items())
+
+
+def markdown_table() -> str:
+    """The strategy table of results/README.md (a test keeps the file equal to this)."""
+    lines = ["| strategy | what it keeps for backward | host memory |", "|---|---|---|"]
+    lines += [f"| `{name}` | {s.description} | {'yes' if s.uses_host_memory else '-'} |"
+              for name, s in registered().items()]
+    return "\n".join(lines)
 
 
 __all__ = [
     "ALL_STRATEGIES", "BASELINE", "HostScope", "LEVEL_NAMES", "PLAIN_STRATEGIES", "PreparedModel", "Strategy",
-    "StrategyOptions", "add", "colour", "cuda_alloc_conf", "get", "help_text", "is_actnn_level", "rank",
+    "StrategyOptions", "add", "colour", "cuda_alloc_conf", "get", "help_text", "is_actnn_level", "markdown_table",
+    "rank",
     "register", "registered",
 ]
