@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -29,11 +31,14 @@ import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+if TYPE_CHECKING:
+    from actbench.executors import Executor
 
 log = logging.getLogger(__name__)
 
@@ -348,13 +353,39 @@ class AccuracyStore:
         os.replace(tmp, self.table_path)
 
 
+def train_setting_task(args: dict[str, Any]) -> dict[str, Any]:
+    """The executor task "accuracy-setting": train one setting (``args``: config fields, ``bits``).
+
+    Runs with ``cfg.threads`` intra-op threads (restored afterwards); returns the TrainOutcome's fields.
+    """
+    config = dict(args["config"])
+    config["bits"] = tuple(config["bits"])
+    cfg = AccuracyConfig(**config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        return dataclasses.asdict(train_and_evaluate(cfg, args["bits"], _cached_data(cfg)))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_data(cfg: AccuracyConfig) -> Data:
+    """The data set of ``cfg``, made once for all of its settings in one process."""
+    return make_data(cfg)
+
+
 def run_accuracy(cfg: AccuracyConfig, out_dir: Path,
-                 on_event: Callable[[str, str, AccuracyRow | None], None] | None = None) -> tuple[Path, list[AccuracyRow]]:
+                 on_event: Callable[[str, str, AccuracyRow | None], None] | None = None,
+                 executor: "Executor | None" = None) -> tuple[Path, list[AccuracyRow]]:
     """Train every setting of ``cfg`` into ``out_dir/<run>/``; settings already recorded are resumed.
 
-    A failing setting becomes a row with status ``error`` (and the message), not a dead run.
-    Returns the run directory and its rows in setting order.
+    Each setting's training is a task on ``executor`` (default: this process). A failing setting
+    becomes a row with status ``error`` (and the message), not a dead run. Returns the run
+    directory and its rows in setting order.
     """
+    from actbench.executors import InProcessExecutor
+
     from actbench.measure.environment import capture_environment, environment_id
 
     run_dir = out_dir / cfg.run_name()
@@ -370,20 +401,16 @@ def run_accuracy(cfg: AccuracyConfig, out_dir: Path,
         env_path.write_text(json.dumps({"env_id": environment_id(env), **env}, indent=2) + "\n")
     emit = on_event or (lambda *_: None)
     done = {r.key: r for r in store.read_rows()}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
-        rows = _run_settings(cfg, store, done, emit)
-    finally:
-        torch.set_num_threads(threads)
+    rows = _run_settings(cfg, store, done, emit, executor or InProcessExecutor())
     store.write_table()
     return run_dir, rows
 
 
 def _run_settings(cfg: AccuracyConfig, store: AccuracyStore, done: dict[str, AccuracyRow],
-                  emit: Callable[[str, str, AccuracyRow | None], None]) -> list[AccuracyRow]:
+                  emit: Callable[[str, str, AccuracyRow | None], None], executor: "Executor") -> list[AccuracyRow]:
+    from actbench.executors import Task
+
     run_dir = store.run_dir
-    data: Data | None = None
     rows = []
     for bits in cfg.settings():
         key = setting_key(cfg, bits)
@@ -393,13 +420,13 @@ def _run_settings(cfg: AccuracyConfig, store: AccuracyStore, done: dict[str, Acc
             rows.append(done[key])
             continue
         emit("start", label, None)
-        data = make_data(cfg) if data is None else data
         t0 = time.perf_counter()
         base = dict(key=key, run_id=run_dir.name, setting=label, target_bits=bits, chance_accuracy=1 / cfg.num_classes,
                     steps=cfg.steps, batch_size=cfg.batch_size, image_size=cfg.image_size,
                     num_classes=cfg.num_classes, model=f"cifar_resnet{cfg.model_depth}", seed=cfg.seed)
         try:
-            res = train_and_evaluate(cfg, bits, data)
+            res = TrainOutcome(**executor.call(Task("accuracy-setting", {"config": dataclasses.asdict(cfg),
+                                                                          "bits": bits})))
         except Exception as exc:  # one failing setting is a row, not a dead experiment
             log.exception("accuracy: %s failed", label)
             row = AccuracyRow(status="error", message=f"{type(exc).__name__}: {exc}"[:300], mean_bits=None,

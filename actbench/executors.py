@@ -1,9 +1,11 @@
 """The executor seam: where and how points are measured (docs/design.md §7).
 
 An executor takes points and yields their measurements, in order; it also captures the environment
-the points run in. The runner (:mod:`actbench.runner`) and the searches (:mod:`actbench.search`)
-only see this interface, so they never know whether a point ran in a child process, in this
-process, or (later) on another machine.
+the points run in, and runs other named work (:class:`Task`: an accuracy setting's training, a
+gradient verification) the same way. The runner (:mod:`actbench.runner`), the searches
+(:mod:`actbench.search`), ``actbench trust``, the accuracy experiment and ``verify-grads`` only see
+this interface, so they never know whether work ran in a child process, in this process, or
+(later) on another machine.
 
 - :class:`ChildProcessExecutor` — one child process per point (``python -m actbench.worker``) with
   a timeout: an out-of-memory, a crash or a hang costs one row, and the device starts clean for
@@ -26,7 +28,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import actbench
 from actbench.devices import profile
@@ -43,12 +45,46 @@ class EnvironmentCaptureError(RuntimeError):
     """The environment block could not be captured (e.g. no usable GPU for a cuda run)."""
 
 
+class TaskError(RuntimeError):
+    """A task failed where it ran; the message is that failure's one line."""
+
+
+#: Work an executor runs by name: "module:function", a function taking and returning JSON-able dicts.
+TASKS: dict[str, str] = {
+    "accuracy-setting": "actbench.accuracy:train_setting_task",
+    "verify-grads": "actbench.actnn.verify:verify_task",
+}
+
+
+@dataclass(frozen=True)
+class Task:
+    """A named unit of work (a key of :data:`TASKS`) and its JSON-able arguments.
+
+    ``progress(done, total)`` is called as the work advances where the executor can see it (in this
+    process); a child reports only its result.
+    """
+
+    name: str
+    args: dict[str, Any]
+    progress: Callable[[int, int], None] | None = None
+
+    def function(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        import importlib
+
+        if self.name not in TASKS:
+            raise ValueError(f"unknown task '{self.name}'; known: {', '.join(TASKS)}")
+        module, _, attr = TASKS[self.name].partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
 class Executor(Protocol):
-    """Measures points; yields one measurement per point, in the order given."""
+    """Measures points (one measurement per point, in the order given) and runs tasks."""
 
     def measure(self, points: Iterable[PointConfig]) -> Iterator[Measurement]: ...
 
     def environment(self, device: str) -> dict[str, Any]: ...
+
+    def call(self, task: Task) -> dict[str, Any]: ...
 
 
 # --- one child process per point --------------------------------------------------------------------
@@ -186,6 +222,18 @@ class ChildProcessExecutor:
             outcome = run_child({"task": "measure", "point": point.to_dict()}, self.timeout_s, alloc_conf, log_path)
             yield outcome_to_measurement(outcome, self.timeout_s)
 
+    def call(self, task: Task) -> dict[str, Any]:
+        """Run ``task`` in a child; its failure (or death, or timeout) raises :class:`TaskError`."""
+        task.function()  # an unknown task fails here, in one line, not in the child
+        log_path = None if self.log_dir is None else self.log_dir / f"{task.name}.log"
+        outcome = run_child({"task": "call", "name": task.name, "args": task.args}, self.timeout_s,
+                            log_path=log_path)
+        if outcome.result is not None and "result" in outcome.result:
+            return outcome.result["result"]
+        if outcome.result is not None and "error" in outcome.result:
+            raise TaskError(outcome.result["error"])
+        raise TaskError(outcome_to_measurement(outcome, self.timeout_s).message)
+
     def environment(self, device: str) -> dict[str, Any]:
         if not profile(device).environment_in_child:
             from actbench.measure.environment import capture_environment
@@ -241,6 +289,12 @@ class InProcessExecutor:
         from actbench.measure.environment import capture_environment
 
         return capture_environment(device)
+
+    def call(self, task: Task) -> dict[str, Any]:
+        """Run ``task`` here; its exception propagates as it is."""
+        if task.progress is not None:
+            return task.function()(task.args, progress=task.progress)
+        return task.function()(task.args)
 
 
 def executor_for(device: str, timeout_s: float = DEFAULT_TIMEOUT_S, log_dir: Path | None = None) -> Executor:

@@ -138,6 +138,16 @@ def verify_grads(config: VerifyConfig, progress: Callable[[int, int], None] | No
     return compare_gradients(model, config.level, x, y, config.seeds, progress)
 
 
+def verify_task(args: dict, progress: Callable[[int, int], None] | None = None) -> dict:
+    """The executor task "verify-grads": ``args`` are VerifyConfig's fields (a level as a name or as
+    LevelConfig fields); returns ``{"rows": [GradRow fields, ...]}``."""
+    fields = dict(args)
+    if isinstance(fields.get("level"), dict):
+        fields["level"] = LevelConfig(**fields["level"])
+    rows = verify_grads(VerifyConfig(**fields), progress)
+    return {"rows": [dataclasses.asdict(r) for r in rows]}
+
+
 def write_csv(rows: list[GradRow], path: Path) -> Path:
     """Write rows as CSV (columns = GradRow fields); refuses to overwrite an existing file."""
     path = Path(path)

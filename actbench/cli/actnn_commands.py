@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 from pathlib import Path
@@ -38,11 +39,13 @@ def verify_grads_command(
 ) -> None:
     """Bias and variance of ActNN's compressed gradients vs fp32, per parameter (table + CSV).
 
+    \b
     Example:
       actbench verify-grads resnet18 --level L3 --batch 8 --seeds 16
     """
     from actbench.actnn import level_config
-    from actbench.actnn.verify import VerifyConfig, verify_grads, write_csv
+    from actbench.actnn.verify import GradRow, VerifyConfig, write_csv
+    from actbench.executors import InProcessExecutor, Task
     from actbench.models import ModelSpec, validate_model_spec
 
     if device not in MEASURING_DEVICES:
@@ -56,7 +59,10 @@ def verify_grads_command(
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err) as bar:
         task = bar.add_task(f"{model} {level.value}", total=seeds)
-        rows = verify_grads(config, progress=lambda done, total: bar.update(task, completed=done))
+        args = dataclasses.asdict(config)
+        result = InProcessExecutor().call(Task("verify-grads", args,
+                                               progress=lambda done, total: bar.update(task, completed=done)))
+        rows = [GradRow(**r) for r in result["rows"]]
     table = Table(title=f"{model} at {level.value}: compressed vs fp32 gradients ({seeds} seeds, batch {batch})")
     for col in ("parameter", "numel", "rel_bias", "rel_std", "bias_z"):
         table.add_column(col, justify="left" if col == "parameter" else "right")
