@@ -160,9 +160,6 @@ class Series:
     def predicted(self) -> bool:
         return is_prediction(self.device)
 
-    def sort_key(self) -> tuple:
-        return (self.predicted, self.device, strategy_rank(self.strategy))
-
 
 def _series_of(rows: Iterable[ResultRow]) -> tuple[Series, ...]:
     found = {Series(r.strategy, r.device) for r in rows}
@@ -236,6 +233,52 @@ class BatchGroup:
         return tuple(sorted({r.batch_size for r in self.rows}))
 
 
+def bound_ratio(value: float | None, exact: bool, base: float | None, base_exact: bool) -> str | None:
+    """``value ÷ base`` as text, honest about lower bounds; None when nothing can be said.
+
+    A maximum that nothing larger was seen failing is only a lower bound ("≥"). Its ratio to an
+    exact fp32 maximum is then a lower bound too ("≥1.75"); an exact maximum over a bounded fp32
+    gives an upper bound ("≤1.75"); two lower bounds give no ratio at all. The CLI's tables, the
+    figures and the report all print ratios through here, so they agree.
+    """
+    if value is None or not base:
+        return None
+    if not exact and not base_exact:
+        return None
+    text = f"{value / base:.2f}"
+    if exact and base_exact:
+        return text
+    return f"≥{text}" if base_exact else f"≤{text}"
+
+
+def max_text(value: int | None, exact: bool) -> str:
+    """``608``, or ``≥608`` for a lower bound, or ``none fits``."""
+    if value is None:
+        return "none fits"
+    return str(value) if exact else f"≥{value}"
+
+
+#: What "× fp32" means beside a maximum, per searched quantity (one definition, stated wherever printed).
+MULTIPLE_DEFINITIONS: Mapping[str, str] = MappingProxyType({
+    "batch": "× fp32 = this maximum batch ÷ fp32's maximum batch (same device)",
+    "depth": "× fp32 = this maximum depth ÷ fp32's maximum depth, both in layers (ResNet-152: 152 layers; "
+             "each extra bottleneck adds 3)",
+    "width": "× fp32 = this maximum width_per_group ÷ fp32's",
+    "resolution": "× fp32 = this maximum input side (pixels) ÷ fp32's",
+})
+
+
+def scale_value(dim: str, row: ResultRow) -> int:
+    """The searched quantity of a row: batch, real depth in layers, width_per_group, or input side in pixels."""
+    if dim == "batch":
+        return row.batch_size
+    if dim == "depth":
+        return row.depth if row.depth is not None else row.extra_blocks
+    if dim == "width":
+        return row.width_per_group if row.width_per_group is not None else 64
+    return row.image_size
+
+
 @dataclass(frozen=True)
 class MaxBatchEntry:
     series: Series
@@ -245,6 +288,12 @@ class MaxBatchEntry:
     bounded: bool
     samples_per_s: float | None
     multiple_of_fp32: float | None
+    #: the multiple as printed: "1.75", "≥1.75" (this maximum is a lower bound), "≤1.75" (fp32's is), or None
+    multiple_text: str | None = None
+
+    @property
+    def max_text(self) -> str:
+        return max_text(self.max_batch, self.bounded)
 
 
 def max_batch_table(group: BatchGroup) -> tuple[MaxBatchEntry, ...]:
@@ -258,11 +307,12 @@ def max_batch_table(group: BatchGroup) -> tuple[MaxBatchEntry, ...]:
         raw[s] = (best, fail)
     entries = []
     for s, (best, fail) in raw.items():
-        fp32 = raw.get(Series("fp32", s.device), (None, False))[0]
+        fp32, fp32_bounded = raw.get(Series("fp32", s.device), (None, False))
         multiple = (best.batch_size / fp32.batch_size) if best is not None and fp32 is not None else None
+        text = bound_ratio(best.batch_size if best else None, fail, fp32.batch_size if fp32 else None, fp32_bounded)
         entries.append(MaxBatchEntry(series=s, label=group.label(s), max_batch=best.batch_size if best else None,
                                      bounded=fail, samples_per_s=best.samples_per_s_median if best else None,
-                                     multiple_of_fp32=multiple))
+                                     multiple_of_fp32=multiple, multiple_text=text))
     return tuple(entries)
 
 
@@ -333,6 +383,10 @@ class ScaleEntry:
     samples_per_s: float | None
     flops_per_sample: float | None
     multiple_of_fp32: float | None
+    #: a larger value was seen failing (oom, over budget): the maximum, not a lower bound
+    bounded: bool = True
+    #: the multiple as printed (see :func:`bound_ratio`), or None
+    multiple_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -369,33 +423,39 @@ class ScaleGroup:
 
     def value(self, row: ResultRow) -> int:
         """The grown quantity: real depth in layers, width_per_group in channels, or input side in pixels."""
-        if self.dim == "depth":
-            return row.depth if row.depth is not None else row.extra_blocks
-        if self.dim == "width":
-            return row.width_per_group if row.width_per_group is not None else 64
-        return row.image_size
+        return scale_value(self.dim, row)
+
+    def definition(self) -> str:
+        """What "× fp32" means in this group's tables and figures."""
+        return MULTIPLE_DEFINITIONS[self.dim]
 
     def unit(self) -> str:
         return {"depth": "layers", "width": "channels per group", "resolution": "pixels"}[self.dim]
 
     def table(self) -> tuple[ScaleEntry, ...]:
         best: dict[Series, ResultRow | None] = {}
+        bounded: dict[Series, bool] = {}
         for s in _series_of(self.rows):
-            ok = [r for r in self.rows if r.ok and r.strategy == s.strategy and r.device == s.device]
+            mine = [r for r in self.rows if r.strategy == s.strategy and r.device == s.device]
+            ok = [r for r in mine if r.ok]
             best[s] = max(ok, key=self.value) if ok else None
+            bounded[s] = any(r.status in MEMORY_FAILURES and (best[s] is None or self.value(r) > self.value(best[s]))
+                             for r in mine)
         entries = []
         for s, row in best.items():
             fp32 = best.get(Series("fp32", s.device))
             value = self.value(row) if row is not None else None
-            multiple = value / self.value(fp32) if value and fp32 is not None and self.value(fp32) else None
+            base = self.value(fp32) if fp32 is not None else None
+            multiple = value / base if value and base else None
+            text = bound_ratio(value, bounded[s], base, bounded.get(Series("fp32", s.device), False))
             label = f"{s.strategy} (predicted)" if s.predicted else s.strategy
             extra = f" (+{row.extra_blocks} blocks)" if row is not None and self.dim == "depth" else ""
             entries.append(ScaleEntry(series=s, label=label, max_value=value,
-                                      max_label="none fits" if value is None else f"{value}{extra}",
+                                      max_label="none fits" if value is None else f"{max_text(value, bounded[s])}{extra}",
                                       depth=row.depth if row else None,
                                       samples_per_s=row.samples_per_s_median if row else None,
                                       flops_per_sample=row.flops_per_sample if row else None,
-                                      multiple_of_fp32=multiple))
+                                      multiple_of_fp32=multiple, bounded=bounded[s], multiple_text=text))
         return tuple(entries)
 
 

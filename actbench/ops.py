@@ -163,11 +163,6 @@ class PackedTensor:
         base = (self.codes, self.lo, self.scale)
         return base + (self.bits,) if isinstance(self.bits, torch.Tensor) else base
 
-    def with_tensors(self, tensors: tuple[torch.Tensor, ...]) -> "PackedTensor":
-        """The same packed value backed by other tensors (e.g. after saving or offloading)."""
-        bits = tensors[3] if isinstance(self.bits, torch.Tensor) else self.bits
-        return PackedTensor(tensors[0], tensors[1], tensors[2], bits, self.group_size, self.shape, self.dtype)
-
 
 def _storage_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
