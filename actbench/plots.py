@@ -6,7 +6,13 @@ on the Agg canvas, so drawing works headless and leaves no state behind.
 
 Conventions shared by every figure: one colour per strategy (:data:`PALETTE`); meta rows are
 predictions, drawn with hollow markers / hatched bars and "(predicted)" in the legend; the failing
-batch of a strategy is a red ×; memory is in GiB (MiB when everything is below 1 GiB).
+batch of a strategy is a red ×; memory is in GiB (MiB when everything is below 1 GiB); a maximum
+that nothing larger was seen failing is a lower bound, labelled "≥"; "× fp32" means what
+:data:`actbench.analysis.MULTIPLE_DEFINITIONS` says, and the figure says it too; throughput points
+carry their spread (IQR) as error bars.
+
+:func:`write_figures` draws each folder of runs on its own (an experiment's folder, ``runs/``,
+``results/meta/...``), into that folder's ``figures/``: runs from different folders never share a figure.
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ from matplotlib.figure import Figure
 
 from actbench import paper as paper_ref
 from actbench.strategies import FALLBACK_COLOUR, registered
-from actbench.analysis import (BatchGroup, Run, ScaleGroup, Series, batch_groups, find_result_runs, max_batch_table,
-                               memory_table, scale_groups)
+from actbench.analysis import (MULTIPLE_DEFINITIONS, BatchGroup, Run, ScaleGroup, Series, batch_groups,
+                               find_result_runs, max_batch_table, memory_table, scale_groups)
 
 if TYPE_CHECKING:
     from actbench.accuracy import AccuracyRow
@@ -92,8 +98,13 @@ def plot_throughput_vs_batch(group: BatchGroup, paper_points: Sequence[paper_ref
         ax.axvspan(0, fp32_max, color=FP32_SHADE, alpha=0.6, zorder=0, label=f"fp32 fits (batch ≤ {fp32_max})")
     for s in series:
         pts = [r for r in group.ok_points(s) if r.samples_per_s_median is not None]
-        ax.plot([r.batch_size for r in pts], [r.samples_per_s_median for r in pts], label=group.label(s),
-                **_line_style(s))
+        # error bars: the spread of samples/s over the timed steps (IQR, drawn as ± half of it)
+        xs, ys = [r.batch_size for r in pts], [r.samples_per_s_median for r in pts]
+        ax.plot(xs, ys, label=group.label(s), **_line_style(s))
+        spread = [(r.samples_per_s_iqr or 0.0) / 2 for r in pts]
+        if any(spread):
+            ax.errorbar(xs, ys, yerr=spread, fmt="none", ecolor=colour(s.strategy), elinewidth=0.8, capsize=2,
+                        alpha=0.5 if s.predicted else 0.9, label=f"_iqr:{s.strategy}:{s.device}")  # "_": no legend
     fail_labelled = {False: False, True: False}
     for s in failing:
         row = group.first_failure(s)
@@ -109,7 +120,7 @@ def plot_throughput_vs_batch(group: BatchGroup, paper_points: Sequence[paper_ref
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("batch size (images)")
-    ax.set_ylabel("throughput (images/s)")
+    ax.set_ylabel("throughput (images/s, median; bars: IQR)")
     ax.set_title(group.title("Throughput vs batch"), fontsize=10)
     ax.grid(True, alpha=0.3)
     # outside the axes: with the paper's overlay the legend would hide curves
@@ -142,8 +153,12 @@ def _overlay_paper(ax, points: Sequence[paper_ref.PaperPoint]) -> None:
                 fail_done = True
 
 
-def plot_max_batch(group: BatchGroup) -> Figure | None:
-    """Bars of the largest ok batch per series, each labelled with its multiple of fp32 (same device)."""
+def plot_max_batch(group: BatchGroup, with_paper: bool = False) -> Figure | None:
+    """Bars of the largest ok batch per series, each labelled with its multiple of fp32 (same device).
+
+    A lower bound (nothing larger was seen failing) reads "≥". ``with_paper``: in the paper's setting
+    (model, 224², 16 GiB) the paper's maxima are black diamonds on the bars of the same strategy.
+    """
     entries = [e for e in max_batch_table(group) if e.max_batch is not None]
     if not entries or len(group.batch_sizes()) < 2:
         return None
@@ -151,24 +166,44 @@ def plot_max_batch(group: BatchGroup) -> Figure | None:
     ax = fig.add_subplot()
     for i, e in enumerate(entries):
         bars = ax.bar([i], [e.max_batch], label=e.label, **_bar_style(e.series))
-        text = f"{e.max_batch}" if e.bounded else f"≥{e.max_batch}"
-        if e.multiple_of_fp32 is not None:
-            text += f"\n{e.multiple_of_fp32:.2f}× fp32"
+        text = e.max_text
+        if e.multiple_text is not None:
+            text += f"\n{e.multiple_text}× fp32"
         ax.bar_label(bars, labels=[text], fontsize=7, padding=2)
+    if with_paper and group.model == group.base_model \
+            and paper_ref.matches(group.base_model, group.image_size, group.budget_bytes):
+        marked = [(i, paper_ref.paper_max_batch(e.series.strategy)) for i, e in enumerate(entries)]
+        marked = [(i, v) for i, v in marked if v is not None]
+        if marked:
+            ax.plot([i for i, _ in marked], [v for _, v in marked], linestyle="none", marker="D", color="black",
+                    markersize=6, label="paper's maximum (T4, 16 GB)", gid="paper-max")
+            for i, v in marked:
+                ax.annotate(f"paper {v}", (i, v), textcoords="offset points", xytext=(6, -3), fontsize=6)
     ax.set_xticks(range(len(entries)), [e.label for e in entries], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("maximum batch size (images)")
     ax.set_title(group.title("Maximum batch"), fontsize=10)
+    notes = [MULTIPLE_DEFINITIONS["batch"]]
+    if any(not e.bounded for e in entries):
+        notes.append("≥: a lower bound, nothing larger was seen failing")
+    fig.supxlabel("; ".join(notes), fontsize=6)
     ax.margins(y=0.2)
     ax.legend(fontsize=7, ncols=2)
     return fig
 
 
 def plot_memory(group: BatchGroup) -> Figure | None:
-    """Activation, peak allocated and model bytes per series at one batch size (grouped bars)."""
+    """Activation, peak allocated and model bytes per series at one batch size (grouped bars).
+
+    Where a strategy keeps copies in CPU memory (swap, L4/L5), a fourth group of bars shows those
+    host bytes beside the device bytes (they are counted in no device column).
+    """
     batch, entries = memory_table(group)
     if not entries:
         return None
-    metrics = (("activation", "activation_bytes"), ("peak allocated", "peak_alloc_bytes"), ("model", "model_bytes"))
+    metrics: tuple[tuple[str, str], ...] = (
+        ("activation", "activation_bytes"), ("peak allocated", "peak_alloc_bytes"), ("model", "model_bytes"))
+    if any(e.host_bytes for e in entries):
+        metrics += (("host copies\n(CPU memory)", "host_bytes"),)
     scale, unit = memory_unit(getattr(e, f) for e in entries for _, f in metrics)
     fig = _figure()
     ax = fig.add_subplot()
@@ -179,7 +214,7 @@ def plot_memory(group: BatchGroup) -> Figure | None:
         ys = [(getattr(e, f) or 0) / scale for _, f in metrics]
         ax.bar(xs, ys, width=width, label=e.label, **_bar_style(e.series))
     ax.set_xticks(range(len(metrics)), [m for m, _ in metrics])
-    ax.set_ylabel(f"memory ({unit})")
+    ax.set_ylabel(f"memory ({unit})" + (": device, and host copies" if len(metrics) > 3 else ""))
     ax.set_title(group.title(f"Memory at batch {batch}"), fontsize=10)
     ax.legend(fontsize=7, ncols=2)
     return fig
@@ -218,7 +253,7 @@ def plot_max_scale(group: ScaleGroup) -> Figure | None:
     names = {"depth": "maximum depth", "width": "maximum width", "resolution": "maximum resolution"}
     for i, e in enumerate(entries):
         bars = ax_max.bar([i], [e.max_value], label=e.label, **_bar_style(e.series))
-        text = e.max_label + (f"\n{e.multiple_of_fp32:.2f}× fp32" if e.multiple_of_fp32 else "")
+        text = e.max_label + (f"\n{e.multiple_text}× fp32" if e.multiple_text else "")
         ax_max.bar_label(bars, labels=[text], fontsize=7, padding=2)
         ips = e.samples_per_s or 0.0
         bars = ax_ips.bar([i], [ips], **_bar_style(e.series))
@@ -230,6 +265,10 @@ def plot_max_scale(group: ScaleGroup) -> Figure | None:
     ax_max.set_ylabel(f"{names[group.dim]} ({group.unit()})")
     ax_ips.set_ylabel("throughput at the maximum (images/s)")
     ax_max.legend(fontsize=7)
+    notes = [group.definition()]
+    if any(not e.bounded for e in entries):
+        notes.append("≥: a lower bound, nothing larger was seen failing")
+    fig.supxlabel("; ".join(notes), fontsize=6)
     fig.suptitle(group.title(names[group.dim].capitalize()), fontsize=10)
     return fig
 
@@ -248,7 +287,7 @@ def figures_for(runs: Sequence[Run], paper_points: Sequence[paper_ref.PaperPoint
     out = []
     for group in batch_groups(runs):
         for kind, fig in (("throughput_vs_batch", plot_throughput_vs_batch(group, paper_points)),
-                          ("max_batch", plot_max_batch(group)),
+                          ("max_batch", plot_max_batch(group, with_paper=paper_points is not None)),
                           ("memory", plot_memory(group)),
                           ("activation_vs_batch", plot_activation_vs_batch(group))):
             if fig is not None:
@@ -318,10 +357,81 @@ def accuracy_figures(accuracy_runs: Sequence[tuple[Path, Sequence["AccuracyRow"]
 
 
 # --- writing -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FolderFigures:
+    """The figures drawn for one folder of runs, and where they went."""
+
+    folder: Path
+    target: Path
+    paths: tuple[Path, ...]
+
+    @property
+    def count(self) -> int:
+        """Figures drawn (each is written once per format)."""
+        return len(self.paths) // len(FORMATS)
+
+
+def run_folders(results_dir: Path, runs: Sequence[Run],
+                accuracy_runs: Sequence[tuple[Path, Sequence["AccuracyRow"]]]) -> dict[Path, tuple[list, list]]:
+    """Runs grouped by the folder that holds them (a run given directly is its own folder), in path order.
+
+    An experiment's runs, ``runs/`` and each committed results folder are separate folders, so
+    figures drawn per folder never mix a user's runs with the committed reference results.
+    """
+    folders: dict[Path, tuple[list, list]] = {}
+
+    def folder_of(run_dir: Path) -> Path:
+        return run_dir if run_dir == results_dir else run_dir.parent
+
+    for run in runs:
+        folders.setdefault(folder_of(run.path), ([], []))[0].append(run)
+    for run_dir, rows in accuracy_runs:
+        folders.setdefault(folder_of(run_dir), ([], []))[1].append((run_dir, rows))
+    return dict(sorted(folders.items()))
+
+
+def _save(figures: Sequence[NamedFigure], out_dir: Path) -> list[Path]:
+    if not figures:
+        return []
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"figure directory '{out_dir}' cannot be created: {exc.strerror or exc}") from None
+    written = []
+    for nf in figures:
+        for fmt in FORMATS:
+            path = out_dir / f"{nf.name}.{fmt}"
+            # fixed metadata so the same rows give the same files
+            meta = {"Software": None} if fmt == "png" else {"CreationDate": None, "Producer": None}
+            nf.figure.savefig(path, format=fmt, dpi=120, metadata=meta)
+            written.append(path)
+    return written
+
+
+def write_figures_per_folder(results_dir: Path, out_dir: Path | None = None, with_paper: bool = False,
+                             paper_csv: Path | None = None) -> tuple[FolderFigures, ...]:
+    """``actbench plot``: each folder of runs under ``results_dir`` drawn on its own.
+
+    A folder's figures go to ``FOLDER/figures/``, or with ``out_dir`` to ``out_dir/<folder relative
+    to results_dir>/``. Raises ValueError (one line) as :func:`write_figures` does.
+    """
+    found = find_result_runs(results_dir)
+    points = paper_ref.load_throughput(paper_csv) if with_paper else None
+    drawn = []
+    for folder, (runs, accuracy) in run_folders(results_dir, found.harness, found.accuracy).items():
+        target = folder / "figures" if out_dir is None else out_dir / folder.relative_to(results_dir)
+        paths = _save(figures_for(runs, points) + accuracy_figures(accuracy), target)
+        if paths:
+            drawn.append(FolderFigures(folder, target, tuple(paths)))
+    return tuple(drawn)
+
+
 def write_figures(results_dir: Path, out_dir: Path | None = None, with_paper: bool = False,
                   paper_csv: Path | None = None) -> tuple[Path, ...]:
     """Draw every figure the runs under ``results_dir`` support into ``out_dir`` (PNG and PDF); return the paths.
 
+    All runs under ``results_dir`` are pooled (the report's view of a folder, which names the folders
+    it pools); ``actbench plot`` draws each folder on its own (:func:`write_figures_per_folder`).
     Harness runs give throughput, max-batch, memory and max-scale figures; accuracy runs give
     accuracy vs bits. Raises ValueError (one line) for a missing folder, one holding no rows of
     either kind, or an unreadable paper CSV.
@@ -329,16 +439,4 @@ def write_figures(results_dir: Path, out_dir: Path | None = None, with_paper: bo
     found = find_result_runs(results_dir)
     points = paper_ref.load_throughput(paper_csv) if with_paper else None
     out_dir = results_dir / "figures" if out_dir is None else out_dir
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"figure directory '{out_dir}' cannot be created: {exc.strerror or exc}") from None
-    written = []
-    for nf in figures_for(found.harness, points) + accuracy_figures(found.accuracy):
-        for fmt in FORMATS:
-            path = out_dir / f"{nf.name}.{fmt}"
-            # fixed metadata so the same rows give the same files
-            meta = {"Software": None} if fmt == "png" else {"CreationDate": None, "Producer": None}
-            nf.figure.savefig(path, format=fmt, dpi=120, metadata=meta)
-            written.append(path)
-    return tuple(written)
+    return tuple(_save(figures_for(found.harness, points) + accuracy_figures(found.accuracy), out_dir))

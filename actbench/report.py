@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from actbench import paper as paper_ref
-from actbench.analysis import (BatchGroup, Run, ScaleGroup, batch_groups, find_result_runs, max_batch_table,
-                               memory_table, read_json, scale_groups)
+from actbench.analysis import (MULTIPLE_DEFINITIONS, BatchGroup, Run, ScaleGroup, batch_groups, find_result_runs,
+                               max_batch_table, memory_table, read_json, scale_groups)
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -100,8 +100,7 @@ def _max_batch_section(group: BatchGroup, paper_ok: bool) -> list[str]:
         header += ["paper max batch", "ours ÷ paper", "paper × fp32"]
     rows = []
     for e in entries:
-        mb = "none fits" if e.max_batch is None else (str(e.max_batch) if e.bounded else f"≥{e.max_batch}")
-        row = [e.label, mb, _num(e.multiple_of_fp32, ".2f"), _num(e.samples_per_s)]
+        row = [e.label, e.max_text, e.multiple_text or "–", _num(e.samples_per_s)]
         if paper_ok:
             pm = paper_ref.paper_max_batch(e.series.strategy)
             fp = paper_ref.paper_max_batch("fp32")
@@ -110,7 +109,7 @@ def _max_batch_section(group: BatchGroup, paper_ok: bool) -> list[str]:
         rows.append(row)
     lines = ["### Maximum batch per strategy", "",
              "Largest batch with status ok; \"≥\" = no larger batch was seen failing, so the true maximum may be "
-             "higher. × fp32 is against fp32 on the same device.", ""]
+             f"higher, and a ratio involving it is a bound too. {MULTIPLE_DEFINITIONS['batch']}.", ""]
     return lines + _table(header, rows)
 
 
@@ -177,11 +176,15 @@ def _throughput_section(group: BatchGroup, paper_points: Sequence[paper_ref.Pape
 
 def _scale_section(group: ScaleGroup) -> list[str]:
     name = {"depth": "depth", "width": "width", "resolution": "resolution"}[group.dim]
-    rows = [[e.label, e.max_label, _num(e.multiple_of_fp32, ".2f"), _num(e.samples_per_s),
+    entries = group.table()
+    rows = [[e.label, e.max_label, e.multiple_text or "–", _num(e.samples_per_s),
              _num(None if e.flops_per_sample is None else e.flops_per_sample / 1e9, ".2f")]
-            for e in group.table()]
+            for e in entries]
     header = ["strategy", f"maximum {name} ({group.unit()})", "× fp32", "images/s at max", "GFLOP/sample at max"]
-    return [f"## {group.title('Maximum ' + name)}", "", f"Run `{group.run_name}`.", ""] + _table(header, rows)
+    note = f"Run `{group.run_name}`. {group.definition()}."
+    if any(not e.bounded for e in entries):
+        note += " \"≥\" = nothing larger was seen failing: a lower bound."
+    return [f"## {group.title('Maximum ' + name)}", "", note, ""] + _table(header, rows)
 
 
 def _figure_links(figures: Sequence[Path], stems: Iterable[str], report_dir: Path) -> list[str]:
@@ -202,6 +205,11 @@ def build_report(runs: Sequence[Run], results_dir: Path, report_dir: Path, figur
     lines = ["# actbench report", "",
              f"Results: `{results_dir}` — {len(runs)} run(s), {n_rows} row(s). "
              "Measured rows are `cuda` (ground truth) or `cpu`; `meta` rows are predictions.", ""]
+    folders = sorted({Path(os.path.relpath(r.path.parent, results_dir)).as_posix() for r in runs
+                      if r.path != results_dir})
+    if len(folders) > 1:  # runs of several folders share this report's tables: say so
+        lines += [f"Runs from {len(folders)} folders, pooled by setting: " + ", ".join(f"`{f}`" for f in folders)
+                  + ".", ""]
     lines += _environment(runs)
     lines += _differences(runs)
     kinds = ("throughput_vs_batch", "max_batch", "memory", "activation_vs_batch")

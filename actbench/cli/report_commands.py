@@ -21,31 +21,48 @@ PaperCsvOpt = Annotated[Optional[Path], typer.Option(
 @app.command("plot")
 def plot_command(
     results_dir: ResultsDirArg,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Figure folder (default: RESULTS_DIR/figures).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help=(
+        "Figure folder (default: each folder of runs gets its own FOLDER/figures; with --out, "
+        "OUT/<folder relative to RESULTS_DIR>)."))] = None,
     paper: Annotated[bool, typer.Option(
-        "--paper", help="Overlay the ActNN paper's points where model (resnet50), 224² and 16 GiB budget match.")] = False,
+        "--paper", help="Overlay the ActNN paper's points and maxima where model (resnet50), 224² and 16 GiB budget match.")] = False,
     paper_csv: PaperCsvOpt = None,
 ) -> None:
     """Draw every figure the rows support (PNG and PDF): throughput, maximum batch, memory, max-scale, accuracy vs bits.
 
-    Example:
-      actbench plot results/ --paper        # overlays the paper's points where the setting matches
+    Each folder of runs (an experiment's folder, runs/, results/meta/...) is drawn on its own, into
+    its own figures/ folder, so your runs never share a figure with the committed results. Prints
+    each file written, then one line saying what was drawn where.
+
+    \b
+    Examples:
+      actbench plot runs/                    # your runs (the measuring commands' default --out)
+      actbench plot results/ --paper         # the committed results; the paper's points where the setting matches
     """
-    from actbench.plots import write_figures
+    from actbench.plots import write_figures_per_folder
 
     try:
-        written = write_figures(results_dir, out, with_paper=paper, paper_csv=paper_csv)
+        drawn = write_figures_per_folder(results_dir, out, with_paper=paper, paper_csv=paper_csv)
     except ValueError as exc:
         fail(str(exc))
-    if not written:
+    if not drawn:
         fail(f"the rows under '{results_dir}' support no figure (no ok row with a measured value)")
-    for path in written:
-        typer.echo(str(path))
+    for folder in drawn:
+        for path in folder.paths:
+            typer.echo(str(path))
+    figures = sum(f.count for f in drawn)
+    where = ", ".join(f"{f.target} ({f.count})" for f in drawn)
+    typer.echo(f"drew {figures} figure{'s' if figures != 1 else ''} (PNG and PDF) from "
+               f"{len(drawn)} folder{'s' if len(drawn) != 1 else ''} of runs: {where}", err=True)
     if paper:
         from actbench.analysis import find_runs
         from actbench.plots import paper_overlay_groups
 
-        if not paper_overlay_groups(find_runs(results_dir)):
+        try:
+            runs = find_runs(results_dir)
+        except ValueError:  # accuracy runs only: nothing the paper's maxima or curves apply to
+            runs = ()
+        if not paper_overlay_groups(runs):
             typer.echo("actbench: note: --paper overlaid nothing: no rows in the paper's setting "
                        "(resnet50, 224x224, budget 16 GiB)", err=True)
 
@@ -61,6 +78,7 @@ def report_command(
 ) -> None:
     """Write one Markdown report of the folder: environment, tables, figures, the paper's numbers with ratios, accuracy vs bits.
 
+    \b
     Example:
       actbench report results/meta --out results/meta/report.md
     """
