@@ -40,6 +40,14 @@ class DeviceProfile:
     async_host_copies: ClassVar[bool] = False
     #: (warm-up, timed) steps when the user gives none; memory-only commands time nothing
     default_steps: ClassVar[tuple[int, int]] = (1, 3)
+    #: Timing goes past the timed steps asked for (a minimum) until the timed steps add up to
+    #: ``min_timed_seconds`` and their spread has settled (IQR within ``settle_iqr_fraction`` of the
+    #: median), but never past ``max_timed_steps`` steps or ``max_timed_seconds`` seconds of timed
+    #: steps. Zeros time exactly the steps asked for.
+    min_timed_seconds: ClassVar[float] = 0.0
+    settle_iqr_fraction: ClassVar[float] = 0.10
+    max_timed_steps: ClassVar[int] = 0
+    max_timed_seconds: ClassVar[float] = 0.0
     #: warm-up steps before the memory step, at least (cuda: the allocator and autotuning settle)
     measures_after_all_warmup: ClassVar[bool] = False
     #: bench-kernels: calls timed between two synchronisations (cuda: launches overlap kernels)
@@ -92,6 +100,11 @@ class DeviceProfile:
 class CpuProfile(DeviceProfile):
     name: ClassVar[str] = "cpu"
     help: ClassVar[str] = "measures on the CPU, memory with a live-storage tracker (small sizes: minutes per point at 224 px)"
+    # a CPU shares its cores with everything else: a few steps say little (timm and
+    # torch.utils.benchmark time tens of steps, or to a minimum time)
+    min_timed_seconds: ClassVar[float] = 2.0
+    max_timed_steps: ClassVar[int] = 50
+    max_timed_seconds: ClassVar[float] = 10.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,9 @@ class CudaProfile(DeviceProfile):
     has_caching_allocator: ClassVar[bool] = True
     async_host_copies: ClassVar[bool] = True
     default_steps: ClassVar[tuple[int, int]] = (3, 10)
+    min_timed_seconds: ClassVar[float] = 1.0
+    max_timed_steps: ClassVar[int] = 200
+    max_timed_seconds: ClassVar[float] = 20.0
     measures_after_all_warmup: ClassVar[bool] = True
     kernel_calls_per_sample: ClassVar[int] = 10
     kernel_targets: ClassVar[tuple[float, float | None]] = (0.7, None)

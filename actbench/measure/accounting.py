@@ -35,12 +35,19 @@ def check_budget(result: Measurement, budget_bytes: int | None, predicted: bool 
         raise OverBudget(f"{what} {result.peak_alloc_bytes} B > budget {budget_bytes} B")
 
 
+#: What allocation failures say when they are not a ``torch.OutOfMemoryError``: cuDNN's, and the host
+#: allocator's on cpu ("[enforce fail at alloc_cpu.cpp:...] ... DefaultCPUAllocator: can't allocate
+#: memory: you tried to allocate N bytes. Error code 12 (Cannot allocate memory)").
+_OOM_TEXTS = ("out of memory", "cudnn_status_alloc_failed", "can't allocate memory", "cannot allocate memory",
+              "defaultcpuallocator: not enough memory")
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
-    """torch's OOM, or the plain RuntimeError cuDNN/cuBLAS raise for allocation failures on some paths."""
-    if isinstance(exc, torch.OutOfMemoryError):
+    """torch's OOM, or the plain RuntimeError cuDNN/cuBLAS or the CPU allocator raise when an allocation fails."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "CUDNN_STATUS_ALLOC_FAILED" in text)
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(t in text for t in _OOM_TEXTS)
 
 
 def classified(fill: Callable[[Measurement], None], alloc_conf: str | None = None) -> Measurement:
@@ -51,10 +58,10 @@ def classified(fill: Callable[[Measurement], None], alloc_conf: str | None = Non
         fill(result)
     except OverBudget as exc:
         result.status, result.message = "over_budget", str(exc)
-    except (torch.OutOfMemoryError, RuntimeError) as exc:
+    except (torch.OutOfMemoryError, RuntimeError, MemoryError) as exc:
         if not is_out_of_memory(exc):
             raise
-        result.status, result.message = "oom", " ".join(str(exc).split())[:200]
+        result.status, result.message = "oom", " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
     result.elapsed_s = round(time.perf_counter() - started, 3)
     return result
 

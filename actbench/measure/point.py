@@ -46,13 +46,38 @@ def _quartiles(values: list[float]) -> tuple[float, float | None]:
     return median, q3 - q1
 
 
+def spread(values: list[float]) -> float | None:
+    """IQR ÷ median of ``values`` (None with fewer than 4: too few to say)."""
+    if len(values) < 4:
+        return None
+    median, iqr = _quartiles(values)
+    return None if iqr is None or not median else iqr / median
+
+
+def timing_done(times: list[float], timed: int, prof: DeviceProfile) -> bool:
+    """Whether timing may stop: at least ``timed`` steps, then the profile's minimum time and a settled
+    spread (IQR within ``settle_iqr_fraction`` of the median), or one of its bounds reached."""
+    if timed <= 0:
+        return True
+    if len(times) < timed:
+        return False
+    total = sum(times)
+    if len(times) >= max(timed, prof.max_timed_steps) or total >= prof.max_timed_seconds:
+        return True
+    if total < prof.min_timed_seconds:
+        return False
+    s = spread(times)
+    return s is not None and s <= prof.settle_iqr_fraction
+
+
 def _time_steps(step: TrainingStep, images: torch.Tensor, targets: torch.Tensor, device: torch.device,
                 prof: DeviceProfile, warmup: int, timed: int) -> list[float]:
+    """Seconds of each timed step: at least ``timed`` of them, more until :func:`timing_done`."""
     for _ in range(warmup):
         step(images, targets)
     prof.synchronize(device)
     times: list[float] = []
-    for _ in range(timed):
+    while not timing_done(times, timed, prof):
         prof.synchronize(device)
         start = time.perf_counter()
         step(images, targets)
@@ -107,5 +132,6 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
         result.samples_per_s_median, result.samples_per_s_iqr = _quartiles(rates)
         result.step_time_s_median = statistics.median(times)
         if result.samples_per_s_iqr is not None and result.samples_per_s_iqr > NOISY_IQR_FRACTION * result.samples_per_s_median:
-            result.message = f"noisy: IQR {result.samples_per_s_iqr / result.samples_per_s_median:.0%} of median"
+            result.message = (f"noisy: IQR {result.samples_per_s_iqr / result.samples_per_s_median:.0%} of median "
+                              f"over {len(times)} steps ({sum(times):.1f} s)")
             log.warning("%s", result.message)
