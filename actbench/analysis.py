@@ -429,6 +429,10 @@ class ScaleGroup:
         """What "× fp32" means in this group's tables and figures."""
         return MULTIPLE_DEFINITIONS[self.dim]
 
+    def _size(self, row: ResultRow) -> int:
+        """What the search varied, comparable between ok and failed rows (a failed row may have no depth)."""
+        return row.extra_blocks if self.dim == "depth" else self.value(row)
+
     def unit(self) -> str:
         return {"depth": "layers", "width": "channels per group", "resolution": "pixels"}[self.dim]
 
@@ -439,7 +443,7 @@ class ScaleGroup:
             mine = [r for r in self.rows if r.strategy == s.strategy and r.device == s.device]
             ok = [r for r in mine if r.ok]
             best[s] = max(ok, key=self.value) if ok else None
-            bounded[s] = any(r.status in MEMORY_FAILURES and (best[s] is None or self.value(r) > self.value(best[s]))
+            bounded[s] = any(r.status in MEMORY_FAILURES and (best[s] is None or self._size(r) > self._size(best[s]))
                              for r in mine)
         entries = []
         for s, row in best.items():

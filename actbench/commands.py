@@ -26,6 +26,12 @@ MEASURING_COMMANDS: tuple[str, ...] = ("sweep-batch", "throughput", "memory", "m
 PLAN_DEVICE = next(name for name, p in PROFILES.items() if p.predicts)
 #: The CLI option of a field, where it is not ``--`` + the field with dashes.
 OPTION_NAMES = {"timeout_s": "--timeout", "model": "MODEL"}
+#: What a command compares when the user names no strategy: fp32 against ActNN L3, the paper's
+#: main comparison. ``--levels`` / ``--strategies`` replace it (experiment files always say).
+DEFAULT_STRATEGIES: tuple[str, ...] = ("fp32", "L3")
+#: Commands that search for the largest size that fits: on a predicting device nothing runs out
+#: of memory, so they need a budget to say where "fits" ends.
+SEARCHING_COMMANDS: tuple[str, ...] = ("sweep-batch", "max-scale", "plan")
 
 
 class SpecError(ValueError):
@@ -147,6 +153,10 @@ class CommandSpec:
             self._checked("budget", lambda: parse_bytes(self.budget))
         elif self.command == "plan":
             raise SpecError("budget", "is required: plan predicts the largest size under a memory budget (e.g. 16GiB)")
+        elif self.command in SEARCHING_COMMANDS and PROFILES[self.device].predicts:
+            raise SpecError("budget", f"is required for {self.command} on {self.device}: a prediction never runs out "
+                                      "of memory, so without a budget every size fits and a search finds only lower "
+                                      "bounds (e.g. --budget 16GiB)")
         if self.stop_after <= 0:
             raise SpecError("stop_after", f"must be >= 1, got {self.stop_after}")
         _positive_finite("timeout_s", self.timeout_s)
@@ -276,4 +286,5 @@ def _validate_model(spec) -> None:
     validate_model_spec(spec)
 
 
-__all__ = ["CommandSpec", "MEASURING_COMMANDS", "PLAN_DEVICE", "RunPlan", "SpecError"]
+__all__ = ["CommandSpec", "DEFAULT_STRATEGIES", "MEASURING_COMMANDS", "PLAN_DEVICE", "RunPlan", "SEARCHING_COMMANDS",
+           "SpecError"]

@@ -42,6 +42,7 @@ import actbench
 from actbench.commands import MEASURING_COMMANDS, PLAN_DEVICE, CommandSpec, RunPlan, SpecError
 from actbench.devices import DEVICE_NAMES as DEVICES
 from actbench.devices import PROFILES
+from actbench.schema import RETRIED_STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -322,10 +323,17 @@ class ExperimentResult:
     reports: tuple[Path, ...] = ()
     rows: int = 0
     failed_rows: int = 0
+    #: rows that failed to measure (error, timeout), a subset of failed_rows (oom, over_budget are results)
+    unmeasured_rows: int = 0
 
 
-def run_harness_plan(plan: RunPlan, out: Path, timeout_s: float, on_event: Event) -> tuple[Path, int, int]:
-    """Execute one plan into ``out/<plan.name>/`` through PointRunner (resumes recorded points)."""
+def run_harness_plan(plan: RunPlan, out: Path, timeout_s: float, on_event: Event, force: bool = False,
+                     retry_failed: bool = True) -> tuple[Path, int, int, int]:
+    """Execute one plan into ``out/<plan.name>/`` through PointRunner (resumes recorded points).
+
+    Returns the run directory and its counts of rows, rows not ok, and rows that failed to measure.
+    ``force``/``retry_failed``: as :class:`~actbench.runner.PointRunner`'s.
+    """
     from actbench.results import RunStore, check_writable
     from actbench.runner import PointRunner
 
@@ -337,18 +345,24 @@ def run_harness_plan(plan: RunPlan, out: Path, timeout_s: float, on_event: Event
         text = point.describe() + ("" if row is None else f": {row.status} {row.message[:80]}".rstrip())
         on_event(kind, text)
 
-    runner = PointRunner(store, plan.config.settings.device, timeout_s=timeout_s, on_event=point_event)
+    runner = PointRunner(store, plan.config.settings.device, timeout_s=timeout_s, on_event=point_event,
+                         retry_failed=retry_failed, **({"force": True} if force else {}))
     try:
         outcome = plan.search(plan.config, runner.run)
     finally:
         store.write_table()
     if plan.summary is not None:
         store.write_summary(plan.summary(outcome))
-    return store.run_dir, len(outcome.rows), sum(1 for r in outcome.rows if not r.ok)
+    return (store.run_dir, len(outcome.rows), sum(1 for r in outcome.rows if not r.ok),
+            sum(1 for r in outcome.rows if r.status in RETRIED_STATUSES))
 
 
-def run_experiment(exp: Experiment, out: Path, on_event: Event | None = None, draw: bool = True) -> ExperimentResult:
-    """Run every step of ``exp`` under ``exp.folder(out)``, then draw its figures and write its report."""
+def run_experiment(exp: Experiment, out: Path, on_event: Event | None = None, draw: bool = True,
+                   force: bool = False, retry_failed: bool = True) -> ExperimentResult:
+    """Run every step of ``exp`` under ``exp.folder(out)``, then draw its figures and write its report.
+
+    ``force``/``retry_failed`` apply to the measuring steps (as :class:`~actbench.runner.PointRunner`'s).
+    """
     from actbench.accuracy import run_accuracy
 
     emit = on_event or (lambda kind, text: log.info("%s %s", kind, text))
@@ -362,12 +376,14 @@ def run_experiment(exp: Experiment, out: Path, on_event: Event | None = None, dr
             result.run_dirs.append(run_dir)
             result.rows += len(rows)
             result.failed_rows += sum(1 for r in rows if not r.ok)
+            result.unmeasured_rows += sum(1 for r in rows if r.status in RETRIED_STATUSES)
             continue
         for plan in step.plans():
-            run_dir, n, failed = run_harness_plan(plan, folder, step.timeout_s, emit)
+            run_dir, n, failed, unmeasured = run_harness_plan(plan, folder, step.timeout_s, emit, force, retry_failed)
             result.run_dirs.append(run_dir)
             result.rows += n
             result.failed_rows += failed
+            result.unmeasured_rows += unmeasured
     if draw:
         result.figures, result.reports = _figures_and_report(folder)
     return result

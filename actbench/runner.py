@@ -35,15 +35,17 @@ class PointRunner:
     """Measures points for one run directory, skipping points whose key is already recorded.
 
     ``retry_failed``: measure again points whose latest row is ``error`` or ``timeout`` and was
-    recorded before this runner started (``False``: keep those rows as they are).
+    recorded before this runner started (``False``: keep those rows as they are). ``force``: measure
+    again every point recorded before this runner started, whatever its status (``--force``).
     """
 
     def __init__(self, store: RunStore, device: str, timeout_s: float = DEFAULT_TIMEOUT_S,
                  on_event: Callable[[str, PointConfig, ResultRow | None], None] | None = None,
-                 executor: Executor | None = None, retry_failed: bool = True) -> None:
+                 executor: Executor | None = None, retry_failed: bool = True, force: bool = False) -> None:
         self.store = store
         self.device = device
         self.retry_failed = retry_failed
+        self.force = force
         self.executor = executor or executor_for(device, timeout_s, store.run_dir / "logs")
         self.on_event = on_event or (lambda *_: None)
         self._env_id: str | None = None
@@ -61,7 +63,7 @@ class PointRunner:
 
     def _is_final(self, key: str, row: ResultRow) -> bool:
         """Whether a recorded row stands: a result, or a failure this runner must not retry."""
-        if row.status not in RETRIED_STATUSES or not self.retry_failed:
+        if not self.force and (row.status not in RETRIED_STATUSES or not self.retry_failed):
             return True
         offset = self.store.offset(key)
         return offset is not None and offset >= self._started_at

@@ -301,7 +301,8 @@ def app():
 @pytest.fixture(scope="module")
 def meta_run(tmp_path_factory) -> tuple[Path, list[str]]:
     out = tmp_path_factory.mktemp("meta")
-    args = ["memory", "resnet18", "--batch", "2:3:1", "--image-size", "16", "--device", "meta", "--out", str(out)]
+    args = ["memory", "resnet18", "--strategies", "fp32", "--batch", "2:3:1", "--image-size", "16", "--device", "meta",
+            "--out", str(out)]
     result = invoke(args)
     assert result.exit_code == 0, result.output
     return out, args
@@ -337,7 +338,7 @@ def test_bad_lines_warn_in_resume_plot_and_report(meta_run, tmp_path: Path, capl
         if command[0] != "memory":
             for n in (1, 2, 3):
                 assert warnings_about(caplog, f"{acc}:{n}: skipped"), (command[0], n, caplog.text)
-    assert "0 points measured, 2 resumed" in " ".join(invoke(args).output.split())
+    assert "0 points predicted, 2 resumed" in " ".join(invoke(args).output.split())
     assert (tmp_path / "report.md").exists()
 
 
@@ -421,7 +422,8 @@ def test_a_claim_dies_with_its_writer(tmp_path: Path) -> None:
 def test_three_concurrent_cli_runs_write_one_row_per_key(tmp_path: Path) -> None:
     """The issue's case: three copies of one meta sweep at once into one run directory."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "actbench", "memory", "resnet18", "--batch", "2:31:1", "--image-size", "16",
+    cmd = [sys.executable, "-m", "actbench", "memory", "resnet18", "--strategies", "fp32", "--batch", "2:31:1",
+           "--image-size", "16",
            "--device", "meta", "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
     procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

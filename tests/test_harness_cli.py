@@ -23,6 +23,8 @@ from actbench.cli import app
 pytestmark = pytest.mark.slow
 
 TINY = ["--image-size", "32", "--device", "cpu", "--warmup-steps", "1", "--timed-steps", "2"]
+#: fp32 alone (without --levels/--strategies the commands compare fp32 with ActNN L3)
+FP32 = ["--strategies", "fp32"]
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -115,7 +117,7 @@ def test_bad_input_exits_with_one_line_and_keeps_results(swept, bad_args, expect
 def test_unwritable_output_directory(tmp_path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    result = invoke(["memory", "resnet18", *TINY, "--batch", "2", "--out", str(blocker / "results")])
+    result = invoke(["memory", "resnet18", *FP32, *TINY, "--batch", "2", "--out", str(blocker / "results")])
     assert result.exit_code != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "is not writable" in lines[0] and str(blocker) in lines[0]
@@ -150,7 +152,7 @@ def test_throughput_and_memory_commands(tmp_path) -> None:
 
 
 def test_tiny_budget_gives_over_budget_row(tmp_path) -> None:
-    result = invoke(["memory", "resnet18", "--batch", "2", *TINY, "--budget", "1MiB", "--out", str(tmp_path)])
+    result = invoke(["memory", "resnet18", *FP32, "--batch", "2", *TINY, "--budget", "1MiB", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     (row,) = rows(only_run_dir(tmp_path))
     assert row["status"] == "over_budget" and row["budget_bytes"] == 2**20
@@ -158,7 +160,7 @@ def test_tiny_budget_gives_over_budget_row(tmp_path) -> None:
 
 
 def test_crashing_child_becomes_error_row_and_sweep_goes_on(tmp_path) -> None:
-    result = invoke(["sweep-batch", "resnet18", "--batch", "2,4", *TINY, "--out", str(tmp_path)],
+    result = invoke(["sweep-batch", "resnet18", *FP32, "--batch", "2,4", *TINY, "--out", str(tmp_path)],
                     fault="crash@batch=2")
     assert result.exit_code == 0, result.output
     got = rows(only_run_dir(tmp_path))
@@ -167,15 +169,16 @@ def test_crashing_child_becomes_error_row_and_sweep_goes_on(tmp_path) -> None:
 
 
 def test_hanging_child_times_out(tmp_path) -> None:
-    result = invoke(["memory", "resnet18", "--batch", "2", *TINY, "--timeout", "8", "--out", str(tmp_path)],
+    result = invoke(["memory", "resnet18", *FP32, "--batch", "2", *TINY, "--timeout", "8", "--out", str(tmp_path)],
                     fault="hang")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # its only point failed to measure
     (row,) = rows(only_run_dir(tmp_path))
     assert row["status"] == "timeout" and "8 s" in row["message"]
+    assert "every point failed to measure" in result.stderr
 
 
 def test_oom_rows_and_stop_after(tmp_path) -> None:
-    result = invoke(["sweep-batch", "resnet18", "--batch", "2,4,6", "--stop-after", "2", *TINY,
+    result = invoke(["sweep-batch", "resnet18", *FP32, "--batch", "2,4,6", "--stop-after", "2", *TINY,
                      "--out", str(tmp_path)], fault="oom")
     assert result.exit_code == 0, result.output
     got = rows(only_run_dir(tmp_path))
@@ -185,7 +188,7 @@ def test_oom_rows_and_stop_after(tmp_path) -> None:
 
 def test_find_max_binary_search(tmp_path) -> None:
     """Candidates 4, 8, 12, 16; points above 8 'run out of memory': probes 8 (ok) then 12 (oom)."""
-    result = invoke(["sweep-batch", "resnet18", "--batch", "4:16", "--find-max", *TINY, "--timed-steps", "0",
+    result = invoke(["sweep-batch", "resnet18", *FP32, "--batch", "4:16", "--find-max", *TINY, "--timed-steps", "0",
                      "--out", str(tmp_path)], fault="oom@batch>8")
     assert result.exit_code == 0, result.output
     run_dir = only_run_dir(tmp_path)
@@ -197,7 +200,7 @@ def test_find_max_binary_search(tmp_path) -> None:
 
 def test_maximum_without_a_failure_is_a_lower_bound(tmp_path) -> None:
     """Everything tried fits: the table says ≥ and why, and summary.json says bounded = false."""
-    result = invoke(["sweep-batch", "resnet18", "--batch", "2,4", *TINY, "--timed-steps", "0",
+    result = invoke(["sweep-batch", "resnet18", *FP32, "--batch", "2,4", *TINY, "--timed-steps", "0",
                      "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())  # the caption wraps at the table's width
@@ -207,8 +210,8 @@ def test_maximum_without_a_failure_is_a_lower_bound(tmp_path) -> None:
 
 
 def test_max_scale_resolution(tmp_path) -> None:
-    result = invoke(["max-scale", "resnet18", "--dim", "resolution", "--low", "32", "--high", "96", "--step", "32",
-                     "--batch", "2", *TINY, "--out", str(tmp_path)], fault="oom@image>64")
+    result = invoke(["max-scale", "resnet18", *FP32, "--dim", "resolution", "--low", "32", "--high", "96", "--step",
+                     "32", "--batch", "2", *TINY, "--out", str(tmp_path)], fault="oom@image>64")
     assert result.exit_code == 0, result.output
     run_dir = only_run_dir(tmp_path)
     got = rows(run_dir)
@@ -219,7 +222,7 @@ def test_max_scale_resolution(tmp_path) -> None:
 
 
 def test_max_scale_depth_grows_resnet152(tmp_path) -> None:
-    result = invoke(["max-scale", "--dim", "depth", "--low", "0", "--high", "2", "--step", "2", "--batch", "2",
+    result = invoke(["max-scale", *FP32, "--dim", "depth", "--low", "0", "--high", "2", "--step", "2", "--batch", "2",
                      *TINY, "--timed-steps", "0", "--out", str(tmp_path)], fault="oom@blocks>0")
     assert result.exit_code == 0, result.output
     got = rows(only_run_dir(tmp_path))
@@ -234,7 +237,7 @@ def test_ctrl_c_keeps_finished_rows(tmp_path) -> None:
     # and SIGQUIT ignored (SigIgn 0x1001006), which made the CLI deaf to Ctrl-C here (not in real use).
     code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
             "from actbench.cli import app; sys.argv[0] = 'actbench'; app()")
-    args = ["sweep-batch", "resnet18", "--batch", "2,4", *TINY, "--out", str(tmp_path)]
+    args = ["sweep-batch", "resnet18", *FP32, "--batch", "2,4", *TINY, "--out", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "ACTBENCH_TEST_FAULT": "hang@batch=4"}
     proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)

@@ -34,7 +34,7 @@ def run_rows(out: Path) -> tuple[Path, list[dict]]:
 
 def test_sweep_batch_on_meta_writes_prediction_rows(tmp_path):
     result = invoke(["sweep-batch", "resnet18", "--strategies", "swap", "--levels", "L3", "--batch", "2,4", *META,
-                     "--out", str(tmp_path)])
+                     "--budget", "16GiB", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     run_dir, rows = run_rows(tmp_path)
     assert {r["strategy"] for r in rows} == {"fp32", "swap", "L3"} and len(rows) == 6
@@ -169,8 +169,8 @@ def test_op_without_fake_kernel_is_an_error_row(tmp_path, monkeypatch):
 
 
 def test_failing_model_on_meta_is_a_row_and_the_run_goes_on(tmp_path):
-    result = invoke(["sweep-batch", "resnet18", "--levels", "L2", "--batch", "2", *META, "--out", str(tmp_path)],
-                    fault="error@strategy=fp32")
+    result = invoke(["sweep-batch", "resnet18", "--levels", "L2", "--batch", "2", *META, "--budget", "16GiB",
+                     "--out", str(tmp_path)], fault="error@strategy=fp32")
     assert result.exit_code == 0, result.output
     _, rows = run_rows(tmp_path)
     by = {r["strategy"]: r for r in rows}

@@ -271,6 +271,7 @@ def test_batch_over_65535_on_cpu():
     assert bool(((y - x).abs() <= 1 / scale + 1e-6).all())
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_tensor_over_2_pow_31_values_on_cpu():
     """Values past index 2^31 are quantized and restored (int64 indexing in every CPU loop). ~9 GiB."""

@@ -1,7 +1,11 @@
 """The Typer app shared by every command module, and options used by several commands."""
 
+import contextlib
 import enum
-from typing import NoReturn
+import signal
+import threading
+from pathlib import Path
+from typing import Iterator, NoReturn
 
 import typer
 
@@ -12,12 +16,21 @@ app = typer.Typer(
     help=(
         "Benchmark memory-saving training strategies (ActNN levels L0-L5, swapping, checkpointing) "
         "against plain fp32 on torchvision models: memory, maximum batch/depth/width/resolution, "
-        "and throughput. Rows go to results/<run>/rows.jsonl and table.csv."
+        "and throughput. Your runs go to runs/<run>/ (rows.jsonl, table.csv); results/ holds the "
+        "committed reference results."
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # Help text is printed as written: rich markup would eat "[quick]" and other bracketed words,
+    # and flags would show a "<bool>" type. Examples keep their lines through click's "\b" marker.
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
 )
+
+#: Where measuring commands write by default: a folder of the user's own (gitignored), never the
+#: committed reference results under results/.
+DEFAULT_OUT = Path("runs")
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -35,6 +48,9 @@ MeasuringDevice = enum.Enum("MeasuringDevice", {name: name for name in MEASURING
 #: What to do without a GPU when the question is memory or scale: predict it.
 PREDICT_INSTEAD = ("without a GPU, predict with --device meta --budget 16GiB (or `actbench plan`), "
                    "or measure small sizes with --device cpu --image-size 64")
+#: What to do without a GPU when the question is speed: meta has no throughput to predict.
+MEASURE_SMALL_INSTEAD = ("without a GPU, measure small sizes with --device cpu --image-size 64 "
+                         "(--device meta predicts memory only, no throughput)")
 
 
 def require_device(name: str, instead: str = "use --device cpu") -> None:
@@ -45,3 +61,49 @@ def require_device(name: str, instead: str = "use --device cpu") -> None:
     reason = profile(name).unavailable()
     if reason is not None:
         fail(f"{reason}; {instead}")
+
+
+# --- SIGTERM and SIGHUP behave like Ctrl-C ------------------------------------------------------
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: handled like Ctrl-C (finished rows kept, the running child killed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+#: Signals that end a measuring command the way Ctrl-C does.
+TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def terminate_like_ctrl_c() -> Iterator[None]:
+    """While measuring, SIGTERM and SIGHUP raise :class:`Terminated` (a KeyboardInterrupt).
+
+    Whatever runs a child kills the child's process group on any exception
+    (``actbench.executors.run_child``), and every ``except KeyboardInterrupt`` that keeps finished
+    rows keeps them here too; :func:`interrupted_exit_code` then gives 128 + the signal's number.
+    Outside the main thread (no signal handlers there) this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    previous = {s: signal.signal(s, handler) for s in TERMINATING_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def interrupted_exit_code(exc: BaseException) -> int:
+    """130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP (the shell's 128 + signal number)."""
+    return 128 + exc.signum if isinstance(exc, Terminated) else 130
+
+
+def interrupted_by(exc: BaseException) -> str:
+    return f"{signal.Signals(exc.signum).name} received" if isinstance(exc, Terminated) else "interrupted"

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import enum
 import logging
+import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
-from actbench.cli.app import Device, app, fail
+from actbench.cli.app import (DEFAULT_OUT, Device, app, fail, interrupted_by, interrupted_exit_code,
+                              terminate_like_ctrl_c)
+from actbench.cli.progress import ensure_extension, plural
 from actbench.devices import profile
 
 log = logging.getLogger(__name__)
@@ -25,15 +29,23 @@ log = logging.getLogger(__name__)
 def run_command(
     experiment: Annotated[Optional[str], typer.Argument(
         help="An experiment file (experiments/NAME.toml) or a bare NAME from experiments/.")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Apply the file's [quick] overrides: a reduced run for CPU in minutes.")] = False,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="Apply the file's [quick] overrides: a reduced run for CPU in minutes.")] = False,
     device: Annotated[Optional[Device], typer.Option(
         "--device", help="Override every measuring step's device (accuracy always trains on cpu).")] = None,
-    out: Annotated[Path, typer.Option("--out", help="Results root; runs go to OUT/<experiment>[-quick]/<run>/.")] = Path("results"),
+    out: Annotated[Path, typer.Option("--out", help=(
+        "Runs go to OUT/<experiment>[-quick]/<run>/ (default runs/, ignored by git; results/ holds the committed "
+        "reference results)."))] = DEFAULT_OUT,
     list_: Annotated[bool, typer.Option("--list", help="List the experiments in experiments/ and exit.")] = False,
     no_report: Annotated[bool, typer.Option("--no-report", help="Run only; draw no figures, write no report.")] = False,
+    force: Annotated[bool, typer.Option("--force", help=(
+        "Measure every point of the measuring steps again, even those already recorded."))] = False,
+    no_retry: Annotated[bool, typer.Option("--no-retry", help=(
+        "Keep recorded error and timeout rows instead of measuring those points again."))] = False,
 ) -> None:
     """Run an experiment file: every step's rows, then its figures (PNG+PDF) and Markdown report.
 
+    \b
     Examples:
       actbench run --list
       actbench run max_batch --quick --device cpu        # minutes on a CPU
@@ -65,25 +77,97 @@ def run_command(
             fail(f"{exp.name}: a step runs on {device_name}, but {reason.partition(': ')[2]}; "
                  "use --device meta (predictions) or --quick --device cpu")
     err = Console(stderr=True, highlight=False)
-
-    def on_event(kind: str, text: str) -> None:
-        # markup off: step descriptions hold "[fp32,L3]", which rich would read as a style tag
-        if kind == "info":
-            err.print(f"{exp.name}: {text}", markup=False)
-        elif kind != "start":
-            err.print(f"  {text}" + (" (resumed)" if kind == "cached" else ""), markup=False)
-
-    try:
-        result = run_experiment(exp, out, on_event=on_event, draw=not no_report)
-    except ValueError as exc:
-        fail(str(exc))
-    except KeyboardInterrupt:
-        err.print("interrupted: finished rows are kept; rerun the same command to resume")
-        raise typer.Exit(130)
+    printer = _StepPrinter(exp)
+    with terminate_like_ctrl_c():
+        try:
+            for device_name, strategies in _extension_needs(exp).items():
+                problem = ensure_extension(strategies, device_name, printer.say)
+                if problem is not None:
+                    fail(problem, code=1)
+            result = run_experiment(exp, out, on_event=printer.on_event, draw=not no_report, force=force,
+                                    retry_failed=not no_retry)
+        except ValueError as exc:
+            printer.close()
+            fail(str(exc))
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP
+            printer.close()
+            err.print(f"{interrupted_by(exc)}: finished rows are kept; rerun the same command to resume",
+                      markup=False)
+            raise typer.Exit(interrupted_exit_code(exc))
+    printer.close()
     for path in result.run_dirs:
         typer.echo(f"run: {path}")
     for path in result.figures:
         typer.echo(f"figure: {path}")
     for path in result.reports:
         typer.echo(f"report: {path}")
-    err.print(f"{exp.name}: {result.rows} rows ({result.failed_rows} not ok) under {result.folder}")
+    err.print(f"{exp.name}: {plural(result.rows, 'row')} ({result.failed_rows} not ok, {result.unmeasured_rows} "
+              f"failed to measure) under {result.folder}", markup=False)
+    if result.rows and result.unmeasured_rows == result.rows:
+        err.print(f"actbench: every point of {exp.name} failed to measure (error or timeout); see the messages above",
+                  markup=False)
+        raise typer.Exit(1)
+
+
+def _extension_needs(exp) -> dict[str, tuple[str, ...]]:
+    """Per device, the strategies of the steps that run there (accuracy trains with ActNN on cpu)."""
+    from actbench.experiments import AccuracyStep
+
+    needs: dict[str, list[str]] = {}
+    for step in exp.steps:
+        if isinstance(step, AccuracyStep):
+            needs.setdefault(ACCURACY_DEVICE, []).append(ACCURACY_STRATEGY)
+        else:
+            needs.setdefault(step.device, []).extend(step.strategies)
+    return {d: tuple(dict.fromkeys(s)) for d, s in needs.items()}
+
+
+#: accuracy_vs_bits trains on the CPU with ActNN's mixed precision (an L3 configuration).
+ACCURACY_DEVICE, ACCURACY_STRATEGY = "cpu", "L3"
+
+
+class _StepPrinter:
+    """One line per step and per point on stderr, flushed: "  measuring resnet18 fp32 b2 16px cpu ... ok (3.1 s)"."""
+
+    def __init__(self, exp) -> None:
+        self.name = exp.name
+        self.steps = list(exp.steps)
+        self.step = -1
+        self.verb = "measuring"
+        self.open = ""
+        self.started = 0.0
+
+    def _write(self, text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.open:
+            self._write("\n")
+            self.open = ""
+
+    def say(self, text: str) -> None:
+        self.close()
+        self._write(text + "\n")
+
+    def on_event(self, kind: str, text: str) -> None:
+        if kind == "info":
+            self.step += 1
+            step = self.steps[self.step] if self.step < len(self.steps) else None
+            device = getattr(step, "device", None) if step is not None and hasattr(step, "specs") else None
+            self.verb = "" if device is None else ("predicting" if profile(device).predicts else "measuring")
+            self.say(f"{self.name}: {text}")
+        elif kind == "start":
+            self.close()
+            self.started = time.monotonic()
+            self.open = text
+            self._write(f"  {(self.verb + ' ') if self.verb else ''}{text} ... ")
+        elif kind == "cached":
+            self.say(f"  {text} (resumed)")
+        elif self.open and text.startswith(self.open):
+            result = text[len(self.open):].lstrip(": ").strip() or "done"
+            self._write(f"{result} ({time.monotonic() - self.started:.1f} s)\n")
+            self.open = ""
+        else:
+            self.say(f"  {text}")
+

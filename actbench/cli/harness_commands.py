@@ -14,14 +14,16 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
+from rich.text import Text
 
-from actbench.cli.app import PREDICT_INSTEAD, Device, app, fail, require_device
-from actbench.devices import PROFILES
+from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, Device, app, fail,
+                              interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
+from actbench.cli.progress import PointProgress, ensure_extension, one_line, plural
+from actbench.commands import DEFAULT_STRATEGIES
+from actbench.devices import PROFILES, profile
 from actbench.strategies import PLAIN_STRATEGIES
-from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, MIN_IMAGE_SIZE, PLAN_DIMENSIONS
+from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, MIN_IMAGE_SIZE, PLAN_DIMENSIONS, RETRIED_STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -31,19 +33,33 @@ PlanDim = enum.Enum("PlanDim", {name: name for name in PLAN_DIMENSIONS}, type=st
 
 
 # --- shared option aliases ---------------------------------------------------------------------
-LevelsOpt = Annotated[Optional[str], typer.Option("--levels", help="ActNN levels: L1..L5, L1,L3 or all.")]
+_DEFAULT_TEXT = " and ".join(DEFAULT_STRATEGIES)
+LevelsOpt = Annotated[Optional[str], typer.Option("--levels", help=(
+    f"ActNN levels: L1..L5, L1,L3 or all. Without --levels and --strategies: {_DEFAULT_TEXT} (fp32 against "
+    "ActNN L3, the paper's comparison); either option replaces that default."))]
 StrategiesOpt = Annotated[Optional[str], typer.Option(
     "--strategies", "--strategy",
-    help=f"Comma list of {', '.join(PLAIN_STRATEGIES)} (levels allowed too); results/README.md describes each.")]
+    help=f"Comma list of {', '.join(PLAIN_STRATEGIES)} (levels allowed too); results/README.md describes each. "
+         f"Default: {_DEFAULT_TEXT}.")]
 NoBaselineOpt = Annotated[bool, typer.Option("--no-baseline", help="Do not add fp32 as the baseline.")]
 ImageSizeOpt = Annotated[int, typer.Option("--image-size", help="Input side in pixels.")]
 DeviceOpt = Annotated[Device, typer.Option(
     "--device", help="; ".join(f"{name} {p.help}" for name, p in PROFILES.items()) + ".")]
-BudgetOpt = Annotated[Optional[str], typer.Option("--budget", help="Memory cap, e.g. 16GiB (cuda: enforced; cpu: peak compared).")]
-OutOpt = Annotated[Path, typer.Option("--out", help="Results root; the run goes to OUT/<run>/.")]
+BudgetOpt = Annotated[Optional[str], typer.Option("--budget", help=(
+    "Memory cap, e.g. 16GiB (cuda: enforced; cpu and meta: peak compared). Required for searches on meta."))]
+OutOpt = Annotated[Path, typer.Option("--out", help=(
+    "Where your runs go: OUT/<run>/ (default runs/, ignored by git; results/ holds the committed reference "
+    "results)."))]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the planned points and exit.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help=(
+    "Measure every point again, even those already recorded (old rows stay in rows.jsonl; the new ones win)."))]
+NoRetryOpt = Annotated[bool, typer.Option("--no-retry", help=(
+    "Keep recorded error and timeout rows instead of measuring those points again."))]
 WarmupOpt = Annotated[Optional[int], typer.Option("--warmup-steps", help="Untimed steps first (default: cpu 1, cuda 3).")]
-TimedOpt = Annotated[Optional[int], typer.Option("--timed-steps", help="Timed steps (default: cpu 3, cuda 10).")]
+TimedOpt = Annotated[Optional[int], typer.Option("--timed-steps", help=(
+    "Timed steps, at least (default: cpu 3, cuda 10). Timing goes on until the device's minimum time has "
+    "passed and the spread (IQR) is within 10% of the median, within bounds (cpu: 2 s minimum, at most "
+    "50 steps or 10 s; cuda: 1 s minimum, at most 200 steps or 20 s)."))]
 SegmentsOpt = Annotated[Optional[int], typer.Option("--checkpoint-segments", help="Checkpoint segments (default: one per block).")]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds before a point's child is killed (status timeout).")]
 ExtraBlocksOpt = Annotated[int, typer.Option("--extra-blocks", help="resnet152 only: bottleneck blocks added to stages 2/3 (8:36).")]
@@ -67,71 +83,107 @@ def _spec(**fields: Any):
         fail(exc.as_option())
 
 
-def _run_spec(spec, out: Path, dry_run: bool):
+#: Commands whose point count is exact (a grid); the others search and take at most their count.
+_GRID_COMMANDS = ("throughput", "memory")
+
+
+def _run_spec(spec, out: Path, dry_run: bool, force: bool = False, no_retry: bool = False):
     """Dry run: print the plan. Otherwise measure it into OUT/<run>/ -> (store, outcome), or None."""
     plan = spec.plan()
     if dry_run:
         _print_plan(out / plan.name, list(plan.preview))
         return None
-    store = _open_store(out, plan.name, plan.config.identity(), plan.device)
-    outcome = _execute(store, plan.config.settings, plan.points, lambda run: plan.search(plan.config, run))
+    store = _open_store(out, plan)
+    outcome = _execute(store, plan, force=force, retry_failed=not no_retry)
     if plan.summary is not None:
         store.write_summary(plan.summary(outcome))
     return store, outcome
 
 
 def _strategies(strategies: Optional[str], levels: Optional[str], no_baseline: bool) -> tuple[str, ...]:
+    """--strategies and --levels add up (fp32 leads unless --no-baseline); neither: the default comparison."""
     from actbench.parsing import combine_strategies, parse_levels, parse_strategies
 
+    if not (strategies or "").strip() and not (levels or "").strip():
+        chosen = tuple(s for s in DEFAULT_STRATEGIES if not (no_baseline and s == "fp32"))
+        return _checked(lambda: combine_strategies(chosen, (), not no_baseline))
     return _checked(lambda: combine_strategies(parse_strategies(strategies), parse_levels(levels), not no_baseline))
 
 
-def _open_store(out: Path, name: str, identity: dict[str, Any], device: str):
+def _instead(command: str) -> str:
+    """What to do on a machine without the device asked for (no GPU): answer the question another way."""
+    if command == "throughput":
+        return MEASURE_SMALL_INSTEAD
+    if command == "max-scale":
+        return ("without a GPU, predict with --device meta --budget 16GiB (or `actbench plan MODEL --budget 16GiB "
+                "--dim DIM`), or measure small sizes with --device cpu --image-size 32 --batch 2")
+    return PREDICT_INSTEAD
+
+
+def _open_store(out: Path, plan):
     """Checks that need the machine (not needed for --dry-run), then the run directory."""
     from actbench.results import RunStore, check_writable
 
-    require_device(device, PREDICT_INSTEAD)
+    require_device(plan.device, _instead(plan.command))
     _checked(lambda: check_writable(out))
-    store = RunStore(out / name)
-    _checked(lambda: store.write_config(identity))
+    store = RunStore(out / plan.name)
+    _checked(lambda: store.write_config(plan.config.identity()))
     return store
 
 
-def _execute(store, settings, total: int, job: Callable[[Callable], Any]) -> Any:
-    """Run ``job(run_point)`` with a progress bar on stderr; Ctrl-C keeps every finished row."""
+def _execute(store, plan, force: bool = False, retry_failed: bool = True) -> Any:
+    """Run the plan's search with progress on stderr; Ctrl-C, SIGTERM and SIGHUP keep every finished row."""
     from actbench.runner import EnvironmentCaptureError, PointRunner
 
-    err = Console(stderr=True)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False) as progress:
-        task = progress.add_task("starting", total=total)
-        counts = {"done": 0, "cached": 0}
-
-        def on_event(kind: str, point, row) -> None:
-            if kind != "start":
-                counts[kind] += 1
-            if kind == "start":
-                progress.update(task, description=f"measuring {point.describe()}")
-            else:
-                progress.update(task, advance=1, description=f"{point.describe()}: {row.status}"
-                                + (" (resumed)" if kind == "cached" else ""))
-
-        runner = PointRunner(store, settings.device, timeout_s=settings.timeout_s, on_event=on_event)
+    settings = plan.config.settings
+    err = Console(stderr=True, highlight=False)
+    options: dict[str, Any] = {"retry_failed": retry_failed}
+    if force:
+        options["force"] = True
+    with terminate_like_ctrl_c():
+        progress = PointProgress(plan.points, exact=plan.command in _GRID_COMMANDS,
+                                 predicts=profile(plan.device).predicts)
         try:
-            result = job(runner.run)
+            with progress:
+                problem = ensure_extension(plan.config.strategies, plan.device, progress.say)
+                if problem is not None:
+                    progress.close()
+                    fail(f"{problem} (strategies without ActNN levels need no extension, e.g. --strategies "
+                         "fp32,swap,checkpoint)", code=1)
+                runner = PointRunner(store, settings.device, timeout_s=settings.timeout_s,
+                                     on_event=progress.on_event, **options)
+                result = plan.search(plan.config, runner.run)
         except EnvironmentCaptureError as exc:
-            progress.stop()
             fail(str(exc))
-        except KeyboardInterrupt:
-            progress.stop()
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (Terminated)
             store.write_table()
-            err.print(f"interrupted: {len(store.read_rows())} finished rows kept in {store.rows_path}")
-            raise typer.Exit(130)
-        progress.update(task, completed=total, description="done")
-    store.write_table()
-    err.print(f"{counts['done']} points measured, {counts['cached']} resumed from {store.rows_path}",
-              highlight=False, soft_wrap=True)
+            err.print(f"{interrupted_by(exc)}: {plural(len(store.read_rows()), 'finished row')} kept in "
+                      f"{store.rows_path}", markup=False, soft_wrap=True)
+            raise typer.Exit(interrupted_exit_code(exc))
+        store.write_table()
+    err.print(progress.summary(store.rows_path), markup=False, soft_wrap=True)
     return result
+
+
+def _finish(outcome, search: bool) -> None:
+    """Say which strategies got no answer because their points failed to measure; exit 1 when every point did.
+
+    ``error`` and ``timeout`` are failures to measure; ``oom`` and ``over_budget`` are results (the
+    point does not fit). A command whose every point failed to measure exits 1, after its tables.
+    """
+    rows = list(outcome.rows)
+    err = Console(stderr=True, highlight=False)
+    what = "probe" if search else "point"
+    for strategy in dict.fromkeys(r.strategy for r in rows):
+        mine = [r for r in rows if r.strategy == strategy]
+        if all(r.status in RETRIED_STATUSES for r in mine):
+            first = mine[0]
+            err.print(f"{strategy}: no answer: every {what} failed to measure ({plural(len(mine), what)}; "
+                      f"{first.status}: {one_line(first.message, 160)})", markup=False, soft_wrap=True)
+    if rows and all(r.status in RETRIED_STATUSES for r in rows):
+        err.print(f"actbench: every {what} failed to measure ({' or '.join(RETRIED_STATUSES)}); see the messages "
+                  "above and the run's logs/ folder", markup=False, soft_wrap=True)
+        raise typer.Exit(1)
 
 
 def _console() -> Console:
@@ -139,22 +191,37 @@ def _console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 180)
 
 
+def _cell(text: object) -> Text:
+    """A table cell printed as written: row messages like "[enforce fail at ...]" are not rich markup."""
+    return Text(str(text))
+
+
+def _spread(median: float | None, iqr: float | None) -> str:
+    """The IQR of samples/s, and what fraction of the median it is: ``1.2 (8%)``."""
+    if iqr is None:
+        return "-"
+    return f"{iqr:.1f} ({iqr / median:.0%})" if median else f"{iqr:.1f}"
+
+
 def _render(rows, title: str) -> None:
     from actbench.parsing import format_bytes
 
-    table = Table(title=title)
+    table = Table(title=_cell(title))
     for col in ("strategy", "model", "depth", "batch", "px", "status", "activation", "peak alloc",
                 "reserved", "model bytes", "samples/s", "IQR", "GFLOP/sample", "message"):
         table.add_column(col, overflow="fold")
     for r in rows:
         rate = "-" if r.samples_per_s_median is None else f"{r.samples_per_s_median:.1f}"
-        iqr = "-" if r.samples_per_s_iqr is None else f"{r.samples_per_s_iqr:.1f}"
         flops = "-" if r.flops_per_sample is None else f"{r.flops_per_sample / 1e9:.3f}"
         model = r.model + (f"+{r.extra_blocks}" if r.extra_blocks else "") + (
             f" w{r.width_per_group}" if r.width_per_group else "")
-        table.add_row(r.strategy, model, str(r.depth or "-"), str(r.batch_size), str(r.image_size), r.status,
-                      format_bytes(r.activation_bytes), format_bytes(r.peak_alloc_bytes),
-                      format_bytes(r.reserved_bytes), format_bytes(r.model_bytes), rate, iqr, flops, r.message[:60])
+        table.add_row(*(_cell(c) for c in (
+            r.strategy, model, str(r.depth or "-"), str(r.batch_size), str(r.image_size), r.status,
+            format_bytes(r.activation_bytes), format_bytes(r.peak_alloc_bytes), format_bytes(r.reserved_bytes),
+            format_bytes(r.model_bytes), rate, _spread(r.samples_per_s_median, r.samples_per_s_iqr), flops,
+            one_line(r.message, 80))))
+    table.caption = _cell("IQR: spread of samples/s over the timed steps (interquartile range), and its share "
+                          "of the median") if any(r.samples_per_s_iqr is not None for r in rows) else None
     _console().print(table)
 
 
@@ -167,37 +234,55 @@ def _bound_caption(outcome) -> str | None:
 
 
 def _max_cells(outcome, strategy: str) -> tuple[str, str]:
-    """(maximum, × fp32) as text; "≥" marks a lower bound, and a ratio to or of one is only a bound."""
-    value, base = outcome.maxima.get(strategy), outcome.maxima.get("fp32")
-    exact, base_exact = outcome.bounded(strategy), outcome.bounded("fp32")
+    """(maximum, × fp32) as text; "≥" marks a lower bound, and a ratio to or of one is only a bound.
+
+    × fp32 has one definition, shared with the figures and the report (actbench.analysis): the
+    searched quantity ÷ fp32's, where depth counts layers (not the extra blocks searched over).
+    """
+    from actbench.analysis import bound_ratio, scale_value
+
+    value = outcome.maxima.get(strategy)
+    exact = outcome.bounded(strategy)
     if value is None:
         return "none", "-"
     text = str(value) if exact else f"≥{value}"
-    if not base or (not exact and not base_exact):
+    row, base = outcome.best_rows.get(strategy), outcome.best_rows.get("fp32")
+    if row is None or base is None:
         return text, "-"
-    ratio = f"{value / base:.2f}"
-    return text, ratio if exact and base_exact else (f"≥{ratio}" if base_exact else f"≤{ratio}")
+    ratio = bound_ratio(scale_value(outcome.dim, row), exact, scale_value(outcome.dim, base), outcome.bounded("fp32"))
+    return text, ratio or "-"
+
+
+def _maxima_caption(outcome) -> str:
+    from actbench.analysis import MULTIPLE_DEFINITIONS
+
+    lines = [MULTIPLE_DEFINITIONS.get(outcome.dim, MULTIPLE_DEFINITIONS["batch"])]
+    bound = _bound_caption(outcome)
+    if bound:
+        lines.append(bound)
+    return "\n".join(lines)
 
 
 def _render_maxima(outcome, what: str) -> None:
     table = Table(title=f"largest {what} that fits")
-    for col in ("strategy", what, "depth", "samples/s", "GFLOP/sample", "x fp32"):
+    for col in ("strategy", what, "depth", "samples/s", "GFLOP/sample", "× fp32"):
         table.add_column(col)
     for strategy in outcome.maxima:
         row = outcome.best_rows.get(strategy)
         value, ratio = _max_cells(outcome, strategy)
         rate = "-" if row is None or row.samples_per_s_median is None else f"{row.samples_per_s_median:.1f}"
         flops = "-" if row is None or row.flops_per_sample is None else f"{row.flops_per_sample / 1e9:.3f}"
-        table.add_row(strategy, value, str(row.depth) if row is not None and row.depth else "-", rate, flops, ratio)
-    table.caption = _bound_caption(outcome)
+        table.add_row(*(_cell(c) for c in (strategy, value, str(row.depth) if row is not None and row.depth else "-",
+                                           rate, flops, ratio)))
+    table.caption = _cell(_maxima_caption(outcome))
     _console().print(table)
 
 
 def _print_plan(run_dir: Path, lines: list[str]) -> None:
     console = _console()
-    console.print(f"run directory: {run_dir}")
+    console.print(f"run directory: {run_dir}", markup=False, highlight=False)
     for line in lines:
-        console.print(line, highlight=False)
+        console.print(line, markup=False, highlight=False)
 
 
 # --- commands ----------------------------------------------------------------------------------
@@ -223,7 +308,7 @@ def sweep_batch(
     image_size: ImageSizeOpt = 224,
     device: DeviceOpt = Device.cuda,
     budget: BudgetOpt = None,
-    out: OutOpt = Path("results"),
+    out: OutOpt = DEFAULT_OUT,
     stop_after: Annotated[int, typer.Option("--stop-after", help="Stop a strategy after k consecutive failures.")] = 2,
     find_max: Annotated[bool, typer.Option("--find-max", help="Binary search for the largest batch (multiples of 4).")] = False,
     extra_blocks: ExtraBlocksOpt = 0,
@@ -233,11 +318,17 @@ def sweep_batch(
     checkpoint_segments: SegmentsOpt = None,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     dry_run: DryRunOpt = False,
+    force: ForceOpt = False,
+    no_retry: NoRetryOpt = False,
 ) -> None:
     """Scan batch sizes per strategy (or --find-max): memory and throughput at each.
 
+    Without --levels/--strategies: fp32 and ActNN L3. On meta (predictions) a budget is required.
+
+    \b
     Examples:
       actbench sweep-batch resnet50 --levels L1..L5 --budget 16GiB                  # on a GPU
+      actbench sweep-batch resnet50 --levels L1..L5 --find-max --device meta --budget 16GiB   # predicted, no GPU
       actbench sweep-batch resnet50 --levels all --strategies swap --find-max --budget 16GiB
       actbench sweep-batch resnet18 --levels L3 --batch 4:16:4 --image-size 64 --device cpu
     """
@@ -246,11 +337,12 @@ def sweep_batch(
                  find_max=find_max, extra_blocks=extra_blocks, width_per_group=width_per_group,
                  warmup_steps=warmup_steps, timed_steps=timed_steps, checkpoint_segments=checkpoint_segments,
                  timeout_s=timeout)
-    ran = _run_spec(spec, out, dry_run)
+    ran = _run_spec(spec, out, dry_run, force, no_retry)
     if ran is not None:
         store, outcome = ran
         _render(outcome.rows, f"sweep-batch {spec.model_spec().label()} {image_size}px on {device.value} -> {store.run_dir}")
         _render_maxima(outcome, "batch")
+        _finish(outcome, search=True)
 
 
 @app.command("max-scale")
@@ -267,38 +359,47 @@ def max_scale(
     step: Annotated[Optional[int], typer.Option("--step", help="Granularity (depth 1; width 8; resolution 32).")] = None,
     device: DeviceOpt = Device.cuda,
     budget: BudgetOpt = None,
-    out: OutOpt = Path("results"),
+    out: OutOpt = DEFAULT_OUT,
     warmup_steps: WarmupOpt = None,
     timed_steps: TimedOpt = None,
     checkpoint_segments: SegmentsOpt = None,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     dry_run: DryRunOpt = False,
+    force: ForceOpt = False,
+    no_retry: NoRetryOpt = False,
 ) -> None:
     """Binary search of the largest depth, width or resolution that fits, with throughput and FLOPs there.
 
+    Without --levels/--strategies: fp32 and ActNN L3. On meta (predictions) a budget is required.
+    × fp32 compares the maxima in the same unit as the figures and the report (depth: layers).
+
+    \b
     Examples:
-      actbench max-scale --dim depth --levels L3 --budget 16GiB        # ResNet-152 grown in depth
+      actbench max-scale --dim depth --budget 16GiB                       # ResNet-152 grown in depth, on a GPU
+      actbench max-scale --dim depth --device meta --budget 16GiB         # predicted, no GPU
       actbench max-scale --dim resolution resnet50 --levels L2,L3 --batch 32 --budget 16GiB
     """
     spec = _spec(command="max-scale", model=model, strategies=_strategies(strategies, levels, no_baseline),
                  batch=str(batch), image_size=image_size, device=device.value, budget=budget, dim=dim.value,
                  low=low, high=high, step=step, warmup_steps=warmup_steps, timed_steps=timed_steps,
                  checkpoint_segments=checkpoint_segments, timeout_s=timeout)
-    ran = _run_spec(spec, out, dry_run)
+    ran = _run_spec(spec, out, dry_run, force, no_retry)
     if ran is not None:
         store, outcome = ran
         _render(outcome.rows, f"max-scale --dim {dim.value} {model} batch {batch} on {device.value} -> {store.run_dir}")
         label = {"depth": "extra blocks", "width": "width_per_group", "resolution": "image size"}[dim.value]
         _render_maxima(outcome, label)
+        _finish(outcome, search=True)
 
 
 def _grid(command: str, model: str, strategies, levels, no_baseline, batch, image_size, device, budget, out,
-          extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments, timeout, dry_run):
+          extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments, timeout, dry_run,
+          force=False, no_retry=False):
     spec = _spec(command=command, model=model, strategies=_strategies(strategies, levels, no_baseline), batch=batch,
                  image_size=image_size, device=device.value, budget=budget, extra_blocks=extra_blocks,
                  width_per_group=width_per_group, warmup_steps=warmup_steps, timed_steps=timed_steps,
                  checkpoint_segments=checkpoint_segments, timeout_s=timeout)
-    ran = _run_spec(spec, out, dry_run)
+    ran = _run_spec(spec, out, dry_run, force, no_retry)
     return (None, None) if ran is None else ran
 
 
@@ -312,7 +413,7 @@ def throughput(
     image_size: ImageSizeOpt = 224,
     device: DeviceOpt = Device.cuda,
     budget: BudgetOpt = None,
-    out: OutOpt = Path("results"),
+    out: OutOpt = DEFAULT_OUT,
     extra_blocks: ExtraBlocksOpt = 0,
     width_per_group: WidthOpt = None,
     warmup_steps: WarmupOpt = None,
@@ -320,17 +421,24 @@ def throughput(
     checkpoint_segments: SegmentsOpt = None,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     dry_run: DryRunOpt = False,
+    force: ForceOpt = False,
+    no_retry: NoRetryOpt = False,
 ) -> None:
     """Training throughput (images/s, median and IQR) per strategy and batch size.
 
-    Example:
+    Without --levels/--strategies: fp32 and ActNN L3.
+
+    \b
+    Examples:
       actbench throughput resnet50 --levels L2,L3 --strategies swap,checkpoint --batch 64,128
+      actbench throughput resnet18 --batch 8 --image-size 64 --device cpu       # no GPU: small sizes
     """
     store, outcome = _grid("throughput", model, strategies, levels, no_baseline, batch, image_size, device, budget,
                            out, extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments,
-                           timeout, dry_run)
+                           timeout, dry_run, force, no_retry)
     if store is not None:
         _render(outcome.rows, f"throughput {model} on {device.value} -> {store.run_dir}")
+        _finish(outcome, search=False)
 
 
 @app.command("memory")
@@ -343,7 +451,7 @@ def memory(
     image_size: ImageSizeOpt = 224,
     device: DeviceOpt = Device.cuda,
     budget: BudgetOpt = None,
-    out: OutOpt = Path("results"),
+    out: OutOpt = DEFAULT_OUT,
     extra_blocks: ExtraBlocksOpt = 0,
     width_per_group: WidthOpt = None,
     warmup_steps: WarmupOpt = None,
@@ -351,9 +459,14 @@ def memory(
     checkpoint_segments: SegmentsOpt = None,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     dry_run: DryRunOpt = False,
+    force: ForceOpt = False,
+    no_retry: NoRetryOpt = False,
 ) -> None:
     """One point's memory breakdown: activations, peak, reserved, parameters, gradients, optimizer state.
 
+    Without --levels/--strategies: fp32 and ActNN L3.
+
+    \b
     Examples:
       actbench memory resnet50 --levels L0..L5 --batch 64 --device meta     # predicted, no GPU
       actbench memory resnet18 --levels L3 --batch 8 --image-size 64 --device cpu
@@ -362,19 +475,20 @@ def memory(
 
     store, outcome = _grid("memory", model, strategies, levels, no_baseline, batch, image_size, device, budget, out,
                            extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments, timeout,
-                           dry_run)
+                           dry_run, force, no_retry)
     if store is None:
         return
-    table = Table(title=f"memory {model} on {device.value} -> {store.run_dir}")
+    table = Table(title=_cell(f"memory {model} on {device.value} -> {store.run_dir}"))
     cols = ("strategy", "batch", "status", "activation", "peak alloc", "reserved", "params", "grads",
             "optimizer state", "model total", "host (swap)", "message")
     for col in cols:
         table.add_column(col)
     for r in outcome.rows:
-        table.add_row(r.strategy, str(r.batch_size), r.status, *(format_bytes(v) for v in (
+        table.add_row(*(_cell(c) for c in (r.strategy, str(r.batch_size), r.status, *(format_bytes(v) for v in (
             r.activation_bytes, r.peak_alloc_bytes, r.reserved_bytes, r.param_bytes, r.grad_bytes,
-            r.optimizer_state_bytes, r.model_bytes, r.host_bytes)), r.message[:60])
+            r.optimizer_state_bytes, r.model_bytes, r.host_bytes)), one_line(r.message, 80))))
     _console().print(table)
+    _finish(outcome, search=False)
 
 
 @app.command("plan")
@@ -390,15 +504,19 @@ def plan(
     low: Annotated[Optional[int], typer.Option("--low", help="Smallest value (batch 4; depth 0; width 64; resolution 224).")] = None,
     high: Annotated[Optional[int], typer.Option("--high", help="Largest value (batch 16384; depth 4096; width 512; resolution 768).")] = None,
     step: Annotated[Optional[int], typer.Option("--step", help="Granularity (batch 4; depth 1; width 8; resolution 32).")] = None,
-    out: OutOpt = Path("results"),
+    out: OutOpt = DEFAULT_OUT,
     checkpoint_segments: SegmentsOpt = None,
     dry_run: DryRunOpt = False,
+    force: ForceOpt = False,
+    no_retry: NoRetryOpt = False,
 ) -> None:
     """Predict, without a GPU, the largest batch (or depth, width, resolution) per strategy under a budget.
 
     Searches on the meta device (fake tensors): peak = device bytes over one training step, model
     included; swap's and L4/L5's host copies are reported apart (host column), not counted.
+    Without --levels/--strategies: fp32 and ActNN L3.
 
+    \b
     Examples:
       actbench plan resnet50 --budget 16GiB --strategies swap,checkpoint --levels L0..L5
       actbench plan resnet152 --budget 40GiB --dim depth --levels L3
@@ -409,14 +527,14 @@ def plan(
     spec = _spec(command="plan", model=model, strategies=_strategies(strategies, levels, no_baseline),
                  batch=str(batch), image_size=image_size, device=PLAN_DEVICE, budget=budget, dim=dim.value, low=low,
                  high=high, step=step, checkpoint_segments=checkpoint_segments)
-    ran = _run_spec(spec, out, dry_run)
+    ran = _run_spec(spec, out, dry_run, force, no_retry)
     if ran is None:
         return
     store, outcome = ran
     settings = spec.settings()
-    table = Table(title=f"plan {model} {image_size}px under {format_bytes(settings.budget_bytes)} "
-                        f"(predicted on meta) -> {store.run_dir}")
-    for col in ("strategy", f"max {dim.value}", "x fp32", "peak alloc", "activation", "model bytes",
+    table = Table(title=_cell(f"plan {model} {image_size}px under {format_bytes(settings.budget_bytes)} "
+                              f"(predicted on meta) -> {store.run_dir}"))
+    for col in ("strategy", f"max {dim.value}", "× fp32", "peak alloc", "activation", "model bytes",
                 "host (not counted)", "probes", "note"):
         table.add_column(col)
     for strategy in outcome.maxima:
@@ -424,9 +542,11 @@ def plan(
         probes = [r for r in outcome.rows if r.strategy == strategy]
         note = "" if row is not None else next((r.message for r in probes if r.status == "error"),
                                                "nothing in the range fits")
-        table.add_row(strategy, *_max_cells(outcome, strategy),
-                      *(format_bytes(None if row is None else getattr(row, f)) for f in
-                        ("peak_alloc_bytes", "activation_bytes", "model_bytes", "host_bytes")),
-                      str(len(probes)), note[:60])
-    table.caption = _bound_caption(outcome)
+        table.add_row(*(_cell(c) for c in (
+            strategy, *_max_cells(outcome, strategy),
+            *(format_bytes(None if row is None else getattr(row, f)) for f in
+              ("peak_alloc_bytes", "activation_bytes", "model_bytes", "host_bytes")),
+            str(len(probes)), one_line(note, 80))))
+    table.caption = _cell(_maxima_caption(outcome))
     _console().print(table)
+    _finish(outcome, search=True)

@@ -38,6 +38,7 @@ def trust_command(
     OUT/meta_vs_<device>.csv current after every point. On cuda the gap includes what the caching
     allocator and cuDNN workspaces add, which meta does not model. Exit 1 if a point failed.
 
+    \b
     Examples:
       actbench trust --models resnet18 --strategies fp32,L3
       actbench trust --device cuda --batch 16 --image-size 224      # on a GPU
