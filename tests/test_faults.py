@@ -418,6 +418,21 @@ def test_a_claim_dies_with_its_writer(tmp_path: Path) -> None:
     assert len(lines(run_dir)) == 1
 
 
+def test_a_writer_waits_for_the_run_lock(tmp_path: Path) -> None:
+    """Checking, claiming and appending happen under run_dir/.lock: nothing moves while another holds it."""
+    run_dir = tmp_path / "run"
+    runner(run_dir, Scripted()).run(point(1))
+    holder = RunStore(run_dir)
+    ex = Scripted()
+    writer = threading.Thread(target=lambda: runner(run_dir, ex).run(point(2)))
+    with holder.locked():
+        writer.start()
+        time.sleep(0.3)
+        assert ex.calls == [] and len(lines(run_dir)) == 1
+    writer.join(30)
+    assert ex.calls == [2] and len(lines(run_dir)) == 2
+
+
 @pytest.mark.slow
 def test_three_concurrent_cli_runs_write_one_row_per_key(tmp_path: Path) -> None:
     """The issue's case: three copies of one meta sweep at once into one run directory."""
