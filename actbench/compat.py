@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten
 
 __all__ = ["TorchDispatchMode", "tree_flatten", "dispatch_modes_disabled", "memtracker_class", "tensor_version",
-           "fake_tensor_mode", "fake_copy_mode", "is_fake", "storage_identity"]
+           "fake_tensor_mode", "fake_copy_mode", "is_fake", "storage_identity", "parameters_on_meta", "fake_module"]
 
 
 def tensor_version(tensor: "torch.Tensor") -> int:
@@ -79,3 +79,72 @@ def storage_identity(tensor: "torch.Tensor") -> int:
     of the C++ StorageImpl (``_cdata``) is unique on both.
     """
     return tensor.untyped_storage()._cdata
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the ``meta`` device (no data, no init).
+
+    ``nn.Module.register_parameter`` (which ``module.weight = Parameter(...)`` goes through) is
+    wrapped so that each new parameter is replaced at once by an uninitialised twin on ``meta``:
+    init functions on it are no-ops (``trunc_normal_``'s rejection sampling, data-dependent under
+    fake tensors, returns at once), while everything else the constructor computes (RegNet's
+    widths with ``.tolist()``, Swin's relative position index) runs on real CPU tensors. Buffers
+    stay real. The same idea as accelerate's ``init_empty_weights``; meta sizing turns the result
+    into fake tensors with :func:`fake_module`.
+    """
+    import torch
+    from torch import nn
+
+    original = nn.Module.register_parameter
+
+    def register(self, name, param):
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)
+        original(self, name, param)
+
+    nn.Module.register_parameter = register
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original
+
+
+def fake_module(model: "torch.nn.Module", mode: object, device: "torch.device") -> "torch.nn.Module":
+    """Turn ``model``'s parameters, buffers and tensor attributes into fake tensors of ``mode`` on ``device``.
+
+    Meta tensors (parameters built under :func:`parameters_on_meta`) become fake tensors of the same
+    shape, strides and dtype; real tensors (buffers) go through ``mode.from_tensor``, which keeps
+    their values as fake metadata and storage sharing between views. A tensor shared by several
+    modules stays shared. Returns ``model``, changed in place.
+    """
+    import torch
+    from torch import nn
+
+    memo: dict[int, torch.Tensor] = {}
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        if is_fake(t):
+            return t
+        if id(t) not in memo:
+            if t.is_meta:
+                with mode:
+                    fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+            else:
+                fake = mode.from_tensor(t.detach().to(device))
+            if isinstance(t, nn.Parameter):
+                with mode:
+                    fake = nn.Parameter(fake, requires_grad=t.requires_grad)
+            memo[id(t)] = fake
+        return memo[id(t)]
+
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for name, t in list(store.items()):
+                if t is not None:
+                    store[name] = convert(t)
+        for name, value in list(vars(module).items()):
+            if isinstance(value, torch.Tensor) and not name.startswith("_"):
+                object.__setattr__(module, name, convert(value))
+    return model
+

@@ -31,6 +31,30 @@ def list_model_names(pattern: str | None = None) -> tuple[str, ...]:
     return tuple(names)
 
 
+#: Family of each torchvision classifier, by name prefix (longest first wins); see model_family().
+_FAMILY_PREFIXES: tuple[str, ...] = (
+    "alexnet", "convnext", "densenet", "efficientnet_v2", "efficientnet", "googlenet", "inception",
+    "maxvit", "mnasnet", "mobilenet_v2", "mobilenet_v3", "regnet_x", "regnet_y", "resnext", "resnet",
+    "shufflenet", "squeezenet", "swin_v2", "swin", "vgg", "vit", "wide_resnet",
+)
+
+#: One model per family (the issue's table and the model_zoo experiment; inception_v3 at 299 px).
+FAMILY_REPRESENTATIVES: tuple[str, ...] = (
+    "alexnet", "convnext_tiny", "densenet121", "efficientnet_b0", "efficientnet_v2_s", "googlenet",
+    "inception_v3", "maxvit_t", "mnasnet1_0", "mobilenet_v2", "mobilenet_v3_large", "regnet_x_400mf",
+    "regnet_y_800mf", "resnet50", "resnext50_32x4d", "shufflenet_v2_x1_0", "squeezenet1_1", "swin_t",
+    "swin_v2_t", "vgg16", "vit_b_16", "wide_resnet50_2",
+)
+
+
+def model_family(name: str) -> str:
+    """The family of a torchvision classifier name ("vit_b_16" -> "vit", "swin_v2_t" -> "swin_v2")."""
+    matches = [p for p in _FAMILY_PREFIXES if name.startswith(p)]
+    if not matches:
+        raise ValueError(f"no known family for model '{name}'")
+    return max(matches, key=len)
+
+
 def validate_model_spec(spec: ModelSpec) -> None:
     """Raise ValueError naming the bad value and what is allowed."""
     names = list_model_names()

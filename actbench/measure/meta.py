@@ -121,8 +121,8 @@ class MetaSessions:
 
     def _build(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None) -> _Session:
         mode = compat.fake_tensor_mode()
+        model = _build_fake_model(point, mode)
         with mode, META_FAKE_DEVICE:
-            model = build_model(point.model, point.image_size)
             num_params = sum(p.numel() for p in model.parameters())
             depth = real_depth(model)
             if fault is not None:
@@ -139,12 +139,28 @@ class MetaSessions:
         key = (point.model, point.image_size, point.seed)
         if key not in self._flops:
             if model is None:
-                model = build_model(point.model, point.image_size)
+                model = _build_fake_model(point, mode)
             images, targets = synthetic_batch(2, point.image_size, point.model.num_classes, META_FAKE_DEVICE,
                                               point.seed)
             fwd, total = count_flops(model, images, targets)
             self._flops[key] = (fwd / 2, total / 2)
         return self._flops[key]
+
+
+def _build_fake_model(point: PointConfig, mode: Any) -> torch.nn.Module:
+    """``point``'s model with fake parameters and buffers on :data:`META_FAKE_DEVICE`.
+
+    The constructor runs outside fake mode with its parameters on the ``meta`` device
+    (``compat.parameters_on_meta``): constructors that read data — ``trunc_normal_``'s rejection
+    sampling (ViT, Swin, ConvNeXt, MaxViT, GoogLeNet), RegNet's widths computed with ``.tolist()`` —
+    ended in ``DataDependentOutputException`` under fake tensors. Parameters are then fake tensors of
+    the same shapes, strides and dtypes, and buffers fake copies of the real ones
+    (``compat.fake_module``): the storages, hence every byte count, are those of a model built
+    inside fake mode.
+    """
+    with compat.dispatch_modes_disabled(), compat.parameters_on_meta(), META_FAKE_DEVICE:
+        model = build_model(point.model, point.image_size)  # outside any fake mode, also when called in one
+    return compat.fake_module(model, mode, META_FAKE_DEVICE)
 
 
 def _warm_optimizer_state(step: TrainingStep) -> None:
