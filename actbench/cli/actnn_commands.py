@@ -35,7 +35,7 @@ def verify_grads_command(
     image_size: Annotated[int, typer.Option("--image-size", min=8, help="Input side in pixels.")] = 64,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
     backend: Annotated[QuantBackend, typer.Option("--backend", help="Quantizer backend.")] = QuantBackend.extension,
-    out: Annotated[Path, typer.Option("--out", help="Directory for the CSV.")] = Path("results/verify-grads"),
+    out: Annotated[Path, typer.Option("--out", help="Directory for the CSV.")] = Path("runs/verify-grads"),
 ) -> None:
     """Bias and variance of ActNN's compressed gradients vs fp32, per parameter (table + CSV).
 

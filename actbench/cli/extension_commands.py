@@ -89,7 +89,7 @@ def bench_kernels(
         int, typer.Option("--reference-max-mib", help="Time the pure-torch reference up to this size.")
     ] = 256,
     out: Annotated[Path, typer.Option("--out", help="Results root; writes OUT/bench-kernels_<device>_<time>/.")] = Path(
-        "results"
+        "runs"
     ),
 ) -> None:
     """Time quantize+pack and unpack+dequantize against the torch reference and a plain copy.

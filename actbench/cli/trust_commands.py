@@ -13,7 +13,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from actbench.cli.app import MeasuringDevice, app, fail, require_device
+from actbench.cli.app import (MeasuringDevice, app, fail, interrupted_by, interrupted_exit_code, require_device,
+                              terminate_like_ctrl_c)
+from actbench.cli.progress import ensure_extension
 from actbench.measure.trust import TRUST_MODELS, TRUST_STRATEGIES
 from actbench.schema import MIN_IMAGE_SIZE
 
@@ -30,7 +32,7 @@ def trust_command(
         "--strategies", help="Comma list of strategies and levels.")] = ",".join(TRUST_STRATEGIES),
     batch: Annotated[int, typer.Option("--batch", help="Batch size of every point.")] = 2,
     image_size: Annotated[int, typer.Option("--image-size", help="Input side in pixels.")] = 32,
-    out: Annotated[Path, typer.Option("--out", help="Folder for meta_vs_<device>.csv.")] = Path("results/trust"),
+    out: Annotated[Path, typer.Option("--out", help="Folder for meta_vs_<device>.csv.")] = Path("runs/trust"),
 ) -> None:
     """How far to trust meta: the same points predicted on meta and measured on cpu or cuda.
 
@@ -71,6 +73,7 @@ def trust_command(
         fail(str(exc))
     path = out / f"meta_vs_{device.value}.csv"
     console = Console()
+    err = Console(stderr=True, highlight=False)
     done = []
 
     def on_point(c) -> None:
@@ -78,9 +81,19 @@ def trust_command(
         write_csv(done, path)
         console.print(f"{c.model:14s} {c.strategy:10s} activation {_ratio(c.activation_ratio)}  "
                       f"peak {_ratio(c.peak_ratio)}  {c.meta_status}/{c.measured_status} {c.message}",
-                      highlight=False)
+                      highlight=False, markup=False)
 
-    rows = compare(device.value, names, chosen, batch_size=batch, image_size=image_size, on_point=on_point)
+    with terminate_like_ctrl_c():
+        try:
+            problem = ensure_extension(chosen, device.value, lambda text: err.print(text, markup=False))
+            if problem is not None:
+                fail(problem, code=1)
+            err.print(f"comparing {len(names) * len(chosen)} points, each predicted on meta and measured on "
+                      f"{device.value} ...", markup=False)
+            rows = compare(device.value, names, chosen, batch_size=batch, image_size=image_size, on_point=on_point)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP
+            err.print(f"{interrupted_by(exc)}: {len(done)} finished points kept in {path}", markup=False)
+            raise typer.Exit(interrupted_exit_code(exc))
     table = Table(title=f"meta ÷ {device.value}, batch {batch}, {image_size}px -> {path}")
     for col in ("model", "strategy", "activation", "peak", "status (meta/measured)"):
         table.add_column(col)
