@@ -230,7 +230,12 @@ def test_every_experiment_plans_with_quick_on_each_device(path: Path, device: st
             assert step.device == device or step.command == "plan", step.describe()
 
 
-@pytest.mark.parametrize("path", [p for p in experiment_paths() if p.stem != "accuracy_vs_bits"],
+#: quick experiments whose meta run takes a minute or more on 2 cores (ResNet-152 and friends): heavy
+HEAVY_ON_META = ("memory_per_level", "max_scale_resnet152")
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.heavy) if p.stem in HEAVY_ON_META else p
+                                  for p in experiment_paths() if p.stem != "accuracy_vs_bits"],
                          ids=lambda p: p.stem)
 def test_every_measuring_experiment_runs_quick_on_meta(tmp_path: Path, path: Path) -> None:
     """Each harness experiment end to end on meta (seconds): rows, figures and a report, exit 0.

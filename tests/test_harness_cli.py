@@ -221,6 +221,7 @@ def test_max_scale_resolution(tmp_path) -> None:
     assert json.loads((run_dir / "summary.json").read_text())["max"]["fp32"]["bounded"] is True
 
 
+@pytest.mark.heavy  # ResNet-152 trained on the CPU: minutes on 2 cores
 def test_max_scale_depth_grows_resnet152(tmp_path) -> None:
     result = invoke(["max-scale", *FP32, "--dim", "depth", "--low", "0", "--high", "2", "--step", "2", "--batch", "2",
                      *TINY, "--timed-steps", "0", "--out", str(tmp_path)], fault="oom@blocks>0")
