@@ -438,3 +438,23 @@ def test_sigterm_and_sighup_end_the_run_like_ctrl_c(tmp_path: Path, signum: int,
     assert not any(_alive(w) for w in workers), "a worker outlived its parent"
     rows_path = run_dir_of(out) / "rows.jsonl"
     assert not rows_path.exists() or not rows_path.read_text().strip()  # the hanging point left no row
+
+
+def test_run_prints_a_line_per_step_and_per_point(capsys) -> None:
+    from actbench.cli.experiment_commands import _StepPrinter
+
+    class Exp:
+        name, steps = "e", ()
+
+    printer = _StepPrinter(Exp())
+    printer.on_event("info", "accuracy resnet8 16px")
+    printer.on_event("start", "training fp32")
+    assert capsys.readouterr().err == "e: accuracy resnet8 16px\n  training fp32 ... "  # flushed before it ends
+    printer.on_event("done", "fp32: test accuracy 0.900")
+    printer.on_event("cached", "2 bits: test accuracy 0.880")
+    printer.on_event("start", "resnet18 fp32 b2 16px cpu")
+    printer.on_event("done", "resnet18 fp32 b2 16px cpu: ok")
+    err = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"fp32: test accuracy 0\.900 \(\d+\.\d s\)", err[0])
+    assert err[1] == "  2 bits: test accuracy 0.880 (resumed)"
+    assert re.fullmatch(r"  resnet18 fp32 b2 16px cpu \.\.\. ok \(\d+\.\d s\)", err[2])

@@ -164,9 +164,9 @@ class _StepPrinter:
             self._write(f"  {(self.verb + ' ') if self.verb else ''}{text} ... ")
         elif kind == "cached":
             self.say(f"  {text} (resumed)")
-        elif self.open and text.startswith(self.open):
-            result = text[len(self.open):].lstrip(": ").strip() or "done"
-            self._write(f"{result} ({time.monotonic() - self.started:.1f} s)\n")
+        elif self.open:  # the point (or training) that started on this line is done: its result ends it
+            result = text[len(self.open):].lstrip(": ").strip() if text.startswith(self.open) else text
+            self._write(f"{result or 'done'} ({time.monotonic() - self.started:.1f} s)\n")
             self.open = ""
         else:
             self.say(f"  {text}")
