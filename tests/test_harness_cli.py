@@ -160,8 +160,8 @@ def test_tiny_budget_gives_over_budget_row(tmp_path) -> None:
 
 
 def test_crashing_child_becomes_error_row_and_sweep_goes_on(tmp_path) -> None:
-    result = invoke(["sweep-batch", "resnet18", *FP32, "--batch", "2,4", *TINY, "--out", str(tmp_path)],
-                    fault="crash@batch=2")
+    result = invoke(["sweep-batch", "resnet18", *FP32, "--batch", "2,4", *TINY, "--timed-steps", "0",
+                     "--out", str(tmp_path)], fault="crash@batch=2")
     assert result.exit_code == 0, result.output
     got = rows(only_run_dir(tmp_path))
     assert [(r["batch_size"], r["status"]) for r in got] == [(2, "error"), (4, "ok")]
@@ -238,7 +238,7 @@ def test_ctrl_c_keeps_finished_rows(tmp_path) -> None:
     # and SIGQUIT ignored (SigIgn 0x1001006), which made the CLI deaf to Ctrl-C here (not in real use).
     code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
             "from actbench.cli import app; sys.argv[0] = 'actbench'; app()")
-    args = ["sweep-batch", "resnet18", *FP32, "--batch", "2,4", *TINY, "--out", str(tmp_path)]
+    args = ["sweep-batch", "resnet18", *FP32, "--batch", "2,4", *TINY, "--timed-steps", "0", "--out", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "ACTBENCH_TEST_FAULT": "hang@batch=4"}
     proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)

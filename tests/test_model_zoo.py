@@ -87,6 +87,7 @@ def _meta_points_ok(name: str, strategies: tuple[str, ...]) -> None:
         assert row.activation_bytes > 0 and row.peak_alloc_bytes > row.model_bytes > 0
 
 
+@pytest.mark.heavy  # every torchvision classifier: many minutes on 2 cores (CI runs it with -m heavy)
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list_model_names())
 def test_every_model_runs_on_meta(name):
@@ -94,6 +95,7 @@ def test_every_model_runs_on_meta(name):
     _meta_points_ok(name, ("fp32", "L3"))
 
 
+@pytest.mark.heavy  # every family at every level: many minutes on 2 cores (CI runs it with -m heavy)
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILY_REPRESENTATIVES)
 def test_every_family_runs_on_meta_at_every_level(name):
