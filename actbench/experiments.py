@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 EXPERIMENTS_DIR = Path(actbench.__file__).resolve().parent.parent / "experiments"
 HARNESS_COMMANDS = MEASURING_COMMANDS
 COMMANDS = HARNESS_COMMANDS + ("accuracy",)
-TOP_KEYS = ("name", "description", "paper", "steps", "quick")
+TOP_KEYS = ("name", "description", "paper", "steps", "quick", "slurm")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -132,6 +132,9 @@ class Experiment:
     steps: tuple[HarnessStep | AccuracyStep, ...]
     path: Path
     quick: bool = False
+    #: the file's ``[slurm]`` table (actbench.scaleout.SlurmOptions): the job array's resources for
+    #: ``actbench run --executor slurm`` (the CLI's ``--slurm`` options win)
+    slurm: Any = None
 
     def folder(self, out: Path) -> Path:
         """Where this experiment's runs, figures and report go (quick runs never mix with full ones)."""
@@ -270,7 +273,21 @@ def load_experiment(path: Path, quick: bool = False, device: str | None = None) 
             _step({**merged, **shared, **own_quick}, here + " (quick)")
         built.append(step)
     return Experiment(data["name"].strip(), " ".join(data["description"].split()), data.get("paper"),
-                      tuple(built), path, quick)
+                      tuple(built), path, quick, _slurm_table(data.get("slurm"), where))
+
+
+def _slurm_table(table: Any, where: str) -> Any:
+    """The ``[slurm]`` table as SlurmOptions (same keys as ``--slurm KEY=VALUE``), or None."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ExperimentError(f"{where}: [slurm] must be a table")
+    from actbench.scaleout import SlurmOptions
+
+    try:
+        return SlurmOptions.parse(table, where=f"{where}: [slurm]")
+    except ValueError as exc:
+        raise ExperimentError(str(exc)) from None
 
 
 def experiment_paths(folder: Path = EXPERIMENTS_DIR) -> tuple[Path, ...]:
@@ -328,14 +345,15 @@ class ExperimentResult:
 
 
 def run_harness_plan(plan: RunPlan, out: Path, timeout_s: float, on_event: Event, force: bool = False,
-                     retry_failed: bool = True) -> tuple[Path, int, int, int]:
+                     retry_failed: bool = True, execution: Any = None) -> tuple[Path, int, int, int]:
     """Execute one plan into ``out/<plan.name>/`` through PointRunner (resumes recorded points).
 
     Returns the run directory and its counts of rows, rows not ok, and rows that failed to measure.
-    ``force``/``retry_failed``: as :class:`~actbench.runner.PointRunner`'s.
+    ``force``/``retry_failed``: as :class:`~actbench.runner.PointRunner`'s; ``execution``: how the
+    points run (:class:`actbench.scaleout.ExecutionOptions`: jobs, GPUs, Slurm).
     """
     from actbench.results import RunStore, check_writable
-    from actbench.runner import PointRunner
+    from actbench.scaleout import execute
 
     check_writable(out)
     store = RunStore(out / plan.name)
@@ -345,10 +363,9 @@ def run_harness_plan(plan: RunPlan, out: Path, timeout_s: float, on_event: Event
         text = point.describe() + ("" if row is None else f": {row.status} {row.message[:80]}".rstrip())
         on_event(kind, text)
 
-    runner = PointRunner(store, plan.config.settings.device, timeout_s=timeout_s, on_event=point_event,
-                         retry_failed=retry_failed, **({"force": True} if force else {}))
     try:
-        outcome = plan.search(plan.config, runner.run)
+        outcome = execute(plan, store, on_event=point_event, retry_failed=retry_failed, force=force,
+                          options=execution, timeout_s=timeout_s)
     finally:
         store.write_table()
     if plan.summary is not None:
@@ -358,7 +375,7 @@ def run_harness_plan(plan: RunPlan, out: Path, timeout_s: float, on_event: Event
 
 
 def run_experiment(exp: Experiment, out: Path, on_event: Event | None = None, draw: bool = True,
-                   force: bool = False, retry_failed: bool = True) -> ExperimentResult:
+                   force: bool = False, retry_failed: bool = True, execution: Any = None) -> ExperimentResult:
     """Run every step of ``exp`` under ``exp.folder(out)``, then draw its figures and write its report.
 
     ``force``/``retry_failed`` apply to the measuring steps (as :class:`~actbench.runner.PointRunner`'s).
@@ -379,7 +396,8 @@ def run_experiment(exp: Experiment, out: Path, on_event: Event | None = None, dr
             result.unmeasured_rows += sum(1 for r in rows if r.status in RETRIED_STATUSES)
             continue
         for plan in step.plans():
-            run_dir, n, failed, unmeasured = run_harness_plan(plan, folder, step.timeout_s, emit, force, retry_failed)
+            run_dir, n, failed, unmeasured = run_harness_plan(plan, folder, step.timeout_s, emit, force, retry_failed,
+                                                              execution)
             result.run_dirs.append(run_dir)
             result.rows += n
             result.failed_rows += failed

@@ -1,9 +1,17 @@
-"""Child-process entry: ``python -m actbench.worker REQUEST.json RESULT.json``.
+"""Child-process entry: ``python -m actbench.worker REQUEST.json RESULT.json``, or ``--serve``.
 
-The parent writes a JSON request; the child writes a JSON result file (never parsed from stdout) and
-exits 0. Out-of-memory and over-budget are results; any other exception becomes an ``error`` result
-with a one-line message. If the child dies before writing (a crash) or is killed (a timeout), the
-parent makes the row from the exit status.
+One request: the parent writes a JSON request; the child writes a JSON result file (never parsed
+from stdout) and exits 0. Out-of-memory and over-budget are results; any other exception becomes an
+``error`` result with a one-line message. If the child dies before writing (a crash) or is killed (a
+timeout), the parent makes the row from the exit status.
+
+``--serve`` (a persistent worker, :class:`actbench.executors.WorkerProcess`): requests arrive as JSON
+lines on stdin and each reply is one JSON line on the original stdout, which the worker keeps for
+replies only (fd 1 itself is pointed at the point's log, as fd 2 is). Each point is measured exactly
+as in a fresh child (the model, optimizer, data and tracker are built for it, the seed is set, the
+device's peak counters are reset), and afterwards :func:`release_point` drops what the point left:
+garbage, compiled graphs, cached device blocks. A reply says whether the device is clean again; the
+parent replaces a worker that is not, and any worker whose point failed (oom, error, crash, timeout).
 
 Test hook: ``ACTBENCH_TEST_FAULT`` = ``crash`` | ``hang`` | ``oom`` | ``error``, optionally
 restricted to some points with ``@batch=N``, ``@batch>N``, ``@image>N``, ``@blocks>N`` or
@@ -25,6 +33,23 @@ if TYPE_CHECKING:
     from actbench.schema import Measurement, PointConfig
 
 FAULT_ENV = "ACTBENCH_TEST_FAULT"
+
+#: Work an executor runs by name (``actbench.executors.Task``): "module:function", a function taking
+#: and returning JSON-able dicts.
+TASKS: dict[str, str] = {
+    "accuracy-setting": "actbench.accuracy:train_setting_task",
+    "verify-grads": "actbench.actnn.verify:verify_task",
+}
+
+
+def task_function(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The function of task ``name``; ValueError naming the known tasks."""
+    import importlib
+
+    if name not in TASKS:
+        raise ValueError(f"unknown task '{name}'; known: {', '.join(TASKS)}")
+    module, _, attr = TASKS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def fault_applies(cond: str, batch_size: int, image_size: int, extra_blocks: int, strategy: str) -> bool:
@@ -91,28 +116,115 @@ def run_request(request: dict[str, Any], fault_spec: str | None) -> dict[str, An
 
         return {"environment": capture_environment(request["device"], alloc_conf)}
     if task == "measure":
+        from actbench.devices import profile
         from actbench.measure.point import measure_point
         from actbench.schema import PointConfig
 
         point = PointConfig.from_dict(request["point"])
         try:
             fault = fault_action(fault_spec, point)
-            measurement = measure_point(point, alloc_conf=alloc_conf, fault=fault)
+            if profile(point.device).predicts:  # meta with --jobs: predictions in worker children
+                measurement = _meta_sessions().measure_point(point, fault)
+            else:
+                measurement = measure_point(point, alloc_conf=alloc_conf, fault=fault)
         except Exception as exc:  # any other failure is a row, not a dead sweep
             traceback.print_exc(file=sys.stderr)
             measurement = error_measurement(exc, alloc_conf)
         from dataclasses import asdict
 
         return {"measurement": asdict(measurement)}
-    if task == "call":  # a named task of actbench.executors.TASKS
-        from actbench.executors import Task
-
+    if task == "call":  # a named task of TASKS (actbench.executors.Task in the parent)
         try:
-            return {"result": Task(request["name"], request["args"]).function()(request["args"])}
+            return {"result": task_function(request["name"])(request["args"])}
         except Exception as exc:  # the parent raises TaskError with this line
             traceback.print_exc(file=sys.stderr)
             return {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}
     raise ValueError(f"unknown worker task '{task}'")
+
+
+_SESSIONS: Any = None
+
+
+def _meta_sessions() -> Any:
+    """One MetaSessions per worker, as the in-process executor keeps one (same predictions)."""
+    global _SESSIONS
+    if _SESSIONS is None:
+        from actbench.measure.meta import MetaSessions
+
+        _SESSIONS = MetaSessions()
+    return _SESSIONS
+
+
+def release_point() -> bool:
+    """After a point in a persistent worker: drop what it left behind; True when the device is clean.
+
+    Garbage is collected (models, optimizers and saved tensors of the point), compiled graphs are
+    forgotten (``torch.compile`` would otherwise reuse the last point's), and where CUDA started its
+    cached blocks and cuBLAS workspaces are returned, so the next point's allocator starts from zero
+    as in a fresh process; memory still allocated after that means something leaked: not clean.
+    """
+    import gc
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return True
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
+    if not torch.cuda.is_initialized():
+        return True
+    torch.cuda.synchronize()
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        clear_workspaces()
+    gc.collect()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated() == 0
+
+
+def _point_output_to(path: str | None) -> None:
+    """Send fd 1 and fd 2 (and Python's streams) to ``path``: this point's log."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
+
+
+def serve() -> int:
+    """The persistent worker's loop: one JSON request line in, one JSON reply line out, until EOF."""
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # nothing but replies reaches the reply channel
+    fault_spec = os.environ.get(FAULT_ENV)
+    # Import while the parent prepares the first request; a broken install fails the first point.
+    try:
+        import actbench.measure.point  # noqa: F401
+    except Exception:  # noqa: BLE001
+        traceback.print_exc(file=sys.stderr)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        _point_output_to(request.get("log"))
+        try:
+            result = run_request(request, fault_spec)
+        except Exception as exc:  # a malformed request: say so, stop serving
+            traceback.print_exc(file=sys.stderr)
+            result = {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}
+            result["clean"] = False
+        else:
+            result["clean"] = release_point()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        replies.write(json.dumps(result) + "\n")
+        if not result["clean"]:
+            return 0
+    return 0
 
 
 def die_with_parent() -> None:
@@ -151,8 +263,12 @@ def die_with_parent() -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["--serve"]:
+        die_with_parent()
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+        return serve()
     if len(argv) != 2:
-        sys.stderr.write("usage: python -m actbench.worker REQUEST.json RESULT.json\n")
+        sys.stderr.write("usage: python -m actbench.worker REQUEST.json RESULT.json | --serve\n")
         return 2
     die_with_parent()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

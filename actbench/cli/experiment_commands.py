@@ -19,6 +19,7 @@ from rich.console import Console
 
 from actbench.cli.app import (DEFAULT_OUT, Device, app, fail, interrupted_by, interrupted_exit_code,
                               terminate_like_ctrl_c)
+from actbench.cli.harness_commands import ExecutorChoice, ExecutorOpt, GpusOpt, IsolateOpt, JobsOpt, SlurmOpt
 from actbench.cli.progress import ensure_extension, plural
 from actbench.devices import profile
 
@@ -42,6 +43,13 @@ def run_command(
         "Measure every point of the measuring steps again, even those already recorded."))] = False,
     no_retry: Annotated[bool, typer.Option("--no-retry", help=(
         "Keep recorded error and timeout rows instead of measuring those points again."))] = False,
+    jobs: JobsOpt = 1,
+    gpus: GpusOpt = None,
+    executor: ExecutorOpt = ExecutorChoice.local,
+    isolate: IsolateOpt = False,
+    slurm: Annotated[Optional[list[str]], typer.Option("--slurm", metavar="KEY=VALUE", help=(
+        "KEY=VALUE for --executor slurm, repeatable, over the file's [slurm] table: partition, account, time, "
+        "gpus-per-job, cpus-per-job, array-parallelism; other keys go to sbatch."))] = None,
 ) -> None:
     """Run an experiment file: every step's rows, then its figures (PNG+PDF) and Markdown report.
 
@@ -71,6 +79,15 @@ def run_command(
                               device=device.value if device is not None else None)
     except ExperimentError as exc:
         fail(str(exc))
+    from actbench.scaleout import ExecutionOptions, SlurmOptions, parse_gpus
+
+    try:
+        execution = ExecutionOptions(executor=executor.value, jobs=jobs, gpus=parse_gpus(gpus), isolate=isolate,
+                                     slurm=SlurmOptions.parse(slurm, base=exp.slurm))
+        for device_name in dict.fromkeys(getattr(s, "device", None) for s in exp.steps if hasattr(s, "device")):
+            execution.check(device_name)
+    except ValueError as exc:
+        fail(str(exc))
     for device_name in dict.fromkeys(getattr(s, "device", None) for s in exp.steps if hasattr(s, "device")):
         reason = profile(device_name).unavailable()
         if reason is not None:
@@ -85,7 +102,7 @@ def run_command(
                 if problem is not None:
                     fail(problem, code=1)
             result = run_experiment(exp, out, on_event=printer.on_event, draw=not no_report, force=force,
-                                    retry_failed=not no_retry)
+                                    retry_failed=not no_retry, execution=execution)
         except ValueError as exc:
             printer.close()
             fail(str(exc))

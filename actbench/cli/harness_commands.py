@@ -62,6 +62,19 @@ TimedOpt = Annotated[Optional[int], typer.Option("--timed-steps", help=(
     "50 steps or 10 s; cuda: 1 s minimum, at most 200 steps or 20 s)."))]
 SegmentsOpt = Annotated[Optional[int], typer.Option("--checkpoint-segments", help="Checkpoint segments (default: one per block).")]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds before a point's child is killed (status timeout).")]
+# How a run executes (actbench/scaleout.py): never part of what it measures, nor of the run's name.
+ExecutorChoice = enum.Enum("ExecutorChoice", {"local": "local", "slurm": "slurm"}, type=str)
+JobsOpt = Annotated[int, typer.Option("--jobs", help=(
+    "cpu and meta: points measured at once (strategies side by side; each cpu child gets cores/N threads)."))]
+GpusOpt = Annotated[Optional[str], typer.Option("--gpus", help=(
+    "cuda: GPU indices, e.g. 0,1,2,3: one point per GPU at a time, each child pinned with CUDA_VISIBLE_DEVICES."))]
+ExecutorOpt = Annotated[ExecutorChoice, typer.Option("--executor", help=(
+    "local (this machine) or slurm (one job array through submitit; rows land in the same run directory)."))]
+IsolateOpt = Annotated[bool, typer.Option("--isolate", help=(
+    "A fresh child process per point (default: a persistent worker per strategy, replaced after any failure)."))]
+SlurmOpt = Annotated[Optional[list[str]], typer.Option("--slurm", metavar="KEY=VALUE", help=(
+    "KEY=VALUE for --executor slurm, repeatable: partition, account, time (minutes or HH:MM:SS), gpus-per-job, "
+    "cpus-per-job, array-parallelism; any other key goes to sbatch as --KEY=VALUE (e.g. --slurm qos=high)."))]
 ExtraBlocksOpt = Annotated[int, typer.Option("--extra-blocks", help="resnet152 only: bottleneck blocks added to stages 2/3 (8:36).")]
 WidthOpt = Annotated[Optional[int], typer.Option("--width-per-group", help="resnet152 only: width_per_group (default 64).")]
 
@@ -87,14 +100,25 @@ def _spec(**fields: Any):
 _GRID_COMMANDS = ("throughput", "memory")
 
 
-def _run_spec(spec, out: Path, dry_run: bool, force: bool = False, no_retry: bool = False):
+def _execution(jobs: int = 1, gpus: Optional[str] = None, executor: Any = "local", isolate: bool = False,
+               slurm: Optional[list[str]] = None):
+    """How the run executes (actbench/scaleout.py): --executor, --jobs, --gpus, --isolate, --slurm."""
+    from actbench.scaleout import ExecutionOptions, SlurmOptions, parse_gpus
+
+    return _checked(lambda: ExecutionOptions(executor=getattr(executor, "value", executor), jobs=jobs,
+                                             gpus=parse_gpus(gpus), isolate=isolate, slurm=SlurmOptions.parse(slurm)))
+
+
+def _run_spec(spec, out: Path, dry_run: bool, force: bool = False, no_retry: bool = False, execution=None):
     """Dry run: print the plan. Otherwise measure it into OUT/<run>/ -> (store, outcome), or None."""
     plan = spec.plan()
+    if execution is not None:
+        _checked(lambda: execution.check(plan.device))
     if dry_run:
         _print_plan(out / plan.name, list(plan.preview))
         return None
     store = _open_store(out, plan)
-    outcome = _execute(store, plan, force=force, retry_failed=not no_retry)
+    outcome = _execute(store, plan, force=force, retry_failed=not no_retry, execution=execution)
     if plan.summary is not None:
         store.write_summary(plan.summary(outcome))
     return store, outcome
@@ -131,9 +155,10 @@ def _open_store(out: Path, plan):
     return store
 
 
-def _execute(store, plan, force: bool = False, retry_failed: bool = True) -> Any:
+def _execute(store, plan, force: bool = False, retry_failed: bool = True, execution=None) -> Any:
     """Run the plan's search with progress on stderr; Ctrl-C, SIGTERM and SIGHUP keep every finished row."""
-    from actbench.runner import EnvironmentCaptureError, PointRunner
+    from actbench.runner import EnvironmentCaptureError
+    from actbench.scaleout import execute
 
     settings = plan.config.settings
     err = Console(stderr=True, highlight=False)
@@ -150,9 +175,8 @@ def _execute(store, plan, force: bool = False, retry_failed: bool = True) -> Any
                     progress.close()
                     fail(f"{problem} (strategies without ActNN levels need no extension, e.g. --strategies "
                          "fp32,swap,checkpoint)", code=1)
-                runner = PointRunner(store, settings.device, timeout_s=settings.timeout_s,
-                                     on_event=progress.on_event, **options)
-                result = plan.search(plan.config, runner.run)
+                result = execute(plan, store, on_event=progress.on_event, options=execution,
+                                 timeout_s=settings.timeout_s, **options)
         except EnvironmentCaptureError as exc:
             fail(str(exc))
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (Terminated)
@@ -320,6 +344,11 @@ def sweep_batch(
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
     no_retry: NoRetryOpt = False,
+    jobs: JobsOpt = 1,
+    gpus: GpusOpt = None,
+    executor: ExecutorOpt = ExecutorChoice.local,
+    isolate: IsolateOpt = False,
+    slurm: SlurmOpt = None,
 ) -> None:
     """Scan batch sizes per strategy (or --find-max): memory and throughput at each.
 
@@ -337,7 +366,7 @@ def sweep_batch(
                  find_max=find_max, extra_blocks=extra_blocks, width_per_group=width_per_group,
                  warmup_steps=warmup_steps, timed_steps=timed_steps, checkpoint_segments=checkpoint_segments,
                  timeout_s=timeout)
-    ran = _run_spec(spec, out, dry_run, force, no_retry)
+    ran = _run_spec(spec, out, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
     if ran is not None:
         store, outcome = ran
         _render(outcome.rows, f"sweep-batch {spec.model_spec().label()} {image_size}px on {device.value} -> {store.run_dir}")
@@ -367,6 +396,11 @@ def max_scale(
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
     no_retry: NoRetryOpt = False,
+    jobs: JobsOpt = 1,
+    gpus: GpusOpt = None,
+    executor: ExecutorOpt = ExecutorChoice.local,
+    isolate: IsolateOpt = False,
+    slurm: SlurmOpt = None,
 ) -> None:
     """Binary search of the largest depth, width or resolution that fits, with throughput and FLOPs there.
 
@@ -383,7 +417,7 @@ def max_scale(
                  batch=str(batch), image_size=image_size, device=device.value, budget=budget, dim=dim.value,
                  low=low, high=high, step=step, warmup_steps=warmup_steps, timed_steps=timed_steps,
                  checkpoint_segments=checkpoint_segments, timeout_s=timeout)
-    ran = _run_spec(spec, out, dry_run, force, no_retry)
+    ran = _run_spec(spec, out, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
     if ran is not None:
         store, outcome = ran
         _render(outcome.rows, f"max-scale --dim {dim.value} {model} batch {batch} on {device.value} -> {store.run_dir}")
@@ -394,12 +428,12 @@ def max_scale(
 
 def _grid(command: str, model: str, strategies, levels, no_baseline, batch, image_size, device, budget, out,
           extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments, timeout, dry_run,
-          force=False, no_retry=False):
+          force=False, no_retry=False, execution=None):
     spec = _spec(command=command, model=model, strategies=_strategies(strategies, levels, no_baseline), batch=batch,
                  image_size=image_size, device=device.value, budget=budget, extra_blocks=extra_blocks,
                  width_per_group=width_per_group, warmup_steps=warmup_steps, timed_steps=timed_steps,
                  checkpoint_segments=checkpoint_segments, timeout_s=timeout)
-    ran = _run_spec(spec, out, dry_run, force, no_retry)
+    ran = _run_spec(spec, out, dry_run, force, no_retry, execution)
     return (None, None) if ran is None else ran
 
 
@@ -423,6 +457,11 @@ def throughput(
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
     no_retry: NoRetryOpt = False,
+    jobs: JobsOpt = 1,
+    gpus: GpusOpt = None,
+    executor: ExecutorOpt = ExecutorChoice.local,
+    isolate: IsolateOpt = False,
+    slurm: SlurmOpt = None,
 ) -> None:
     """Training throughput (images/s, median and IQR) per strategy and batch size.
 
@@ -435,7 +474,7 @@ def throughput(
     """
     store, outcome = _grid("throughput", model, strategies, levels, no_baseline, batch, image_size, device, budget,
                            out, extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments,
-                           timeout, dry_run, force, no_retry)
+                           timeout, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
     if store is not None:
         _render(outcome.rows, f"throughput {model} on {device.value} -> {store.run_dir}")
         _finish(outcome, search=False)
@@ -461,6 +500,11 @@ def memory(
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
     no_retry: NoRetryOpt = False,
+    jobs: JobsOpt = 1,
+    gpus: GpusOpt = None,
+    executor: ExecutorOpt = ExecutorChoice.local,
+    isolate: IsolateOpt = False,
+    slurm: SlurmOpt = None,
 ) -> None:
     """One point's memory breakdown: activations, peak, reserved, parameters, gradients, optimizer state.
 
@@ -475,7 +519,7 @@ def memory(
 
     store, outcome = _grid("memory", model, strategies, levels, no_baseline, batch, image_size, device, budget, out,
                            extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments, timeout,
-                           dry_run, force, no_retry)
+                           dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
     if store is None:
         return
     table = Table(title=_cell(f"memory {model} on {device.value} -> {store.run_dir}"))
@@ -509,6 +553,11 @@ def plan(
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
     no_retry: NoRetryOpt = False,
+    jobs: JobsOpt = 1,
+    gpus: GpusOpt = None,
+    executor: ExecutorOpt = ExecutorChoice.local,
+    isolate: IsolateOpt = False,
+    slurm: SlurmOpt = None,
 ) -> None:
     """Predict, without a GPU, the largest batch (or depth, width, resolution) per strategy under a budget.
 
@@ -527,7 +576,7 @@ def plan(
     spec = _spec(command="plan", model=model, strategies=_strategies(strategies, levels, no_baseline),
                  batch=str(batch), image_size=image_size, device=PLAN_DEVICE, budget=budget, dim=dim.value, low=low,
                  high=high, step=step, checkpoint_segments=checkpoint_segments)
-    ran = _run_spec(spec, out, dry_run, force, no_retry)
+    ran = _run_spec(spec, out, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
     if ran is None:
         return
     store, outcome = ran
