@@ -408,6 +408,26 @@ def test_options_that_do_not_go_together_are_one_line_errors(tmp_path: Path, mon
     assert not (tmp_path / "out").exists()
 
 
+def test_progress_names_each_result_with_its_point_when_points_overlap(capsys) -> None:
+    from actbench.cli.progress import PointProgress
+
+    class Row:
+        status, message, elapsed_s = "ok", "", 2.5
+
+    a, b = cpu_point(2), cpu_point(4)
+    progress = PointProgress(2, exact=True, plain=True)
+    with progress:
+        progress.on_event("start", a, None)
+        progress.on_event("start", b, None)
+        progress.on_event("done", a, Row())
+        progress.on_event("done", b, Row())
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("[1/2] measuring resnet18 fp32 b2") and lines[0].endswith("... ")
+    assert lines[1].startswith("[1/2] measuring resnet18 fp32 b4") and lines[1].endswith("... ")
+    assert lines[2].startswith("[1/2] resnet18 fp32 b2 16px cpu: ok (")
+    assert lines[3].startswith("[2/2] resnet18 fp32 b4 16px cpu: ok (")
+
+
 def test_experiment_files_take_a_slurm_table(tmp_path: Path) -> None:
     from actbench.experiments import ExperimentError, load_experiment
 

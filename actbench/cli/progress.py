@@ -66,7 +66,8 @@ class PointProgress:
         self.measured = 0
         self.resumed = 0
         self._open_line = False
-        self._started = 0.0
+        self._open_what: str | None = None  # the point whose "measuring ... " line is open
+        self._started: dict[str, float] = {}  # per point: several run at once with --jobs/--gpus
         self._progress: Progress | None = None
         self._task: Any = None
 
@@ -114,6 +115,7 @@ class PointProgress:
         if self._open_line:
             self._write("\n")
             self._open_line = False
+            self._open_what = None
 
     def say(self, text: str) -> None:
         """A line of its own (above the bar in a terminal), e.g. what a long step is doing."""
@@ -127,7 +129,7 @@ class PointProgress:
         """``start`` (a point begins), ``done`` (it was measured) or ``cached`` (resumed from disk)."""
         what = point.describe()
         if kind == "start":
-            self._started = time.monotonic()
+            self._started[what] = time.monotonic()
             text = f"{self.verb} {what}"
             if self._progress is not None:
                 self._progress.update(self._task, description=text)
@@ -135,20 +137,24 @@ class PointProgress:
                 self._end_line()
                 self._write(f"{self._position(self.count + 1)} {text} ... ")
                 self._open_line = True
+                self._open_what = what
             return
         if kind == "cached":
             self.resumed += 1
             result = f"{row_result(row)} (resumed)"
         else:
             self.measured += 1
-            result = f"{row_result(row)} ({time.monotonic() - self._started:.1f} s)"
+            started = self._started.pop(what, None)  # none for a row another process measured (Slurm)
+            seconds = time.monotonic() - started if started is not None else getattr(row, "elapsed_s", None)
+            result = row_result(row) + (f" ({seconds:.1f} s)" if seconds is not None else "")
         if self._progress is not None:
             self._progress.update(self._task, completed=self.count, description=f"{what}: {result}")
             if self.total and self.count > self.total:
                 self._progress.update(self._task, total=self.count)
-        elif self._open_line and kind == "done":
+        elif self._open_line and kind == "done" and self._open_what == what:
             self._write(result + "\n")
             self._open_line = False
+            self._open_what = None
         else:
             self._end_line()
             self._write(f"{self._position(self.count)} {what}: {result}\n")
