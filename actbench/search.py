@@ -6,6 +6,7 @@ Configs are frozen dataclasses built by the CLI; execution goes through a ``run`
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
@@ -196,36 +197,15 @@ class _SearchFailed(Exception):
 
 
 def run_plan(cfg: PlanConfig, run: RunPoint) -> SearchOutcome:
-    """Per strategy, :func:`predictive_search_largest` over the candidates (each probe a point).
+    """Per strategy, :func:`guided_search_largest` over the candidates (each probe a point).
 
     A probe that errs (a model that cannot run on fake tensors) ends that strategy's search with no
     maximum; its row says why.
     """
     outcome = SearchOutcome(dim=cfg.dim)
-    budget = cfg.settings.budget_bytes
     for strategy in cfg.strategies:
-        found: dict[int, ResultRow] = {}
-
-        def probe(value: int, s: str = strategy) -> tuple[bool, int | None]:
-            row = run(cfg.point(s, value))
-            outcome.rows.append(row)
-            found[value] = row
-            if not row.ok and row.status not in MEMORY_FAILURES:
-                raise _SearchFailed(row.message)
-            return row.ok, row.peak_alloc_bytes
-
-        def model_bytes() -> int:  # batch 0 would still hold the model (parameters, gradients, state)
-            rows = [r for r in found.values() if r.model_bytes is not None]
-            return rows[0].model_bytes if rows and cfg.dim == "batch" else 0
-
-        try:
-            best = predictive_search_largest(cfg.candidates(), probe, budget, first=cfg.first_guess(),
-                                             intercept=model_bytes)
-        except _SearchFailed:
-            best = None
-        row = found.get(best) if best is not None else None
-        outcome.best_rows[strategy] = row
-        outcome.maxima[strategy] = None if row is None else outcome.value_of(row)
+        _search_strategy(outcome, strategy, cfg.candidates(), lambda v, s=strategy: cfg.point(s, v), run,
+                         cfg.settings.budget_bytes, first=cfg.first_guess(), stop_on_error=True)
     return outcome
 
 
@@ -257,19 +237,91 @@ def binary_search_largest(candidates: Sequence[int], fits: Callable[[int], bool]
     return candidates[lo] if lo >= 0 else None
 
 
-def predictive_search_largest(candidates: Sequence[int], probe: Callable[[int], tuple[bool, int | None]],
-                              budget: int, first: int | None = None, max_guesses: int = 4,
-                              intercept: Callable[[], int] = lambda: 0) -> int | None:
-    """Largest candidate that fits, guessing where peak bytes cross ``budget`` before bisecting.
+# --- model-guided search (docs/design.md §5) ------------------------------------------------------
 
-    ``probe(value)`` -> (fits, peak bytes or None). Peak memory is close to affine in batch size and
-    depth (and smooth in width and resolution), so a secant through the two probes nearest the
-    budget lands on, or next to, the answer: a search usually costs 3-4 probes instead of
-    log2(len(candidates)). After ``max_guesses`` guesses (or without peaks to interpolate) the
-    remaining bracket goes to :func:`binary_search_largest`. The answer is always certified by
-    probes: it fits and the next candidate fails (or it is the last candidate). ``intercept()``: the
-    bytes a value of 0 would take (the model's bytes for a batch search), for the one-probe guess.
+#: A guided search that has not certified its answer after this many probes bisects what is left.
+MAX_GUIDED_PROBES = 8
+#: A probe whose peak misses the fitted curve's prediction by more than this fraction of the budget,
+#: twice, means the curve does not describe the peak (a step change): the rest is bisected.
+POOR_FIT_TOLERANCE = 0.05
+#: Layers one extra bottleneck block adds to ResNet-152 (rows report the real depth, §5).
+LAYERS_PER_EXTRA_BLOCK = 3
+
+#: A probe's outcome for the searches: (fits, peak bytes or None). A peak comes with rows that fit
+#: and with over-budget rows (cpu, meta); a cuda out-of-memory row has none.
+Probe = Callable[[int], tuple[bool, "int | None"]]
+
+
+@dataclass(frozen=True)
+class SearchTrace:
+    """How one search reached its answer, for ``summary.json``.
+
+    ``method``: ``model-guided`` (the answer was certified by probes a fitted curve chose),
+    ``bisection`` (the curve was given up, ``fallback`` says why; or there was no budget to aim at)
+    or ``scan`` (sweep-batch's list, in order). ``probes``: the points the search asked for
+    (measured now or resumed; each is a row). ``fit``: the curve fitted to the peaks (``a +
+    b·batch``, ...), None when nothing was fitted.
     """
+
+    method: str
+    probes: int
+    fit: str | None = None
+    fallback: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "probes": self.probes, "fit": self.fit, "fallback": self.fallback}
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """peak = c0 + c1·x (+ c2·x²), through ``probes`` probes (1: one probe and the anchor)."""
+
+    coef: tuple[float, ...]
+    probes: int
+
+    def at(self, x: float) -> float:
+        return sum(c * x**k for k, c in enumerate(self.coef))
+
+    def crossing(self, budget: int, near: float) -> float | None:
+        """Where the peak reaches ``budget`` while rising (the root nearest ``near``); None if nowhere."""
+        c0, c1, *rest = self.coef
+        c2 = rest[0] if rest else 0.0
+        if abs(c2) * max(abs(near), 1.0) <= 1e-12 * abs(c1):
+            return (budget - c0) / c1 if c1 > 0 else None
+        disc = c1 * c1 - 4 * c2 * (c0 - budget)
+        if disc < 0:
+            return None
+        q = -0.5 * (c1 + math.copysign(math.sqrt(disc), c1))  # the two roots without cancellation
+        roots = [q / c2] + ([(c0 - budget) / q] if q else [])
+        rising = [r for r in roots if c1 + 2 * c2 * r > 0]
+        return min(rising, key=lambda r: abs(r - near)) if rising else None
+
+
+def guided_search_largest(candidates: Sequence[int], probe: Probe, budget: int | None, *,
+                          feature: Callable[[int], float] = float, degree: int = 1, first: int | None = None,
+                          anchor: Callable[[], "tuple[float, float] | None"] = lambda: None, fit: str | None = None,
+                          scout: float = 1.0, max_probes: int = MAX_GUIDED_PROBES,
+                          tolerance: float = POOR_FIT_TOLERANCE) -> tuple[int | None, SearchTrace]:
+    """Largest candidate whose probe fits, from a curve fitted to the peaks seen -> (answer, trace).
+
+    ``probe(value)`` -> (fits, peak bytes or None); each value is probed at most once. Peak memory
+    grows along a known curve in ``feature(value)`` (degree 1: a line in the batch, the depth or the
+    side²; degree 2: a parabola in the width), so (docs/design.md §5): probe ``first`` (default:
+    the smallest candidate); jump to where a line through it and ``anchor()`` (an (x, bytes)
+    point, such as (0, parameter + gradient bytes)) crosses ``budget`` (or only ``scout`` of the way
+    there, where a probe costs more the larger the value); refit through the probes
+    whose peaks are nearest the budget and probe the predicted answer, then its neighbour, until a
+    candidate fits and the next fails (or it is the last). The answer is that certified
+    candidate: under monotone fitting, exactly the one :func:`binary_search_largest` returns.
+
+    Guard rails (``trace.method`` becomes ``bisection``, ``trace.fallback`` says why): peaks that
+    fall as the value grows, or a fitting value above a failing one (non-monotone) -> plain
+    bisection over all candidates (probes already made are reused), so the answer is bisection's
+    whatever the function; twice a peak off the prediction by more than ``tolerance`` x budget (a
+    step change), or no certified answer after ``max_probes`` probes -> bisection of the open
+    bracket left. Without a budget there is nothing to aim at: plain bisection.
+    """
+    n = len(candidates)
     fits_at: dict[int, bool] = {}
     peaks: dict[int, int] = {}
 
@@ -283,50 +335,212 @@ def predictive_search_largest(candidates: Sequence[int], probe: Callable[[int], 
 
     def bracket() -> tuple[int, int]:
         lo = max((i for i, ok in fits_at.items() if ok), default=-1)
-        hi = min((i for i, ok in fits_at.items() if not ok), default=len(candidates))
+        hi = min((i for i, ok in fits_at.items() if not ok), default=n)
         return lo, hi
 
-    start = 0 if first is None else min(range(len(candidates)), key=lambda i: abs(candidates[i] - first))
-    run(start)
-    for _ in range(max_guesses):
-        lo, hi = bracket()
-        if hi - lo <= 1:
-            break
-        guess = _secant_guess(candidates, peaks, budget, intercept())
-        if guess is None:
-            break
-        # Probe the guess, kept strictly inside the open bracket so every probe narrows it.
-        run(min(max(guess, lo + 1), hi - 1))
-    lo, hi = bracket()
-    if hi - lo > 1:
+    def trace(method: str, fallback: str | None = None) -> SearchTrace:
+        return SearchTrace(method, len(fits_at), fit, fallback)
+
+    def bisected(lo: int = -1, hi: int = n) -> int:
         inner = binary_search_largest(range(lo + 1, hi), run)
-        lo = inner if inner is not None else lo
-    return candidates[lo] if lo >= 0 else None
+        return lo if inner is None else inner
+
+    def answer(i: int) -> int | None:
+        return candidates[i] if i >= 0 else None
+
+    if n == 0:
+        return None, trace("model-guided")
+    if budget is None:
+        best = answer(bisected())
+        return best, SearchTrace("bisection", len(fits_at), None, "no budget to aim at")
+    xs = [feature(v) for v in candidates]
+    start = 0 if first is None else min(range(n), key=lambda i: abs(candidates[i] - first))
+    run(start)
+    fallback: str | None = None
+    misses = 0  # probes whose peak the line missed by more than tolerance x budget
+    near_misses: set[int] = set()  # a fitted line's guesses that failed without a peak (cuda's out of memory)
+    while True:
+        fallback = _non_monotone(candidates, fits_at, peaks)
+        lo, hi = bracket()
+        if fallback is not None or hi - lo <= 1:
+            break
+        if len(fits_at) >= max_probes:
+            fallback = f"no certified answer after {len(fits_at)} model-guided probes"
+            break
+        line = _fit(xs, peaks, budget, anchor, degree)
+        crossing = None if line is None else line.crossing(budget, xs[_nearest(peaks, budget)])
+        if crossing is not None and line.probes == 1 and scout < 1:
+            crossing = xs[start] + scout * (crossing - xs[start])  # probe small first where probes cost more
+        a = None if crossing is None else _largest_below(xs, crossing)
+        if a is not None and a >= hi and hi not in peaks and hi not in near_misses:
+            a = None  # the line puts the answer past a failure it cannot see and did not predict: bisect
+        expect: bool | None = None
+        predicted: float | None = None
+        if a is None:
+            i = (lo + hi) // 2
+        else:
+            # The predicted answer, or the neighbour that certifies it, always inside the open bracket.
+            i, expect = (a, True) if lo < a < hi else ((lo + 1, False) if a <= lo else (hi - 1, True))
+            predicted = line.at(xs[i]) if line.probes >= 2 else None
+        ok = run(i)
+        if expect and not ok and i not in peaks and line is not None and line.probes >= 2 and a == i:
+            near_misses.add(i)  # most likely one past the answer: the next guess steps just below it
+        if predicted is not None and i in peaks and abs(peaks[i] - predicted) > tolerance * budget:
+            misses += 1  # once: the nearest probes (past a step, say) make the next line; twice: give up
+            if misses >= 2:
+                fallback = (f"poor fit: peak at {candidates[i]} is {peaks[i]} B, the line predicted "
+                            f"{predicted:.0f} B (off by more than {tolerance:.0%} of the budget, twice)")
+                break
+    if fallback is None:
+        return answer(bracket()[0]), trace("model-guided")
+    if not fallback.startswith("non-monotone"):
+        lo, hi = bracket()
+        best = bisected(lo, hi)
+        later = _non_monotone(candidates, fits_at, peaks)
+        if later is None:
+            return answer(best), trace("bisection", fallback)
+        fallback = f"{fallback}; then {later}"
+    return answer(bisected()), trace("bisection", fallback)
 
 
-def _secant_guess(candidates: Sequence[int], peaks: dict[int, int], budget: int, base: int = 0) -> int | None:
-    """Index of the largest candidate whose interpolated peak stays within budget (None: no line)."""
+def _non_monotone(candidates: Sequence[int], fits_at: dict[int, bool], peaks: dict[int, int]) -> str | None:
+    """Why the probes so far contradict monotone growth (None: they do not)."""
+    fitting = [i for i, ok in fits_at.items() if ok]
+    failing = [i for i, ok in fits_at.items() if not ok]
+    if fitting and failing and max(fitting) > min(failing):
+        return f"non-monotone: {candidates[max(fitting)]} fits but the smaller {candidates[min(failing)]} does not"
+    ordered = sorted(peaks.items())
+    for (i, p), (j, q) in zip(ordered, ordered[1:]):
+        if q < p:
+            return f"non-monotone: peak at {candidates[j]} ({q} B) is below the peak at {candidates[i]} ({p} B)"
+    return None
+
+
+def _nearest(peaks: dict[int, int], budget: int) -> int:
+    return min(peaks, key=lambda k: (abs(peaks[k] - budget), k))
+
+
+def _fit(xs: Sequence[float], peaks: dict[int, int], budget: int, anchor: Callable[[], "tuple[float, float] | None"],
+         degree: int = 1) -> _Fit | None:
+    """The curve through the probes whose peaks are nearest the budget (None: nothing rising to fit).
+
+    Degree 1: a line through the nearest two (a secant, not a fixed bracket end, so it follows the
+    peak where it crosses the budget: after a step change both points soon lie past the step); a
+    pair that does not rise gives way to the nearest probe below and above the budget. One probe:
+    the line through it and ``anchor()``.
+
+    Degree 2 (width: activations grow with it, parameters with its square, a + b·x + c·x²): the
+    parabola through the nearest three once there are three, if it rises there. Before that, curves
+    that grow faster than the truth beyond the probes, so that a jump falls short (fits) rather than
+    runs out of memory: a + c·x² through two probes; through one, the parabola with its vertex at
+    the anchor.
+    """
     if not peaks:
         return None
-    # The two probes nearest the budget (one below and one above when there are).
-    ordered = sorted(peaks, key=lambda i: abs(peaks[i] - budget))
-    below = [i for i in ordered if peaks[i] <= budget]
-    above = [i for i in ordered if peaks[i] > budget]
-    pair = [below[0], above[0]] if below and above else ordered[:2]
-    if len(pair) < 2:
-        # One probe: a line through (0, base) for a first guess.
-        (i,) = pair
-        if candidates[i] <= 0 or peaks[i] <= base:
+    if len(peaks) == 1:
+        ((i, peak),) = peaks.items()
+        point = anchor()
+        if point is None:
             return None
-        target = candidates[i] * (budget - base) / (peaks[i] - base)
-    else:
-        (i, j) = sorted(pair)
-        dv, dp = candidates[j] - candidates[i], peaks[j] - peaks[i]
-        if dv == 0 or dp <= 0:
+        x, p = point
+        if not (x < xs[i] and p < peak):
             return None
-        target = candidates[i] + (budget - peaks[i]) * dv / dp
-    index = max((k for k, v in enumerate(candidates) if v <= target), default=0)
-    return index
+        if degree == 2:  # as if everything grew with the square (it grows slower): a jump that falls short
+            k = (peak - p) / (xs[i] - x) ** 2
+            return _Fit((p + k * x * x, -2 * k * x, k), probes=1)
+        slope = (peak - p) / (xs[i] - x)
+        return _Fit((peak - slope * xs[i], slope), probes=1)
+    nearest = sorted(peaks, key=lambda k: (abs(peaks[k] - budget), k))
+    if degree == 2 and len(nearest) >= 3:
+        parabola = _parabola([(xs[k], peaks[k]) for k in nearest[:3]])
+        if parabola is not None and parabola.crossing(budget, xs[nearest[0]]) is not None:
+            return parabola
+    below = [k for k in nearest if peaks[k] <= budget]
+    above = [k for k in nearest if peaks[k] > budget]
+    for pair in (nearest[:2], below[:1] + above[:1]):
+        if len(pair) < 2:
+            continue
+        i, j = sorted(pair)
+        if degree == 2:  # a + c·x² through the two: it outgrows a + b·x + c·x² beyond them, so it falls short
+            c = (peaks[j] - peaks[i]) / (xs[j] ** 2 - xs[i] ** 2)
+            if c > 0:
+                return _Fit((peaks[i] - c * xs[i] ** 2, 0.0, c), probes=2)
+            continue
+        slope = (peaks[j] - peaks[i]) / (xs[j] - xs[i])
+        if slope > 0:
+            return _Fit((peaks[i] - slope * xs[i], slope), probes=2)
+    return None
+
+
+def _parabola(points: Sequence[tuple[float, float]]) -> _Fit | None:
+    """c0 + c1·x + c2·x² through three points (None if two share an x)."""
+    (x0, y0), (x1, y1), (x2, y2) = points
+    if len({x0, x1, x2}) < 3:
+        return None
+    # Newton's divided differences, then expanded.
+    d01, d12 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)
+    c2 = (d12 - d01) / (x2 - x0)
+    c1 = d01 - c2 * (x0 + x1)
+    c0 = y0 - c1 * x0 - c2 * x0 * x0
+    return _Fit((c0, c1, c2), probes=3)
+
+
+def _largest_below(xs: Sequence[float], x: float) -> int:
+    """Index of the largest ``xs`` (increasing) not above ``x``; -1 if none."""
+    return bisect.bisect_right(xs, x + 1e-9 * abs(x)) - 1
+
+
+def predictive_search_largest(candidates: Sequence[int], probe: Probe, budget: int, first: int | None = None,
+                              intercept: Callable[[], int] = lambda: 0, **options: Any) -> int | None:
+    """The largest candidate that fits, by :func:`guided_search_largest` with a line in the value itself
+    and, for the first jump, the anchor (0, ``intercept()``). Kept for callers of the earlier API."""
+    best, _ = guided_search_largest(candidates, probe, budget, first=first,
+                                    anchor=lambda: (0.0, float(intercept())), **options)
+    return best
+
+
+@dataclass(frozen=True)
+class Growth:
+    """How the peak grows with one dimension: the variable it is fitted in (``feature``), the
+    degree of the fit in it, and the anchor of the first jump, read from the first probe's row:
+    (value, row) -> (x in the fitted variable, bytes), or None. ``fit`` names the model
+    (``summary.json``). ``scout``: how far towards the anchor's predicted limit the first jump goes
+    (below 1 where a probe's cost grows with the value on every device, even meta)."""
+
+    fit: str
+    feature: Callable[[int], float]
+    anchor: Callable[[int, ResultRow], "tuple[float, float] | None"]
+    degree: int = 1
+    scout: float = 1.0
+
+
+def _fixed_bytes_anchor(value: int, row: ResultRow) -> tuple[float, float] | None:
+    """(0, parameters + gradients): at batch 0 (or 0 pixels, or width 0) the step holds about the model."""
+    if row.param_bytes is None or row.grad_bytes is None:
+        return None
+    return 0.0, float(row.param_bytes + row.grad_bytes)
+
+
+def _no_layers_anchor(value: int, row: ResultRow) -> tuple[float, float] | None:
+    """The (negative) number of extra blocks at which the network would have no layers, and 0 bytes."""
+    if row.depth is None:
+        return None
+    return value - row.depth / LAYERS_PER_EXTRA_BLOCK, 0.0
+
+
+def _squared(value: int) -> float:
+    return float(value) ** 2
+
+
+#: Per dimension: activations grow with the batch, the depth and the pixels (side²) of the input;
+#: width_per_group grows the bottlenecks' inner activations with it and the 3x3 convolutions'
+#: parameters (and their gradients and optimizer state) with its square.
+GROWTH: dict[str, Growth] = {
+    "batch": Growth("a + b·batch", float, _fixed_bytes_anchor),
+    "depth": Growth("a + b·depth", float, _no_layers_anchor, scout=0.25),  # a probe costs as its layers
+    "width": Growth("a + b·width + c·width²", float, _fixed_bytes_anchor, degree=2),
+    "resolution": Growth("a + b·side²", _squared, _fixed_bytes_anchor),
+}
 
 
 def search_probes(n_candidates: int) -> int:
@@ -342,6 +556,7 @@ class SearchOutcome:
     maxima: dict[str, int | None] = field(default_factory=dict)
     best_rows: dict[str, ResultRow | None] = field(default_factory=dict)
     dim: str = "batch"  # what the maxima count: batch, or max-scale's depth/width/resolution
+    traces: dict[str, SearchTrace] = field(default_factory=dict)  # how each maximum was reached
 
     def value_of(self, row: ResultRow) -> int:
         return row.batch_size if self.dim == "batch" else _dim_value(self.dim, row)
@@ -357,9 +572,11 @@ class SearchOutcome:
                    for r in self.rows)
 
     def summary(self) -> dict[str, dict[str, Any]]:
-        """Per strategy: the maximum, whether it is bounded, and its row's key (``summary.json``)."""
+        """Per strategy: the maximum, whether it is bounded, its row's key and how it was reached
+        (method, probes, fit, fallback: :class:`SearchTrace`) -> ``summary.json``."""
         return {s: {"max": v, "bounded": self.bounded(s),
-                    "key": (self.best_rows[s].key if self.best_rows.get(s) else None)}
+                    "key": (self.best_rows[s].key if self.best_rows.get(s) else None),
+                    **(self.traces[s].as_dict() if s in self.traces else {})}
                 for s, v in self.maxima.items()}
 
 
@@ -383,23 +600,23 @@ def run_sweep(cfg: SweepConfig, run: RunPoint) -> SearchOutcome:
             return cfg.settings.point(cfg.model, s, batch, cfg.image_size)
 
         if cfg.find_max:
-            best = _binary(cfg.candidates(), point_for, run, outcome.rows)
-        else:
-            rows = linear_scan([point_for(b) for b in cfg.batches], run, cfg.stop_after)
-            outcome.rows.extend(rows)
-            ok = [r for r in rows if r.ok]
-            best = max(ok, key=lambda r: r.batch_size) if ok else None
+            _search_strategy(outcome, strategy, cfg.candidates(), point_for, run, cfg.settings.budget_bytes)
+            continue
+        rows = linear_scan([point_for(b) for b in cfg.batches], run, cfg.stop_after)
+        outcome.rows.extend(rows)
+        ok = [r for r in rows if r.ok]
+        best = max(ok, key=lambda r: r.batch_size) if ok else None
         outcome.best_rows[strategy] = best
         outcome.maxima[strategy] = best.batch_size if best else None
+        outcome.traces[strategy] = SearchTrace("scan", len(rows))
     return outcome
 
 
 def run_max_scale(cfg: MaxScaleConfig, run: RunPoint) -> SearchOutcome:
     outcome = SearchOutcome(dim=cfg.dim)
     for strategy in cfg.strategies:
-        best = _binary(cfg.candidates(), lambda v, s=strategy: cfg.point(s, v), run, outcome.rows)
-        outcome.best_rows[strategy] = best
-        outcome.maxima[strategy] = outcome.value_of(best) if best else None
+        _search_strategy(outcome, strategy, cfg.candidates(), lambda v, s=strategy: cfg.point(s, v), run,
+                         cfg.settings.budget_bytes)
     return outcome
 
 
@@ -407,18 +624,41 @@ def run_grid(cfg: GridConfig, run: RunPoint) -> SearchOutcome:
     return SearchOutcome(rows=[run(p) for p in cfg.points()])
 
 
-def _binary(candidates: Sequence[int], point_for: Callable[[int], PointConfig], run: RunPoint,
-            sink: list[ResultRow]) -> ResultRow | None:
+def _search_strategy(outcome: SearchOutcome, strategy: str, candidates: Sequence[int],
+                     point_for: Callable[[int], PointConfig], run: RunPoint, budget: int | None,
+                     first: int | None = None, stop_on_error: bool = False) -> None:
+    """One strategy's largest fitting value into ``outcome`` (maximum, best row, trace; every probe a row).
+
+    A probe counts as fitting when its row is ``ok``; a peak comes with ``ok`` and memory-failure
+    rows. ``stop_on_error``: a probe that errs or times out ends the search with no maximum (plan);
+    otherwise it counts as not fitting (max-scale, sweep-batch --find-max), as in bisection.
+    """
+    growth = GROWTH[outcome.dim]
     found: dict[int, ResultRow] = {}
+    first_probe: list[tuple[int, ResultRow]] = []
 
-    def fits(value: int) -> bool:
+    def probe(value: int) -> tuple[bool, int | None]:
         row = run(point_for(value))
-        sink.append(row)
+        outcome.rows.append(row)
         found[value] = row
-        return row.ok
+        if not first_probe:
+            first_probe.append((value, row))
+        if stop_on_error and not row.ok and row.status not in MEMORY_FAILURES:
+            raise _SearchFailed(row.message)
+        return row.ok, (row.peak_alloc_bytes if row.ok or row.status in MEMORY_FAILURES else None)
 
-    best = binary_search_largest(candidates, fits)
-    return found[best] if best is not None else None
+    def anchor() -> tuple[float, float] | None:
+        return growth.anchor(*first_probe[0]) if first_probe else None
+
+    try:
+        best, trace = guided_search_largest(candidates, probe, budget, feature=growth.feature, degree=growth.degree,
+                                            first=first, anchor=anchor, fit=growth.fit, scout=growth.scout)
+    except _SearchFailed:
+        best, trace = None, SearchTrace("model-guided", len(found), growth.fit)
+    row = found.get(best) if best is not None else None
+    outcome.best_rows[strategy] = row
+    outcome.maxima[strategy] = None if row is None else outcome.value_of(row)
+    outcome.traces[strategy] = trace
 
 
 def _dim_value(dim: str, row: ResultRow) -> int:
@@ -435,7 +675,7 @@ def with_defaults(dim: str, low: int | None, high: int | None, step: int | None)
 
 
 __all__ = [
-    "MeasureSettings", "SweepConfig", "GridConfig", "MaxScaleConfig", "SearchOutcome", "binary_search_largest",
-    "linear_scan", "run_sweep", "run_max_scale", "run_grid", "multiples_of", "search_probes",
-    "predictive_search_largest", "PlanConfig", "run_plan",
+    "MeasureSettings", "SweepConfig", "GridConfig", "MaxScaleConfig", "SearchOutcome", "SearchTrace", "Growth",
+    "GROWTH", "binary_search_largest", "guided_search_largest", "linear_scan", "run_sweep", "run_max_scale",
+    "run_grid", "multiples_of", "search_probes", "predictive_search_largest", "PlanConfig", "run_plan",
 ]

@@ -194,7 +194,9 @@ def test_find_max_binary_search(tmp_path) -> None:
     run_dir = only_run_dir(tmp_path)
     assert [(r["batch_size"], r["status"]) for r in rows(run_dir)] == [(8, "ok"), (12, "oom")]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["max_batch"]["fp32"] == {"max": 8, "bounded": True, "key": rows(run_dir)[0]["key"]}
+    assert summary["max_batch"]["fp32"] == {"max": 8, "bounded": True, "key": rows(run_dir)[0]["key"],
+                                            "method": "bisection", "probes": 2, "fit": None,
+                                            "fallback": "no budget to aim at"}  # no --budget: bisection
     assert "≥" not in result.stdout  # 12 was seen failing: 8 is the maximum, not a lower bound
 
 
