@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 from torch import nn
+from torchvision.models.convnext import CNBlock, LayerNorm2d
 
 from actbench import ops
 from actbench.actnn import convert, level_config
@@ -89,6 +90,19 @@ LAYER_CASES = [
     ("maxpool_default_stride", lambda: nn.MaxPool2d(2), (2, 3, 8, 8)),
     ("avgpool", lambda: nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False), (2, 3, 9, 10)),
     ("avgpool_divisor", lambda: nn.AvgPool2d(2, divisor_override=3), (2, 3, 8, 8)),
+    # issue 13: transformer and mobile layers
+    ("layernorm", lambda: nn.LayerNorm(6), (2, 3, 6)),
+    ("layernorm_2d_shape_no_affine", lambda: nn.LayerNorm((3, 6), elementwise_affine=False), (2, 3, 6)),
+    ("layernorm2d_convnext", lambda: LayerNorm2d(4, eps=1e-6), (2, 4, 5, 5)),
+    ("gelu", lambda: nn.GELU(), (2, 3, 7)),
+    ("gelu_tanh", lambda: nn.GELU(approximate="tanh"), (2, 3, 7)),
+    ("silu_inplace", lambda: nn.SiLU(inplace=True), (2, 3, 7)),
+    ("hardswish", lambda: nn.Hardswish(), (2, 3, 7)),
+    ("sigmoid", lambda: nn.Sigmoid(), (2, 3, 7)),
+    ("tanh", lambda: nn.Tanh(), (2, 3, 7)),
+    ("hardsigmoid", lambda: nn.Hardsigmoid(), (2, 3, 7)),
+    ("softmax", lambda: nn.Softmax(dim=1), (2, 5, 7)),
+    ("convnext_block_layer_scale", lambda: CNBlock(4, layer_scale=0.5, stochastic_depth_prob=0.0), (2, 4, 6, 6)),
 ]
 
 
@@ -175,3 +189,77 @@ def test_directly_built_layer_is_an_error_in_training_and_plain_torch_otherwise(
     relu.__class__ = L.QReLU  # re-classed by hand, never attached
     with pytest.raises(L.NotConvertedError, match="QReLU"):
         relu(x)
+
+def test_multihead_attention_twin_matches_torch_and_keeps_only_qkv(backend):
+    """ViT's self-attention: L0 equals torch's; at L3 the layer keeps the packed qkv projection and the
+    in/out projections' packed inputs, nothing in full precision (backward recomputes attention)."""
+    from actbench.actnn import saved_tensor_census
+
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 4, batch_first=True)
+    x = torch.randn(2, 5, 16)
+
+    def run(m, inp):
+        m.zero_grad(set_to_none=True)
+        inp = inp.detach().clone().requires_grad_(True)
+        out = m(inp, inp, inp, need_weights=False)[0]
+        (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+        grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+        grads["input"] = inp.grad
+        return out.detach(), grads
+
+    ref_out, ref = run(copy.deepcopy(mha), x)
+    conv = convert(mha, level_config("L0", backend=backend))
+    assert isinstance(conv.model, L.QMultiheadAttention)
+    assert [e.name for e in conv.report.kept] == ["out_proj"]  # used by the twin itself
+    out, got = run(conv.model, x)
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
+    _assert_same_grads(got, ref)
+
+    class SelfAttention(nn.Module):
+        def __init__(self, attn):
+            super().__init__()
+            self.attn = attn
+
+        def forward(self, h):
+            return self.attn(h, h, h, need_weights=False)[0]
+
+    census = saved_tensor_census(convert(SelfAttention(mha), level_config("L3", backend=backend)).model,
+                                 x.clone().requires_grad_(True))
+    assert set(census.bytes_by_category()) == {"compressed"}, census.groups
+    assert {g.owner_type for g in census.groups} == {"QMultiheadAttention"}
+    l3 = convert(mha, level_config("L3", backend=backend))
+    out = l3.model(x, x, x, need_weights=False)[0]
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)  # forward in full precision
+    # need_weights=True (or masks) runs torch's own path: same result, the hook path compresses.
+    with_weights, attn = l3.model(x, x, x)
+    torch.testing.assert_close(with_weights, ref_out, rtol=1e-5, atol=1e-6)
+    assert attn.shape == (2, 5, 5)
+
+
+@pytest.mark.parametrize("make,p", [(lambda: torchvision.ops.StochasticDepth(0.4, "row"), 0.4),
+                                    (lambda: torchvision.ops.StochasticDepth(0.4, "batch"), 0.4)])
+def test_stochastic_depth_keeps_a_one_bit_mask_and_scales(backend, make, p):
+    torch.manual_seed(0)
+    sd = convert(make(), level_config("L3", backend=backend)).model
+    assert isinstance(sd, L.QStochasticDepth)
+    x = (torch.rand(64, 3, 4) + 0.5).requires_grad_(True)
+    out = sd(x)
+    keep = (out != 0).all(dim=(1, 2)) if sd.mode == "row" else (out != 0).all().expand(64)
+    assert sd.mode == "batch" or 0.3 < keep.float().mean() < 0.9
+    torch.testing.assert_close(out[keep], x.detach()[keep] / (1 - p))
+    g = torch.randn(out.shape)
+    out.backward(g)
+    torch.testing.assert_close(x.grad, g * keep[:, None, None] / (1 - p))
+
+
+def test_activation_twins_keep_the_derivative(backend):
+    """GELU/SiLU/Sigmoid keep f'(x) (unbiased when quantized): at L0 it is exactly torch's gradient."""
+    for make, f in [(nn.GELU, F.gelu), (nn.SiLU, F.silu), (nn.Sigmoid, torch.sigmoid), (nn.Hardswish, F.hardswish)]:
+        act = convert(make(), level_config("L0", backend=backend)).model
+        x = torch.randn(3, 50, requires_grad=True)
+        g = torch.randn(3, 50)
+        act(x).backward(g)
+        x2 = x.detach().clone().requires_grad_(True)
+        f(x2).backward(g)
+        torch.testing.assert_close(x.grad, x2.grad, rtol=1e-6, atol=1e-7)

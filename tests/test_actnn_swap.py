@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from actbench.actnn import LevelConfig, convert, level_config, set_host_scope
 from actbench.actnn import layers as L
+from actbench.actnn.hooks import packer_of
 
 try:
     from test_actnn_standins import patch_ops
@@ -81,10 +82,15 @@ def _saved_by_layer(conv, x, filing: HostFiling) -> dict[str, list[tuple[torch.T
             saved.setdefault(owner[-1], []).append(t)
         return t
 
+    # The converted model's own saved-tensor hooks are innermost: it reports every saved tensor to
+    # its observer (an outer hook of ours would see nothing).
+    packer = packer_of(conv.model)
+    packer.observer = lambda t, packed, reason, owner_name: pack(t)
     try:
-        with filing, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with filing:
             out = conv.model(x)
     finally:
+        packer.observer = None
         for h in handles:
             h.remove()
     out.sum().backward()

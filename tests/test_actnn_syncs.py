@@ -36,13 +36,20 @@ class HostReads(TorchDispatchMode):
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         super().__init__()
         self.reads: list[str] = []
+        self.inside = False
         for name in ("tolist", "numpy"):
             original = getattr(torch.Tensor, name)
 
             def wrapped(t, *args, _original=original, _name=name, **kwargs):
-                if _get_current_dispatch_mode() is self:
+                # Under a TorchFunctionMode (ActNN's functional rerouting) the C method calls the
+                # patched attribute again: count the outermost call only.
+                if _get_current_dispatch_mode() is self and not self.inside:
                     self.reads.append(f"Tensor.{_name} {tuple(t.shape)}")
-                return _original(t, *args, **kwargs)
+                outer, self.inside = self.inside, True
+                try:
+                    return _original(t, *args, **kwargs)
+                finally:
+                    self.inside = outer
 
             monkeypatch.setattr(torch.Tensor, name, wrapped)
 

@@ -89,6 +89,7 @@ def _meta_points_ok(name: str, strategies: tuple[str, ...]) -> None:
 
 @pytest.mark.heavy  # every torchvision classifier: many minutes on 2 cores (CI runs it with -m heavy)
 @pytest.mark.slow
+@pytest.mark.heavy  # 80 models: minutes on its own
 @pytest.mark.parametrize("name", list_model_names())
 def test_every_model_runs_on_meta(name):
     """Every model in `actbench models`, fp32 and L3 (the build is what used to fail)."""
@@ -97,6 +98,83 @@ def test_every_model_runs_on_meta(name):
 
 @pytest.mark.heavy  # every family at every level: many minutes on 2 cores (CI runs it with -m heavy)
 @pytest.mark.slow
+@pytest.mark.heavy  # 22 families x 7 strategies on fake tensors: minutes
 @pytest.mark.parametrize("name", FAMILY_REPRESENTATIVES)
 def test_every_family_runs_on_meta_at_every_level(name):
     _meta_points_ok(name, ("fp32", *LEVEL_NAMES))
+
+
+# --- ActNN on every family (issue 13, item 4) -----------------------------------------------------
+
+try:
+    from test_actnn_standins import patch_ops
+except ImportError:  # tests/ became a package
+    from tests.test_actnn_standins import patch_ops
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    return patch_ops(monkeypatch)
+
+
+def _no_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Dropout and stochastic depth off: fp32 and ActNN draw their random masks differently."""
+    from torchvision.ops import StochasticDepth
+
+    for m in model.modules():
+        if isinstance(m, (torch.nn.Dropout, StochasticDepth)):
+            m.p = 0.0
+    return model
+
+
+def _logits(out):
+    return out if isinstance(out, torch.Tensor) else out[0]
+
+
+def _step_grads(model, x, y):
+    import torch.nn.functional as F
+
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    out = _logits(model(x))
+    F.cross_entropy(out, y).backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+#: Run in the slow set: large inputs (MaxViT 224 px, Inception 299 px) or big members of families whose
+#: layers the fast set already covers (ResNet-18 at L0 is in test_actnn_layers).
+_SLOW_L0 = ("maxvit_t", "inception_v3", "vgg16", "wide_resnet50_2", "resnext50_32x4d", "resnet50",
+            "efficientnet_v2_s", "densenet121")
+#: At 32 px these end in 1x1 maps, where BatchNorm over 2 values makes fp32's own gradients chaotic
+#: (scales of 1e6-1e9): 64 px keeps every family's gradients well conditioned.
+_L0_SIZE = {"mobilenet_v2": 64, "mobilenet_v3_large": 64, "efficientnet_b0": 64, "efficientnet_v2_s": 64,
+            "mnasnet1_0": 64, "shufflenet_v2_x1_0": 64, "densenet121": 64}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _SLOW_L0 else n
+                                  for n in FAMILY_REPRESENTATIVES])
+def test_l0_gives_fp32_outputs_and_gradients_on_every_family(backend, name):
+    """L0 keeps everything exact (full precision, lossless masks and argmax; the hook path packs nothing):
+    the same outputs and gradients as the unconverted model, up to float summation order.
+
+    Tolerance: test_actnn_layers' (1e-4 relative + 1e-5 of the tensor's largest value), plus 1e-6 of
+    the model's largest gradient: some gradients are zero analytically (a BatchNorm bias before
+    another BatchNorm) and hold only rounding noise of the model's scale, which no per-tensor bound fits.
+    """
+    import copy
+
+    from actbench.actnn import convert, level_config
+
+    size = _L0_SIZE.get(name, small_size(name))
+    torch.manual_seed(0)
+    model = _no_dropout(build_model(ModelSpec(name, num_classes=10), size))
+    x, y = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(2)), torch.tensor([3, 7])
+    ref_out, ref = _step_grads(copy.deepcopy(model), x, y)
+    conv = convert(model, level_config("L0", backend=backend))
+    out, got = _step_grads(conv.model, x, y)
+    torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-5 * float(ref_out.abs().max()) + 1e-7)
+    assert got.keys() == ref.keys()
+    scale = max(float(g.abs().max()) for g in ref.values())
+    for k in ref:
+        atol = 1e-5 * float(ref[k].abs().max()) + 1e-6 * scale + 1e-7
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=atol, msg=lambda m: f"{name} {k}: {m}")

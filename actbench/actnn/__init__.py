@@ -9,7 +9,7 @@ from actbench.actnn.controller import Controller
 from actbench.actnn.convert import Conversion, ConversionReport, UnsupportedModuleError, convert, set_host_scope
 from actbench.actnn.levels import LEVEL_NAMES, LevelConfig, level_config
 from actbench.actnn.layers import NotConvertedError
-from actbench.actnn.memory import SavedCensus, saved_bytes, saved_tensor_census
+from actbench.actnn.memory import SavedCensus, last_forward_census, saved_bytes, saved_tensor_census
 
 __all__ = [
     "LEVEL_NAMES",
@@ -21,6 +21,7 @@ __all__ = [
     "SavedCensus",
     "UnsupportedModuleError",
     "convert",
+    "last_forward_census",
     "level_config",
     "saved_bytes",
     "saved_tensor_census",

@@ -48,7 +48,7 @@ class LayerInfo:
     """A compressing layer known to the controller; ``cost_factor`` scales its variance estimate."""
 
     name: str
-    kind: str  # "conv" | "linear" | "bn" | "mask" | "pool"
+    kind: str  # "conv" | "linear" (shared budget), "bn" | "norm" | "act" | "hook" (own budgets), "mask" | "pool"
     cost_factor: float
 
 
@@ -103,6 +103,7 @@ class Controller:
         self._elements: dict[int, int] = {}
         self._positions: dict[int, int] = {}
         self._allocation: dict[int, LayerAllocation] = {}
+        self._dynamic: dict[str, LayerSlot] = {}
 
     # -- registration -------------------------------------------------------------------------
 
@@ -111,9 +112,26 @@ class Controller:
         self.layers.append(LayerInfo(name, kind, cost_factor))
         return LayerSlot(self, len(self.layers) - 1)
 
+    def dynamic_slot(self, name: str, kind: str, cost_factor: float = 1.0) -> "LayerSlot":
+        """The slot named ``name``, registered the first time it is asked for (the saved-tensor hook
+        path meets its tensors only in forward; the same name in a later step gets the same slot)."""
+        slot = self._dynamic.get(name)
+        if slot is None:
+            slot = self._dynamic[name] = self.register(name, kind, cost_factor)
+        return slot
+
     def target_bits(self, kind: str) -> float | None:
-        """The level's bits for an input saved by a layer of ``kind`` (None: full precision)."""
-        return self.config.bn_bits if kind == "bn" else self.config.conv_bits
+        """The level's bits for an input saved by a layer of ``kind`` (None: full precision).
+
+        conv/linear inputs (and layer scale): ``conv_bits``; normalised inputs of BatchNorm and
+        LayerNorm: ``bn_bits``; everything else (activation derivatives, softmax outputs, attention
+        Q/K/V, the saved-tensor hook path): ``act_bits``.
+        """
+        if kind in SHARED_BUDGET_KINDS:
+            return self.config.conv_bits
+        if kind in NORM_KINDS:
+            return self.config.bn_bits
+        return self.config.act_bits
 
     # -- the step boundary --------------------------------------------------------------------
 
@@ -166,8 +184,10 @@ class Controller:
             # Conv/linear layers share one budget (per-layer + per-sample allocation). A BatchNorm
             # input's error also flows into every earlier layer's gradient through BN's input
             # gradient, which the local cost does not see: each BN keeps its own budget and only
-            # varies bits across samples (as upstream did).
-            key = (float(target), index if kind == "bn" else -1)
+            # varies bits across samples (as upstream did). The same holds for every other kind
+            # (LayerNorm, activation derivatives, softmax, attention, hook-packed tensors): their
+            # error reaches the input gradient, so each keeps its own budget.
+            key = (float(target), -1 if kind in SHARED_BUDGET_KINDS else index)
             groups.setdefault(key, []).append(index)
         self._allocation = {}
         if not groups:
@@ -276,6 +296,12 @@ class Controller:
         return BitPlan(bits, total_bits=sum(desc), minmax=minmax)
 
 
+#: Kinds whose saved input only feeds their weight gradient: they share one network-wide budget.
+SHARED_BUDGET_KINDS = ("conv", "linear")
+#: Normalisation layers (their normalised input, at ``bn_bits``).
+NORM_KINDS = ("bn", "norm")
+
+
 def _positions(kind: str, x: torch.Tensor) -> int:
     """Output positions that reuse one input element's quantization error in the weight gradient.
 
@@ -287,6 +313,18 @@ def _positions(kind: str, x: torch.Tensor) -> int:
     if kind == "linear":
         return math.prod(x.shape[1:-1])
     return 1
+
+
+#: Attribute marking a tensor an ActNN layer keeps, with its role: the census files it under it.
+SAVED_ROLE = "_actnn_saved_role"
+ROLE_COMPRESSED = "compressed"
+ROLE_FULL_PRECISION = "full precision by level"
+ROLE_STATISTICS = "layer statistics"
+
+
+def saved_role(t: torch.Tensor) -> str | None:
+    """The role an ActNN layer gave ``t`` (None: not kept by one)."""
+    return getattr(t, SAVED_ROLE, None)
 
 
 @dataclass(frozen=True)
@@ -351,7 +389,18 @@ class LayerSlot:
         return self._stash((argmax,), PackSpec("argmax", input_shape, argmax.dtype, device=argmax.device))
 
     def _stash(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec):
-        """Swap (L4/L5) the tensors the level's ``swap_scope`` names to the host; keep the rest."""
+        """Swap (L4/L5) the tensors the level's ``swap_scope`` names to the host; keep the rest.
+
+        Every tensor returned is marked with its role (``SAVED_ROLE``), which the saved-tensor hook
+        path (it leaves them alone) and the census (it files them by role) read.
+        """
+        tensors, spec = self._offload(tensors, spec)
+        role = ROLE_FULL_PRECISION if spec.kind == "raw" else ROLE_COMPRESSED
+        for t in tensors:
+            setattr(t, SAVED_ROLE, role)
+        return tensors, spec
+
+    def _offload(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec):
         off = self.controller.offloader
         positions = self._swapped(tensors, spec) if off is not None else ()
         if not positions:

@@ -17,7 +17,10 @@ from typing import Callable, ContextManager
 
 import torch
 from torch import nn
+from torchvision.models.maxvit import SwapAxes, WindowDepartition, WindowPartition
+from torchvision.ops.misc import Permute
 
+from actbench.actnn import hooks
 from actbench.actnn.controller import Controller
 from actbench.actnn.layers import REPLACEMENTS, ActNNModule, QMaxPool2d, maxpool_supported
 from actbench.actnn.levels import LevelConfig, resolve
@@ -28,6 +31,11 @@ log = logging.getLogger(__name__)
 # Leaf modules that keep no activation worth compressing (at most a shape, or a small input at
 # the network's end, which the census then reports with its bytes).
 KEPT_AS_IS: tuple[type[nn.Module], ...] = (
+    Permute,  # torchvision's reshaping modules (ConvNeXt, Swin, MaxViT) and an empty Sequential save nothing
+    WindowPartition,
+    WindowDepartition,
+    SwapAxes,
+    nn.Sequential,
     nn.Identity,
     nn.Flatten,
     nn.Unflatten,
@@ -53,15 +61,17 @@ class ModuleEntry:
 
 @dataclass(frozen=True)
 class ConversionReport:
-    """What convert did: converted, kept and unsupported modules, and (when measured) saved bytes.
+    """What convert did: converted, kept, hooked and unsupported modules, and (when measured) saved bytes.
 
-    ``unsupported``: leaf modules left as they are that keep activations for backward — measured
-    when ``example_input`` was given (a leaf that saved nothing moves to ``kept``), otherwise every
-    unconverted leaf outside :data:`KEPT_AS_IS`.
+    ``hooked``: leaf modules without a twin whose saved tensors go through the saved-tensor hook
+    path (``LevelConfig.saved_tensor_hooks``, docs/design.md §3). ``unsupported``: leaf modules
+    left as they are that keep activations nothing compresses (only without the hook path). Both
+    are measured when ``example_input`` was given (a leaf that saved nothing moves to ``kept``),
+    otherwise every unconverted leaf outside :data:`KEPT_AS_IS`.
 
     ``census`` is None unless ``example_input`` was given to :func:`convert`; it lists every saved
     activation storage of one training forward by owner and category (see
-    :class:`~actbench.actnn.memory.SavedGroup`).
+    :class:`~actbench.actnn.memory.SavedGroup`), including what stays uncompressed and why.
     """
 
     level: str
@@ -69,24 +79,30 @@ class ConversionReport:
     kept: tuple[ModuleEntry, ...]
     unsupported: tuple[ModuleEntry, ...]
     census: SavedCensus | None = None
+    hooked: tuple[ModuleEntry, ...] = ()
 
     @property
     def uncompressed(self) -> tuple[SavedGroup, ...] | None:
-        """Saved tensors that stay uncompressed (functional calls, unsupported modules, fp32 by level)."""
+        """Saved tensors that stay uncompressed, largest first (None without a census)."""
         return None if self.census is None else self.census.uncompressed
 
     def summary(self) -> str:
+        """Counts, then (with a census) the share of saved bytes left uncompressed by category and owner."""
         lines = [
             f"ActNN {self.level}: {len(self.converted)} modules converted, {len(self.kept)} kept as is, "
-            f"{len(self.unsupported)} unsupported"
+            f"{len(self.hooked)} through the saved-tensor hook path, {len(self.unsupported)} unsupported"
         ]
+        if self.census is not None:
+            lines.append("  " + self.census.describe_uncompressed())
         for e in self.unsupported:
             lines.append(f"  unsupported: {e.name} ({e.torch_type})")
         if self.census is not None:
+            total = self.census.total_bytes or 1
             for cat, b in sorted(self.census.bytes_by_category().items()):
-                lines.append(f"  saved {cat}: {b / 2**20:.2f} MiB")
+                lines.append(f"  saved {cat}: {b / 2**20:.2f} MiB ({b / total:.1%})")
             for g in self.census.uncompressed:
-                lines.append(f"  uncompressed: {g.owner} ({g.owner_type}) via {g.saved_by}: {g.nbytes} B in {g.count} tensors")
+                lines.append(f"  uncompressed: {g.owner} ({g.owner_type}) via {g.saved_by}, {g.category}: "
+                             f"{g.nbytes} B in {g.count} tensors ({g.nbytes / total:.1%})")
         return "\n".join(lines)
 
 
@@ -124,27 +140,41 @@ def convert(
         model = copy.deepcopy(model)
     controller = Controller(config, generator=generator)
     converted, kept, unsupported = [], [], []
+    covered: list[str] = []  # twins that use their submodules' parameters themselves (attention)
     for name, module in model.named_modules():
         if isinstance(module, ActNNModule):
             raise ValueError(f"actnn.convert: module {name or '<root>'} ({type(module).__name__}) is already converted")
+        if any((name.startswith(prefix + ".") if prefix else name) for prefix in covered):
+            kept.append(ModuleEntry(name, type(module).__name__, None))
+            continue
         twin = REPLACEMENTS.get(type(module))
         if twin is QMaxPool2d and not maxpool_supported(module):
             twin = None
         if twin is not None:
             module.__class__ = twin
             module.attach(controller.register(name, twin.actnn_kind, module.actnn_cost_factor()))
+            for suffix, kind, factor in module.actnn_extra_slots():
+                module.attach_extra(suffix, controller.register(f"{name}.{suffix}", kind, factor))
+            if twin.actnn_covers_children:
+                covered.append(name)
             converted.append(ModuleEntry(name, _torch_name(twin), twin.__name__))
         elif _has_own_state(module):
             entry = ModuleEntry(name, type(module).__name__, None)
             (kept if isinstance(module, KEPT_AS_IS) else unsupported).append(entry)
+    if config.saved_tensor_hooks:
+        hooks.install(controller, model)
+    hooked: list[ModuleEntry] = []
+    if config.saved_tensor_hooks:
+        hooked, unsupported = unsupported, []
     census = None
     if example_input is not None:
         census = saved_tensor_census(model, example_input)
         controller.after_backward()  # the measuring forward was not a training step
         # Measured: a leaf that saved nothing (e.g. a Permute) is kept, not unsupported.
         saving = {g.owner for g in census.groups}
-        kept += [e for e in unsupported if e.name not in saving]
+        kept += [e for e in unsupported + hooked if e.name not in saving]
         unsupported = [e for e in unsupported if e.name in saving]
+        hooked = [e for e in hooked if e.name in saving]
     if unsupported:
         listing = ", ".join(f"{e.name} ({e.torch_type})" for e in unsupported)
         if strict:
@@ -152,7 +182,7 @@ def convert(
                 f"actnn.convert: {len(unsupported)} module(s) keep activations actbench cannot compress: {listing}"
             )
         log.warning("actnn.convert: left uncompressed (unsupported): %s", listing)
-    report = ConversionReport(config.name, tuple(converted), tuple(kept), tuple(unsupported), census)
+    report = ConversionReport(config.name, tuple(converted), tuple(kept), tuple(unsupported), census, tuple(hooked))
     return Conversion(model, report, controller, config)
 
 

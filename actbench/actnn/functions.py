@@ -1,7 +1,10 @@
 """Autograd functions: forward in full precision, compressed state for backward.
 
 Everything kept for backward goes through ``ctx.save_for_backward`` (so saved-tensor hooks and
-memory accounting see it); ``ctx`` attributes hold only shapes, flags and the layer's slot.
+memory accounting see it), through :func:`save`, which marks each tensor as already handled: the
+general saved-tensor hook path (``actbench.actnn.hooks``) passes marked tensors through untouched
+(a twin's bf16 metadata or its full-precision input at L0/L1 must not be quantized again).
+``ctx`` attributes hold only shapes, flags and the layer's slot.
 Backward dequantizes and calls PyTorch's own backward ops, so the arithmetic matches fp32
 training exactly when nothing is lossy (level L0).
 """
@@ -13,7 +16,23 @@ from dataclasses import dataclass
 import torch
 
 from actbench import ops
-from actbench.actnn.controller import LayerSlot
+from actbench.actnn.controller import ROLE_STATISTICS, SAVED_ROLE, LayerSlot, saved_role
+
+
+def save(ctx, *tensors: torch.Tensor | None) -> None:
+    """``ctx.save_for_backward(*tensors)``, each tensor marked as kept by an ActNN layer.
+
+    What a slot returned is already marked (compressed, or full precision by level); anything else
+    but parameters (BatchNorm's invstd, LayerNorm's per-token rstd) is marked as layer statistics.
+    """
+    for t in tensors:
+        if t is not None and not isinstance(t, torch.nn.Parameter) and saved_role(t) is None:
+            setattr(t, SAVED_ROLE, ROLE_STATISTICS)
+    ctx.save_for_backward(*tensors)
+
+
+def kept_by_twin(t: torch.Tensor) -> bool:
+    return saved_role(t) is not None
 
 
 @dataclass(frozen=True)
@@ -37,7 +56,7 @@ class ConvFunction(torch.autograd.Function):
             x, weight, bias, p.stride, p.padding, p.dilation, p.transposed, p.output_padding, p.groups
         )
         tensors, spec = slot.save_input(x)
-        ctx.save_for_backward(*tensors, weight)
+        save(ctx, *tensors, weight)
         ctx.slot, ctx.spec, ctx.p = slot, spec, p
         ctx.bias_sizes = None if bias is None else list(bias.shape)
         return out
@@ -63,7 +82,7 @@ class LinearFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, slot: LayerSlot):
         out = torch.nn.functional.linear(x, weight, bias)
         tensors, spec = slot.save_input(x)
-        ctx.save_for_backward(*tensors, weight)
+        save(ctx, *tensors, weight)
         ctx.slot, ctx.spec, ctx.has_bias = slot, spec, bias is not None
         return out
 
@@ -109,7 +128,7 @@ class BatchNormFunction(torch.autograd.Function):
         x_norm = torch.sub(x, save_mean.reshape(shape).to(x.dtype))
         x_norm.mul_(save_invstd.reshape(shape).to(x.dtype))
         tensors, spec = slot.save_input(x_norm)
-        ctx.save_for_backward(*tensors, weight, save_invstd)
+        save(ctx, *tensors, weight, save_invstd)
         ctx.slot, ctx.spec, ctx.eps = slot, spec, eps
         return out
 
@@ -133,19 +152,22 @@ class ClampFunction(torch.autograd.Function):
     """ReLU / ReLU6 / Hardtanh: y = clamp(x, lo, hi); keeps a 1-bit mask of where grad flows.
 
     Matches PyTorch's subgradients: ReLU passes the gradient where y > 0 (threshold_backward),
-    Hardtanh where lo < x < hi (hardtanh_backward).
+    Hardtanh where lo < x < hi (hardtanh_backward). ``inplace`` clamps x itself (the functional
+    ``F.relu(x, inplace=True)`` the hook path routes here); the modules return a new tensor.
     """
 
     @staticmethod
-    def forward(ctx, x, lo: float | None, hi: float | None, slot: LayerSlot):
+    def forward(ctx, x, lo: float | None, hi: float | None, slot: LayerSlot, inplace: bool):
         if hi is None:
-            out = torch.relu(x)
-            mask = out > 0
+            mask = x > 0
+            out = torch.relu_(x) if inplace else torch.relu(x)
         else:
-            out = torch.clamp(x, lo, hi)
             mask = (x > lo) & (x < hi)
+            out = x.clamp_(lo, hi) if inplace else torch.clamp(x, lo, hi)
+        if inplace:
+            ctx.mark_dirty(x)
         tensors, spec = slot.save_mask(mask)
-        ctx.save_for_backward(*tensors)
+        save(ctx, *tensors)
         ctx.slot, ctx.spec = slot, spec
         return out
 
@@ -154,7 +176,7 @@ class ClampFunction(torch.autograd.Function):
         slot = ctx.slot
         slot.after_backward()
         mask = slot.load_mask(tuple(ctx.saved_tensors), ctx.spec)
-        return grad * mask, None, None, None
+        return grad * mask, None, None, None, None
 
 
 class DropoutFunction(torch.autograd.Function):
@@ -166,7 +188,7 @@ class DropoutFunction(torch.autograd.Function):
         scale = 1.0 / (1.0 - p)
         out = x * keep * scale
         tensors, spec = slot.save_mask(keep)
-        ctx.save_for_backward(*tensors)
+        save(ctx, *tensors)
         ctx.slot, ctx.spec, ctx.scale = slot, spec, scale
         return out
 
@@ -194,7 +216,7 @@ class MaxPool2dFunction(torch.autograd.Function):
     def forward(ctx, x, p: PoolParams, slot: LayerSlot):
         out, argmax = ops.max_pool2d_with_argmax(x, p.kernel_size, p.stride, p.padding, p.dilation, p.ceil_mode)
         tensors, spec = slot.save_argmax(argmax, x.shape)
-        ctx.save_for_backward(*tensors)
+        save(ctx, *tensors)
         ctx.slot, ctx.spec, ctx.p = slot, spec, p
         return out
 
@@ -228,3 +250,241 @@ class AvgPool2dFunction(torch.autograd.Function):
         ctx.slot.after_backward()
         like = torch.empty(ctx.shape, dtype=grad.dtype, device=grad.device)
         return torch.ops.aten.avg_pool2d_backward(grad.contiguous(), like, *ctx.args), None, None, None, None, None, None, None
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalisation, activations, attention (docs/design.md §3: every floating saved activation)
+# ---------------------------------------------------------------------------------------------
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """LayerNorm over the last dims keeping its *normalised* input, as BatchNorm does.
+
+    x_n = (x - mean) * rstd is what is quantized (unit scale per token, so a group spanning
+    tokens of very different scales loses nothing), with the per-token rstd (tiny) and the weight.
+    Backward calls aten's layer-norm backward on x_n with mean 0 and rstd 1 and multiplies the
+    input gradient by the real rstd: the same formula as aten's on x. ``channels_first``: x is a
+    permuted view [N, H, W, C] of an NCHW tensor (ConvNeXt's LayerNorm2d); x_n is quantized in
+    NCHW order, where it is contiguous.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, normalized_shape, eps: float, channels_first: bool, slot: LayerSlot):
+        out, mean, rstd = torch.ops.aten.native_layer_norm(x, normalized_shape, weight, bias, eps)
+        x_norm = torch.sub(x, mean)  # one full-size temporary, normalised in place (as BatchNorm)
+        x_norm.mul_(rstd)
+        tensors, spec = slot.save_input(x_norm.permute(0, 3, 1, 2) if channels_first else x_norm)
+        del x_norm
+        save(ctx, *tensors, weight, bias, rstd)
+        ctx.slot, ctx.spec, ctx.shape, ctx.channels_first = slot, spec, list(normalized_shape), channels_first
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        *tensors, weight, bias, rstd = ctx.saved_tensors
+        slot = ctx.slot
+        slot.record_grad(grad)
+        x_norm = slot.load_input(tuple(tensors), ctx.spec).to(grad.dtype)
+        if ctx.channels_first:
+            x_norm = x_norm.permute(0, 2, 3, 1)
+        mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1],
+                bias is not None and ctx.needs_input_grad[2]]
+        zeros, ones = torch.zeros_like(rstd), torch.ones_like(rstd)
+        gx, gw, gb = torch.ops.aten.native_layer_norm_backward(
+            grad, x_norm, ctx.shape, zeros, ones, weight, bias, mask
+        )
+        if gx is not None:
+            gx = gx * rstd.to(gx.dtype)
+        return gx, gw, gb, None, None, None, None
+
+
+#: Elementwise activations whose backward is grad * f'(x): name -> (forward, derivative from x or y).
+def _derivative(kind: str, x: torch.Tensor, y: torch.Tensor, approximate: str) -> torch.Tensor:
+    one = x.new_ones(()).expand(x.shape)  # a broadcast 1: no full-size temporary
+    if kind == "gelu":
+        return torch.ops.aten.gelu_backward(one, x, approximate=approximate)
+    if kind == "silu":
+        return torch.ops.aten.silu_backward(one, x)
+    if kind == "hardswish":
+        return torch.ops.aten.hardswish_backward(one, x)
+    if kind == "sigmoid":
+        return torch.ops.aten.sigmoid_backward(one, y)
+    if kind == "tanh":
+        return torch.ops.aten.tanh_backward(one, y)
+    raise ValueError(f"no ActNN derivative for activation {kind!r}")
+
+
+def _activation(kind: str, x: torch.Tensor, approximate: str, inplace: bool) -> torch.Tensor:
+    if kind == "gelu":
+        return torch.nn.functional.gelu(x, approximate=approximate)
+    if kind == "silu":
+        return torch.nn.functional.silu(x, inplace=inplace)
+    if kind == "hardswish":
+        return torch.nn.functional.hardswish(x, inplace=inplace)
+    if kind == "sigmoid":
+        return x.sigmoid_() if inplace else torch.sigmoid(x)
+    if kind == "tanh":
+        return x.tanh_() if inplace else torch.tanh(x)
+    raise ValueError(f"no ActNN twin for activation {kind!r}")
+
+
+class DerivativeFunction(torch.autograd.Function):
+    """y = f(x) elementwise keeping f'(x) compressed: backward is grad * f'(x).
+
+    Keeping the derivative instead of x (GELU, SiLU, Hardswish) or y (Sigmoid, Tanh) costs the
+    same bytes and makes the input gradient *linear* in what was quantized, so stochastic rounding
+    keeps it unbiased (quantizing x would give f'(x_hat), biased wherever f' is curved). The
+    derivative is computed and packed before the output exists, so the forward holds at most two
+    full-size tensors besides the input; ``inplace`` overwrites the input as torch's module would.
+    """
+
+    @staticmethod
+    def forward(ctx, x, kind: str, approximate: str, inplace: bool, slot: LayerSlot):
+        if kind in ("sigmoid", "tanh"):
+            y = _activation(kind, x, approximate, inplace)
+            d = _derivative(kind, x, y, approximate)
+        else:
+            d = _derivative(kind, x, x, approximate)
+            y = None
+        tensors, spec = slot.save_input(d)
+        del d
+        if y is None:
+            y = _activation(kind, x, approximate, inplace)
+        if inplace:
+            ctx.mark_dirty(x)
+        save(ctx, *tensors)
+        ctx.slot, ctx.spec = slot, spec
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        slot = ctx.slot
+        slot.record_grad(grad)
+        d = slot.load_input(tuple(ctx.saved_tensors), ctx.spec)
+        return grad * d.to(grad.dtype), None, None, None, None
+
+
+class MaskScaleFunction(torch.autograd.Function):
+    """y = f(x) whose gradient is ``scale`` where a 1-bit mask is set, else 0 (lossless).
+
+    Hardsigmoid: y = relu6(x + 3) / 6, gradient 1/6 on -3 < x < 3. StochasticDepth: y = x * keep /
+    survival with a per-row (or whole-batch) keep mask, gradient keep / survival.
+    """
+
+    @staticmethod
+    def forward(ctx, x, kind: str, p: float, mode: str, slot: LayerSlot, inplace: bool = False):
+        if kind == "hardsigmoid":
+            mask, scale = (x > -3) & (x < 3), 1.0 / 6.0
+            out = torch.nn.functional.hardsigmoid(x, inplace=inplace)
+            if inplace:
+                ctx.mark_dirty(x)
+        else:  # stochastic depth
+            size = [x.shape[0]] + [1] * (x.dim() - 1) if mode == "row" else [1] * x.dim()
+            mask = torch.empty(size, dtype=torch.bool, device=x.device).bernoulli_(1.0 - p)
+            scale = 1.0 / (1.0 - p)
+            out = x * (mask * scale).to(x.dtype)
+        tensors, spec = slot.save_mask(mask)
+        save(ctx, *tensors)
+        ctx.slot, ctx.spec, ctx.scale = slot, spec, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        slot = ctx.slot
+        slot.after_backward()
+        mask = slot.load_mask(tuple(ctx.saved_tensors), ctx.spec)
+        return grad * (mask * ctx.scale).to(grad.dtype), None, None, None, None, None
+
+
+class SoftmaxFunction(torch.autograd.Function):
+    """Softmax along ``dim`` keeping its output compressed (what aten's backward reads)."""
+
+    @staticmethod
+    def forward(ctx, x, dim: int, slot: LayerSlot):
+        y = torch.softmax(x, dim)
+        tensors, spec = slot.save_input(y)
+        save(ctx, *tensors)
+        ctx.slot, ctx.spec, ctx.dim, ctx.dtype = slot, spec, dim, x.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        slot = ctx.slot
+        slot.record_grad(grad)
+        y = slot.load_input(tuple(ctx.saved_tensors), ctx.spec).to(grad.dtype)
+        return torch.ops.aten._softmax_backward_data(grad, y, ctx.dim, ctx.dtype), None, None
+
+
+class AttentionFunction(torch.autograd.Function):
+    """Self-attention over a packed projection qkv [N, L, 3E] (nn.MultiheadAttention's in_proj
+    output): output [N, L, E] = softmax(q k^T * scale + mask) v per head, heads concatenated.
+
+    Only qkv is kept, compressed in one piece (it is contiguous): Q, K and V are all backward
+    needs, because backward recomputes the attention from them (scaled_dot_product_attention under
+    autograd) instead of keeping its output and log-sum-exp, as the fused kernels would. The
+    recompute costs one attention forward in backward and no saved bytes. Attention dropout is not
+    supported here (the layer falls back to torch's path, where the hook path compresses).
+    """
+
+    @staticmethod
+    def forward(ctx, qkv, heads: int, attn_mask, is_causal: bool, slot: LayerSlot):
+        q, k, v = _split_heads(qkv, heads)
+        with torch.no_grad():
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        tensors, spec = slot.save_input(qkv)
+        save(ctx, *tensors)
+        ctx.slot, ctx.spec, ctx.heads, ctx.is_causal = slot, spec, heads, is_causal
+        ctx.attn_mask = attn_mask  # a constant (no gradient flows to it)
+        return _merge_heads(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        slot = ctx.slot
+        slot.record_grad(grad)
+        qkv = slot.load_input(tuple(ctx.saved_tensors), ctx.spec).to(grad.dtype).detach().requires_grad_(True)
+        with torch.enable_grad():
+            q, k, v = _split_heads(qkv, ctx.heads)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=ctx.attn_mask,
+                                                                   is_causal=ctx.is_causal)
+            (gqkv,) = torch.autograd.grad(_merge_heads(out), (qkv,), grad)
+        return gqkv, None, None, None, None
+
+
+def _split_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n, length, three_e = qkv.shape
+    d = three_e // (3 * heads)
+    q, k, v = qkv.view(n, length, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # each [N, heads, L, d]
+    return q, k, v
+
+
+def _merge_heads(out: torch.Tensor) -> torch.Tensor:
+    n, heads, length, d = out.shape
+    return out.transpose(1, 2).reshape(n, length, heads * d)
+
+
+class LayerScaleFunction(torch.autograd.Function):
+    """y = x * gamma with a learned per-channel gamma [C, 1, 1] (ConvNeXt's layer scale).
+
+    x only feeds gamma's gradient (sum over N, H, W of grad * x), like a depthwise 1x1 conv's input,
+    so it is compressed as one (conv bits, shared budget); gamma's own contribution is exact.
+    """
+
+    @staticmethod
+    def forward(ctx, x, gamma, slot: LayerSlot):
+        out = x * gamma
+        tensors, spec = slot.save_input(x)
+        save(ctx, *tensors, gamma)
+        ctx.slot, ctx.spec = slot, spec
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        *tensors, gamma = ctx.saved_tensors
+        slot = ctx.slot
+        slot.record_grad(grad)
+        gx = grad * gamma.to(grad.dtype) if ctx.needs_input_grad[0] else None
+        gg = None
+        if ctx.needs_input_grad[1]:
+            x = slot.load_input(tuple(tensors), ctx.spec).to(grad.dtype)
+            gg = (grad * x).sum_to_size(gamma.shape)
+        return gx, gg, None

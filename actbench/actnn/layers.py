@@ -16,21 +16,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.utils import _pair
+from torchvision.models.convnext import CNBlock, LayerNorm2d
+from torchvision.ops import StochasticDepth
 
 from actbench.actnn.controller import LayerSlot
 from actbench.actnn.functions import (
+    AttentionFunction,
     BatchNormFunction,
     ClampFunction,
     ConvFunction,
     ConvParams,
+    DerivativeFunction,
     DropoutFunction,
+    LayerNormFunction,
+    LayerScaleFunction,
     LinearFunction,
     AvgPool2dFunction,
+    MaskScaleFunction,
     MaxPool2dFunction,
     PoolParams,
+    SoftmaxFunction,
 )
 
 KIND_CONV, KIND_LINEAR, KIND_BN, KIND_MASK, KIND_POOL = "conv", "linear", "bn", "mask", "pool"
+KIND_NORM, KIND_ACT = "norm", "act"
 
 
 class NotConvertedError(RuntimeError):
@@ -41,10 +50,24 @@ class ActNNModule:
     """Mixin: the slot, and the rule for when to compress."""
 
     actnn_kind: str = ""
+    #: convert leaves this layer's submodules alone: the twin's forward uses their parameters itself
+    actnn_covers_children: bool = False
 
     def attach(self, slot: LayerSlot) -> None:
         """Bind this layer to a controller (done by convert)."""
         object.__setattr__(self, "_actnn_slot", slot)
+
+    def actnn_extra_slots(self) -> tuple[tuple[str, str, float], ...]:
+        """Further tensors this layer compresses: (name suffix, kind, cost factor) each; convert
+        registers them after the layer's own slot and attaches them with :meth:`attach_extra`."""
+        return ()
+
+    def attach_extra(self, suffix: str, slot: LayerSlot) -> None:
+        self.__dict__.setdefault("_actnn_extra", {})[suffix] = slot
+
+    def extra_slot(self, suffix: str) -> LayerSlot:
+        self.actnn_slot  # raises NotConvertedError for a layer convert never saw
+        return self.__dict__["_actnn_extra"][suffix]
 
     @property
     def attached_slot(self) -> LayerSlot | None:
@@ -232,21 +255,21 @@ class QReLU(_MaskModule, nn.ReLU):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._masking(input):
             return super().forward(input)
-        return ClampFunction.apply(input, None, None, self.actnn_slot)
+        return ClampFunction.apply(input, None, None, self.actnn_slot, False)
 
 
 class QHardtanh(_MaskModule, nn.Hardtanh):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._masking(input):
             return super().forward(input)
-        return ClampFunction.apply(input, float(self.min_val), float(self.max_val), self.actnn_slot)
+        return ClampFunction.apply(input, float(self.min_val), float(self.max_val), self.actnn_slot, False)
 
 
 class QReLU6(_MaskModule, nn.ReLU6):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._masking(input):
             return super().forward(input)
-        return ClampFunction.apply(input, 0.0, 6.0, self.actnn_slot)
+        return ClampFunction.apply(input, 0.0, 6.0, self.actnn_slot, False)
 
 
 class QDropout(_MaskModule, nn.Dropout):
@@ -290,6 +313,152 @@ class QAvgPool2d(_MaskModule, nn.AvgPool2d):
         )
 
 
+# ---------------------------------------------------------------------------------------------
+# LayerNorm (and ConvNeXt's channels-first LayerNorm2d): the normalised input, as BatchNorm
+# ---------------------------------------------------------------------------------------------
+
+
+class QLayerNorm(ActNNModule, nn.LayerNorm):
+    actnn_kind = KIND_NORM
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._compressing(input, self.weight, self.bias):
+            return super().forward(input)
+        return LayerNormFunction.apply(input, self.weight, self.bias, tuple(self.normalized_shape), self.eps, False,
+                                       self.actnn_slot)
+
+
+class QLayerNorm2d(ActNNModule, LayerNorm2d):
+    """ConvNeXt's LayerNorm over the channels of an NCHW map (torch's permute, norm, permute back)."""
+
+    actnn_kind = KIND_NORM
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._compressing(x, self.weight, self.bias) or x.dim() != 4:
+            return super().forward(x)
+        y = LayerNormFunction.apply(x.permute(0, 2, 3, 1), self.weight, self.bias, tuple(self.normalized_shape),
+                                    self.eps, True, self.actnn_slot)
+        return y.permute(0, 3, 1, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Smooth activations keep their derivative; Hardsigmoid and StochasticDepth a 1-bit mask
+# ---------------------------------------------------------------------------------------------
+
+
+class _DerivativeModule(ActNNModule):
+    actnn_kind = KIND_ACT
+    _activation = ""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._compressing(input) or input.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            return super().forward(input)
+        approximate = getattr(self, "approximate", "none")
+        return DerivativeFunction.apply(input, self._activation, approximate, bool(getattr(self, "inplace", False)),
+                                        self.actnn_slot)
+
+
+class QGELU(_DerivativeModule, nn.GELU):
+    _activation = "gelu"
+
+
+class QSiLU(_DerivativeModule, nn.SiLU):
+    _activation = "silu"
+
+
+class QHardswish(_DerivativeModule, nn.Hardswish):
+    _activation = "hardswish"
+
+
+class QSigmoid(_DerivativeModule, nn.Sigmoid):
+    _activation = "sigmoid"
+
+
+class QTanh(_DerivativeModule, nn.Tanh):
+    _activation = "tanh"
+
+
+class QHardsigmoid(_MaskModule, nn.Hardsigmoid):
+    """Gradient 1/6 inside (-3, 3), else 0: a 1-bit mask (lossless); the output is a new tensor."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._masking(input):
+            return super().forward(input)
+        return MaskScaleFunction.apply(input, "hardsigmoid", 0.0, "", self.actnn_slot, False)
+
+
+class QStochasticDepth(_MaskModule, StochasticDepth):
+    """torchvision's StochasticDepth keeping its keep-mask (per row, or one for the batch) as 1 bit."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._masking(input) or not 0.0 < self.p < 1.0 or self.mode not in ("row", "batch"):
+            return super().forward(input)
+        return MaskScaleFunction.apply(input, "stochastic_depth", float(self.p), self.mode, self.actnn_slot, False)
+
+
+class QSoftmax(ActNNModule, nn.Softmax):
+    actnn_kind = KIND_ACT
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._compressing(input) or self.dim is None:
+            return super().forward(input)
+        return SoftmaxFunction.apply(input, self.dim, self.actnn_slot)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention, layer scale
+# ---------------------------------------------------------------------------------------------
+
+
+class QMultiheadAttention(ActNNModule, nn.MultiheadAttention):
+    """Self-attention (query is key is value, batch_first, packed in-projection, no attention
+    dropout, masks or bias_k/v; torchvision's ViT) as three compressing pieces: the in-projection
+    (its input, a linear layer's), attention keeping only Q, K and V (:class:`AttentionFunction`)
+    and the out-projection (its input). Any other call runs torch's own path, where the
+    saved-tensor hook path compresses what it keeps."""
+
+    actnn_kind = KIND_ACT
+    actnn_covers_children = True  # out_proj's weight is used here, as torch's F.multi_head_attention does
+
+    def actnn_extra_slots(self) -> tuple[tuple[str, str, float], ...]:
+        return (("in_proj", KIND_LINEAR, 1.0), ("out_proj", KIND_LINEAR, 1.0))
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        simple = (
+            query is key and key is value and self.batch_first and query.dim() == 3
+            and self._qkv_same_embed_dim and self.in_proj_weight is not None
+            and self.bias_k is None and self.bias_v is None and not self.add_zero_attn
+            and key_padding_mask is None and attn_mask is None and not is_causal and not need_weights
+            and (self.dropout == 0.0 or not self.training)
+        )
+        if not simple or not self._compressing(query, self.in_proj_weight):
+            return super().forward(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
+                                   attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)
+        qkv = LinearFunction.apply(query, self.in_proj_weight, self.in_proj_bias, self.extra_slot("in_proj"))
+        out = AttentionFunction.apply(qkv, self.num_heads, None, False, self.actnn_slot)
+        out = LinearFunction.apply(out, self.out_proj.weight, self.out_proj.bias, self.extra_slot("out_proj"))
+        return out, None
+
+
+class QCNBlock(ActNNModule, CNBlock):
+    """ConvNeXt's block with its layer scale compressed: gamma * block(x) keeps block(x) for gamma's
+    gradient only, like a depthwise 1x1 conv's input (conv bits, the shared budget)."""
+
+    actnn_kind = KIND_CONV
+
+    def actnn_cost_factor(self) -> float:
+        return 1.0 / self.layer_scale.shape[0]  # a depthwise 1x1 "conv": k / groups = 1 / C
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._compressing(input, self.layer_scale):
+            return super().forward(input)
+        result = LayerScaleFunction.apply(self.block(input), self.layer_scale, self.actnn_slot)
+        result = self.stochastic_depth(result)
+        result += input
+        return result
+
+
 def maxpool_supported(m: nn.MaxPool2d) -> bool:
     """int8 argmax fits windows of up to 128 positions; return_indices needs torch's own indices."""
     return not m.return_indices and math.prod(_pair(m.kernel_size)) <= 128
@@ -313,4 +482,16 @@ REPLACEMENTS: dict[type[nn.Module], type[nn.Module]] = {
     nn.Dropout: QDropout,
     nn.MaxPool2d: QMaxPool2d,
     nn.AvgPool2d: QAvgPool2d,
+    nn.LayerNorm: QLayerNorm,
+    LayerNorm2d: QLayerNorm2d,
+    nn.GELU: QGELU,
+    nn.SiLU: QSiLU,
+    nn.Hardswish: QHardswish,
+    nn.Sigmoid: QSigmoid,
+    nn.Tanh: QTanh,
+    nn.Hardsigmoid: QHardsigmoid,
+    StochasticDepth: QStochasticDepth,
+    nn.Softmax: QSoftmax,
+    nn.MultiheadAttention: QMultiheadAttention,
+    CNBlock: QCNBlock,
 }

@@ -22,8 +22,13 @@ SWAP_SCOPES: tuple[str, ...] = ("codes", "all")
 class LevelConfig:
     """What a converted model compresses, and how.
 
-    ``conv_bits`` / ``bn_bits``: bits per value kept for conv/linear and BatchNorm inputs; ``None``
-    keeps that input in full precision. With ``mixed_precision`` the bits become a target average
+    ``conv_bits`` / ``bn_bits``: bits per value kept for conv/linear (and ConvNeXt's layer scale)
+    inputs and for normalisation layers' normalised inputs (BatchNorm, LayerNorm); ``None`` keeps
+    that input in full precision. ``act_bits``: bits for every other floating saved activation — the
+    derivatives kept by GELU/SiLU/Sigmoid/Hardswish, softmax outputs, attention's Q, K and V, and
+    whatever the general saved-tensor hook path (``saved_tensor_hooks``, docs/design.md §3) packs:
+    floating tensors of at least ``hook_min_elements`` values that no twin handles (parameters and
+    their views, integer and boolean tensors are never touched). With ``mixed_precision`` the bits become a target average
     (per-sample and per-layer allocation by :class:`~actbench.actnn.controller.Controller`), any
     value in 1..8; otherwise they must be 1, 2, 4 or 8. ReLU/Dropout masks (1 bit) and MaxPool
     argmax (int8) are lossless, so they are kept compressed at every level (``masks``).
@@ -39,6 +44,7 @@ class LevelConfig:
     name: str = "custom"
     conv_bits: float | None = 2
     bn_bits: float | None = 2
+    act_bits: float | None = 2
     mixed_precision: bool = False
     group_size: int = ops.DEFAULT_GROUP_SIZE
     masks: bool = True
@@ -49,6 +55,8 @@ class LevelConfig:
     backend: str = "extension"
     min_bits: int = 1
     max_bits: int = 8
+    saved_tensor_hooks: bool = True
+    hook_min_elements: int = 2048
 
     def __post_init__(self) -> None:
         if self.backend not in ops.BACKENDS:
@@ -57,7 +65,9 @@ class LevelConfig:
             raise ValueError(f"LevelConfig.group_size must be a positive multiple of 8, got {self.group_size}")
         if not 1 <= self.min_bits <= self.max_bits <= 8:
             raise ValueError(f"LevelConfig: need 1 <= min_bits <= max_bits <= 8, got {self.min_bits}, {self.max_bits}")
-        for field in ("conv_bits", "bn_bits"):
+        if self.hook_min_elements < 1:
+            raise ValueError(f"LevelConfig.hook_min_elements must be >= 1, got {self.hook_min_elements}")
+        for field in ("conv_bits", "bn_bits", "act_bits"):
             bits = getattr(self, field)
             if bits is None:
                 continue
@@ -83,11 +93,11 @@ class LevelConfig:
 
 
 def _presets() -> dict[str, LevelConfig]:
-    l3 = LevelConfig("L3", conv_bits=2, bn_bits=2, mixed_precision=True)
+    l3 = LevelConfig("L3", conv_bits=2, bn_bits=2, act_bits=2, mixed_precision=True)
     return {
-        "L0": LevelConfig("L0", conv_bits=None, bn_bits=None),
-        "L1": LevelConfig("L1", conv_bits=4, bn_bits=None),
-        "L2": LevelConfig("L2", conv_bits=4, bn_bits=4),
+        "L0": LevelConfig("L0", conv_bits=None, bn_bits=None, act_bits=None),
+        "L1": LevelConfig("L1", conv_bits=4, bn_bits=None, act_bits=4),
+        "L2": LevelConfig("L2", conv_bits=4, bn_bits=4, act_bits=4),
         "L3": l3,
         "L4": l3.replace(name="L4", swap=True),
         # The forked defragmenting allocator of upstream L5 is unavailable: expandable segments is

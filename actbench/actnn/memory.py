@@ -5,6 +5,12 @@ its storage (deduplicated: a ReLU output that the next conv also saves counts on
 whose forward was running, and the torch function that saved it (a ``TorchFunctionMode`` keeps the
 outermost call), so the report can name ``F.relu`` in ``DenseNet.forward``. Parameters and buffers
 are model state, not activations, and are left out. Bytes are storage bytes at the end of forward.
+
+A converted model runs its own saved-tensor hooks (``actbench.actnn.hooks``), innermost, so the
+census's hook never sees what it saves: the census then listens to the model's packer instead
+(``SavedTensorPacker.observer``), which reports each saved tensor with what it did to it — packed,
+or left as it is and why. Works on fake tensors too (storages are told apart by identity, not by
+address), so a meta point can carry the census in its note.
 """
 
 from __future__ import annotations
@@ -15,19 +21,37 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from actbench import compat
+from actbench.actnn import hooks
+from actbench.actnn.controller import ROLE_COMPRESSED, ROLE_STATISTICS, saved_role
 from actbench.actnn.layers import ActNNModule
 
 PACKED_DTYPES = (torch.uint8, torch.int8, torch.bfloat16)
+
+#: Categories of saved bytes that are not activations left uncompressed.
+COMPRESSED_CATEGORIES = (ROLE_COMPRESSED, ROLE_STATISTICS)
+
+#: A tensor the hook path left as it is, by the hook's reason -> census category.
+_SKIP_CATEGORY = {
+    hooks.SKIP_NOT_FLOATING: "integer or bool",
+    hooks.SKIP_DTYPE: "not packable dtype",
+    hooks.SKIP_SMALL: "small",
+    hooks.SKIP_LEVEL: "full precision by level",
+}
 
 
 @dataclass(frozen=True)
 class SavedGroup:
     """Saved tensors of one owner: ``category`` is one of
 
-    ``compressed`` (an ActNN layer's packed state), ``layer statistics`` (BatchNorm's
-    per-channel mean and 1/std, tiny), ``full precision by level`` (an ActNN layer
-    told to keep fp32, e.g. L0), ``unconverted module`` (a leaf module actbench does not convert: unsupported, or the model is not converted),
-    ``functional`` (a torch call inside a container's forward: F.relu, torch.cat, ...).
+    ``compressed`` (an ActNN layer's packed state, or a tensor the saved-tensor hook path packed:
+    ``saved_by`` then starts with ``hook:``), ``layer statistics`` (BatchNorm's per-channel and
+    LayerNorm's per-token 1/std, tiny), ``full precision by level`` (an ActNN layer or the hook
+    path told to keep full precision, e.g. L0), ``integer or bool`` (indices, boolean masks: never
+    quantized), ``small`` (below ``LevelConfig.hook_min_elements``), ``not packable dtype``
+    (float64), and, where no hook path runs (an unconverted model, or hooks off):
+    ``unconverted module`` (a leaf module actbench does not convert) and ``functional`` (a torch
+    call inside a container's forward: F.relu, torch.cat, ...).
     """
 
     owner: str  # module qualname
@@ -63,7 +87,39 @@ class SavedCensus:
 
     @property
     def uncompressed(self) -> tuple[SavedGroup, ...]:
-        return tuple(g for g in self.groups if g.category not in ("compressed", "layer statistics"))
+        """Groups kept as they are (largest first): everything but compressed state and statistics."""
+        left = [g for g in self.groups if g.category not in COMPRESSED_CATEGORIES]
+        return tuple(sorted(left, key=lambda g: -g.nbytes))
+
+    @property
+    def uncompressed_bytes(self) -> int:
+        return sum(g.nbytes for g in self.uncompressed)
+
+    @property
+    def uncompressed_share(self) -> float:
+        """Uncompressed bytes over all saved bytes (0 when nothing is saved)."""
+        total = self.total_bytes
+        return self.uncompressed_bytes / total if total else 0.0
+
+    def uncompressed_by_category(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for g in self.uncompressed:
+            out[g.category] = out.get(g.category, 0) + g.nbytes
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def describe_uncompressed(self, top: int = 3) -> str:
+        """One line: share of saved bytes left uncompressed, by category, and the largest owners."""
+        total = self.total_bytes
+        if not total:
+            return "nothing saved"
+        cats = ", ".join(f"{c} {b / total:.1%}" for c, b in self.uncompressed_by_category().items())
+        head = f"uncompressed {self.uncompressed_share:.1%} of {total / 2**20:.1f} MiB saved"
+        if not cats:
+            return head
+        owners = "; ".join(
+            f"{g.owner} ({', '.join(x for x in (g.owner_type, g.saved_by, g.category) if x)}) {g.nbytes / total:.1%}"
+            for g in self.uncompressed[:top])
+        return f"{head} ({cats}); largest: {owners}"
 
 
 class _OuterCall(TorchFunctionMode):
@@ -83,10 +139,9 @@ class _OuterCall(TorchFunctionMode):
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int] | None:
     try:
-        s = t.untyped_storage()
+        return (str(t.device), compat.storage_identity(t))
     except (RuntimeError, NotImplementedError):
         return None
-    return (str(t.device), s.data_ptr())
 
 
 def saved_tensor_census(model: nn.Module, example_input: torch.Tensor | tuple) -> SavedCensus:
@@ -103,6 +158,7 @@ def saved_tensor_census(model: nn.Module, example_input: torch.Tensor | tuple) -
     groups: dict[tuple[str, str, str, str], list[int]] = {}
     meta: dict[tuple[str, str, str, str], tuple[str, str]] = {}
     calls = _OuterCall()
+    packer = hooks.packer_of(model)
 
     def pre(module, args):
         stack.append(module)
@@ -111,18 +167,31 @@ def saved_tensor_census(model: nn.Module, example_input: torch.Tensor | tuple) -
         if stack and stack[-1] is module:
             stack.pop()
 
-    def pack(t: torch.Tensor):
+    def record(t: torch.Tensor, owner: nn.Module, saved_by: str, category: str) -> None:
         key = _storage_key(t)
         if key is None or key in state_ptrs or key in seen:
-            return t
+            return
         seen.add(key)
+        gkey = (names.get(owner, "?"), saved_by, category, t.device.type)
+        groups.setdefault(gkey, []).append(t.untyped_storage().nbytes())
+        meta[gkey] = (type(owner).__name__, saved_by)
+
+    def classify(t: torch.Tensor) -> None:
+        """A tensor saved outside any ActNN hook path (an unconverted model, or hooks off)."""
         owner = stack[-1] if stack else model
+        role = saved_role(t)
+        if role is not None and not isinstance(owner, ActNNModule):  # a functional call rerouted to a twin
+            routed = packer.routing if packer is not None else None
+            record(t, owner, f"twin: {routed or calls.current or '?'}", role)
+            return
         if isinstance(owner, ActNNModule):
             saved_by = type(owner).__name__
-            if t.dtype in PACKED_DTYPES:
+            if role is not None:
+                category = role
+            elif t.dtype in PACKED_DTYPES:
                 category = "compressed"
             elif t.dim() <= 1:
-                category = "layer statistics"  # BatchNorm's per-channel mean and 1/std
+                category = "layer statistics"
             else:
                 category = "full precision by level"
         elif not any(True for _ in owner.children()):
@@ -131,16 +200,30 @@ def saved_tensor_census(model: nn.Module, example_input: torch.Tensor | tuple) -
         else:
             saved_by = calls.current or "?"
             category = "functional"
-        gkey = (names.get(owner, "?"), saved_by, category, t.device.type)
-        groups.setdefault(gkey, []).append(t.untyped_storage().nbytes())
-        meta[gkey] = (type(owner).__name__, saved_by)
+        record(t, owner, saved_by, category)
+
+    def pack(t: torch.Tensor):
+        classify(t)
         return t
+
+    def observe(t: torch.Tensor, packed, reason: str | None, owner_name: str) -> None:
+        """The packer's report of one saved tensor (a converted model's own hooks)."""
+        owner = stack[-1] if stack else model
+        if packed is not None:
+            for p in packed.tensors:
+                record(p, owner, f"hook: {calls.current or '?'}", ROLE_COMPRESSED)
+        elif reason == hooks.SKIP_TWIN:
+            classify(t)
+        elif reason != hooks.SKIP_STATE:
+            record(t, owner, f"hook: {calls.current or '?'}", _SKIP_CATEGORY.get(reason, reason))
 
     was_training = model.training
     handles = []
     for m in model.modules():
         handles.append(m.register_forward_pre_hook(pre))
         handles.append(m.register_forward_hook(post))
+    if packer is not None:
+        packer.observer = observe
     model.train()
     try:
         args = example_input if isinstance(example_input, tuple) else (example_input,)
@@ -148,6 +231,8 @@ def saved_tensor_census(model: nn.Module, example_input: torch.Tensor | tuple) -
             out = model(*args)
         del out
     finally:
+        if packer is not None:
+            packer.observer = None
         for h in handles:
             h.remove()
         model.train(was_training)
@@ -159,6 +244,19 @@ def saved_tensor_census(model: nn.Module, example_input: torch.Tensor | tuple) -
         for key, sizes in groups.items()
     )
     return SavedCensus(result)
+
+
+def last_forward_census(model: nn.Module) -> SavedCensus | None:
+    """What the last training forward of a converted ``model`` saved, by owner and category.
+
+    Kept by the model's saved-tensor packer as it goes (no extra forward; ``saved_by`` is not
+    known there, so it is empty); None for a model without one (unconverted, or hooks off).
+    """
+    packer = hooks.packer_of(model)
+    if packer is None:
+        return None
+    return SavedCensus(tuple(SavedGroup(owner, owner_type, "", category, nbytes, count)
+                             for (owner, owner_type, category), (nbytes, count) in packer.saved.items()))
 
 
 def saved_bytes(model: nn.Module, batch: torch.Tensor | tuple) -> int:

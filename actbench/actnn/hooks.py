@@ -1,0 +1,382 @@
+"""The general path: every floating saved tensor no twin handles is quantized through saved-tensor hooks.
+
+ActNN twins (``layers.py``) compress what their layers keep in the form that suits them. Everything
+else autograd saves during a converted model's forward — functional calls (``F.relu``, ``F.gelu``,
+``x * torch.sigmoid(x)`` in squeeze-excitation blocks, ``torch.matmul``/``einsum`` in attention,
+``F.softmax``, ``F.linear`` with a module's weight), modules without a twin — reaches
+``torch.autograd.graph.saved_tensors_hooks``, which a :class:`SavedTensorPacker` installs around
+the model's forward (GACT's approach, with actbench's own quantizer). A saved tensor is packed when
+
+* it is floating point and packable (fp32, fp16, bf16) — integer and boolean tensors are never
+  touched (dropout masks, indices);
+* it holds at least ``LevelConfig.hook_min_elements`` values (smaller ones cost more in metadata and
+  calls than they save);
+* it is not model state: parameters, buffers and views of them (same storage) stay as they are;
+* no twin kept it (``functions.save`` marks what twins keep: their packed codes, bf16 metadata and
+  full-precision inputs at L0/L1 pass through).
+
+``F.max_pool2d`` (an int8 argmax instead of the input and int64 indices) and ``F.avg_pool2d`` (only
+the input's shape) are rerouted to the twins' functions as well (below).
+
+Functional activations get their twins' forms too: while the packer is installed, a
+``TorchFunctionMode`` routes ``F.relu``/``torch.relu``/``relu_``/``F.relu6``/``F.hardtanh`` (a 1-bit
+mask, in place when asked), ``F.dropout`` (a 1-bit keep-mask), ``F.hardsigmoid`` (a 1-bit mask) and
+``F.gelu``/``F.silu``/``torch.sigmoid``/``F.hardswish`` (their derivative, unbiased) to the twins'
+autograd functions — GoogLeNet and Inception apply every ReLU as ``F.relu(x, inplace=True)``, whose
+output the plain hook path would keep at 2 bits, lossy, where a mask is exact and smaller. Calls made
+inside a twin's own forward are left alone.
+
+A packed tensor is quantized with the same ops and slots as a twin's input (``LayerSlot.save_input``), at the
+level's ``act_bits`` (full precision at L0: nothing is packed), with the same mixed precision
+(per-tensor budget, per-sample bits from ``||g||^2 * range^2``, where g is the gradient reaching the
+saved tensor, recorded by a tensor hook) and the same L4/L5 offload. A storage saved twice in one
+forward (a softmax output that the next matmul also keeps) is packed once. Unpacking dequantizes in
+backward. Slots are named ``<owner module>:<n>``: the n-th tensor packed while that module was the
+innermost one running.
+
+An observer (``SavedTensorPacker.observer``, set by ``memory.saved_tensor_census``) sees every saved
+tensor with what was done to it, so the census can say what stays uncompressed and why.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from torch.overrides import TorchFunctionMode
+
+from actbench import compat, ops
+from actbench.actnn.controller import ROLE_COMPRESSED, Controller, LayerSlot, PackSpec, saved_role
+from actbench.actnn.layers import ActNNModule
+from actbench.actnn.functions import (AvgPool2dFunction, ClampFunction, DerivativeFunction, DropoutFunction,
+                                      MaskScaleFunction, MaxPool2dFunction, PoolParams, kept_by_twin)
+
+#: Why a saved tensor was left as it is (the census files it under these reasons).
+SKIP_NOT_FLOATING = "integer or bool"
+SKIP_DTYPE = "not packable dtype"
+SKIP_STATE = "model state"
+SKIP_SMALL = "small"
+SKIP_TWIN = "kept by twin"
+SKIP_LEVEL = "full precision by level"
+
+
+@dataclass
+class HookPacked:
+    """A tensor the hook path packed: what :meth:`SavedTensorPacker.unpack` restores."""
+
+    slot: LayerSlot
+    tensors: tuple[torch.Tensor, ...]
+    spec: PackSpec
+    owner: str
+
+
+class SavedTensorPacker:
+    """Installs the hook path around one converted model's training forwards (see the module doc)."""
+
+    def __init__(self, controller: Controller, model: nn.Module) -> None:
+        self.controller = controller
+        self.observer: Callable[[torch.Tensor, HookPacked | None, str | None, str], None] | None = None
+        self._names = weakref.WeakKeyDictionary({m: (n or type(model).__name__) for n, m in model.named_modules()})
+        self._root_name = type(model).__name__
+        self._root = model  # a strong reference: deepcopy of the model then maps it to the copy
+        self._context = None
+        # per module running: (owner name, inside an ActNN twin's forward, entered the rerouting mode)
+        self._frames: list[tuple[str, bool, bool]] = []
+        self._functional: _FunctionalTwins | None = None
+        #: the functional call being rerouted to a twin right now (for the census), else None
+        self.routing: str | None = None
+        #: the last training forward's saved bytes: (owner, owner type, category) -> [bytes, count]
+        self.saved: dict[tuple[str, str, str], list[int]] = {}
+        self._seen: set[int] = set()
+        self._types: dict[str, str] = {n or type(model).__name__: type(m).__name__ for n, m in model.named_modules()}
+        self._counts: dict[str, int] = {}
+        self._cache: dict[tuple, tuple[weakref.ref, HookPacked]] = {}
+        self._state: set[int] = set()
+        self._step = -1
+        # Every module, not only the root: a checkpointed segment's recompute in backward calls its
+        # modules without the root, and must reroute functional calls as its forward did (checkpoint
+        # compares what both saved).
+        for module in model.modules():
+            module.register_forward_pre_hook(self._push)
+            module.register_forward_hook(self._pop, always_call=True)
+
+    # -- the model's forward ------------------------------------------------------------------
+
+    def _push(self, module: nn.Module, args) -> None:
+        training = module.training and torch.is_grad_enabled()
+        if training and module is self._root and self._context is None:
+            self._start(module)
+        entered = False
+        if training and self._functional is None:
+            self._functional = _FunctionalTwins(self)
+            self._functional.__enter__()
+            entered = True
+        name = self._names.get(module)
+        owner = name if name is not None else (self._frames[-1][0] if self._frames else self._root_name)
+        in_twin = (self._frames[-1][1] if self._frames else False) or isinstance(module, ActNNModule)
+        self._frames.append((owner, in_twin, entered))
+
+    def _pop(self, module: nn.Module, args, output) -> None:
+        if not self._frames:
+            return
+        _, _, entered = self._frames.pop()
+        if entered and self._functional is not None:
+            functional, self._functional = self._functional, None
+            functional.__exit__(None, None, None)
+        if module is self._root and self._context is not None and not self._frames:
+            self._end()
+
+    def _start(self, model: nn.Module) -> None:
+        """A training forward of the whole model begins: install the saved-tensor hooks."""
+        self._state = {compat.storage_identity(t) for t in (*model.parameters(), *model.buffers())}
+        self._counts.clear()
+        self.saved, self._seen = {}, set()
+        self._context = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+        self._context.__enter__()
+
+    def _end(self) -> None:
+        context, self._context = self._context, None
+        context.__exit__(None, None, None)
+        self._state = set()
+
+    @property
+    def _owner(self) -> str:
+        return self._frames[-1][0] if self._frames else self._root_name
+
+    @property
+    def in_twin(self) -> bool:
+        """Whether an ActNN twin's forward is running (its own calls are not rerouted)."""
+        return bool(self._frames) and self._frames[-1][1]
+
+    def functional_slot(self, what: str, kind: str) -> LayerSlot:
+        """A slot for a rerouted functional call, named ``<owner>:<what>:<n>``."""
+        owner = self._owner
+        n = self._counts.get(owner, 0)
+        self._counts[owner] = n + 1
+        return self.controller.dynamic_slot(f"{owner}:{what}:{n}", kind)
+
+    # -- the hooks ----------------------------------------------------------------------------
+
+    def skip_reason(self, t: torch.Tensor) -> str | None:
+        """Why ``t`` stays as it is, or None when it is packed."""
+        if kept_by_twin(t):
+            return SKIP_TWIN
+        if isinstance(t, nn.Parameter) or compat.storage_identity(t) in self._state:
+            return SKIP_STATE
+        if not t.is_floating_point():
+            return SKIP_NOT_FLOATING
+        if t.dtype not in ops.PACKABLE_DTYPES:
+            return SKIP_DTYPE
+        if t.numel() < self.controller.config.hook_min_elements:
+            return SKIP_SMALL
+        if self.controller.config.act_bits is None:
+            return SKIP_LEVEL
+        return None
+
+    def _account(self, owner: str, category: str, tensors) -> None:
+        """The running census of this forward (storages counted once): see ``memory.last_forward_census``."""
+        for t in tensors:
+            key = compat.storage_identity(t)
+            if key in self._seen:
+                continue
+            self._seen.add(key)
+            entry = self.saved.setdefault((owner, self._types.get(owner, "?"), category), [0, 0])
+            entry[0] += t.untyped_storage().nbytes()
+            entry[1] += 1
+
+    def pack(self, t: torch.Tensor):
+        owner = self._owner
+        reason = self.skip_reason(t)
+        if reason is not None:
+            if reason != SKIP_STATE:
+                self._account(owner, saved_role(t) if reason == SKIP_TWIN else reason, (t,))
+            if self.observer is not None:
+                self.observer(t, None, reason, owner)
+            return t
+        c = self.controller
+        c.before_save()  # may start a new step (and clear last step's cache)
+        if c.step != self._step:
+            self._step, self._cache = c.step, {}
+        key = (compat.storage_identity(t), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype,
+               compat.tensor_version(t))
+        hit = self._cache.get(key)
+        if hit is not None and hit[0]() is not None:
+            packed = hit[1]
+        else:
+            n = self._counts.get(owner, 0)
+            self._counts[owner] = n + 1
+            slot = c.dynamic_slot(f"{owner}:{n}", "hook")
+            tensors, spec = slot.save_input(t.detach())
+            packed = HookPacked(slot, tensors, spec, owner)
+            self._cache[key] = (weakref.ref(t), packed)
+            if c.config.mixed_precision and t.requires_grad and t.dim() > 1 and not compat.is_fake(t):
+                index = slot.index
+                t.register_hook(lambda g: c.record_grad(index, g))
+        self._account(owner, ROLE_COMPRESSED, packed.tensors)
+        if self.observer is not None:
+            self.observer(t, packed, None, owner)
+        return packed
+
+    def unpack(self, packed):
+        if not isinstance(packed, HookPacked):
+            return packed
+        self.controller.after_backward()
+        return packed.slot.load_input(packed.tensors, packed.spec)
+
+
+class _FunctionalTwins(TorchFunctionMode):
+    """Reroutes functional activations to the twins' autograd functions (see the module doc)."""
+
+    def __init__(self, packer: SavedTensorPacker) -> None:
+        super().__init__()
+        self.packer = packer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        route = _routes().get(func)
+        if route is not None and not self.packer.in_twin and args and isinstance(args[0], torch.Tensor):
+            x = args[0]
+            if x.requires_grad and x.dtype in ops.PACKABLE_DTYPES and x.numel() > 0:
+                self.packer.routing = getattr(func, "__name__", "?")
+                try:
+                    out = route(self.packer, x, args[1:], kwargs)
+                finally:
+                    self.packer.routing = None
+                if out is not NotImplemented:
+                    return out
+        return func(*args, **kwargs)
+
+
+def _arg(args: tuple, kwargs: dict, position: int, name: str, default):
+    return args[position] if len(args) > position else kwargs.get(name, default)
+
+
+def _clamp(lo: float | None, hi: float | None, inplace_default: bool, what: str, inplace_at: int = 0,
+           bounds_at: int | None = None):
+    def route(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
+        if not packer.controller.config.masks:
+            return NotImplemented
+        low, high = lo, hi
+        if bounds_at is not None:  # F.hardtanh(x, min_val, max_val, inplace)
+            low = float(_arg(args, kwargs, bounds_at, "min_val", -1.0))
+            high = float(_arg(args, kwargs, bounds_at + 1, "max_val", 1.0))
+            inplace = bool(_arg(args, kwargs, bounds_at + 2, "inplace", False))
+        else:
+            inplace = inplace_default or bool(_arg(args, kwargs, inplace_at, "inplace", False))
+        if inplace and x.is_leaf:
+            return NotImplemented  # torch raises for in-place on a leaf that requires grad
+        return ClampFunction.apply(x, low, high, packer.functional_slot(what, "mask"), inplace)
+    return route
+
+
+def _dropout(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
+    p = float(_arg(args, kwargs, 0, "p", 0.5))
+    training = bool(_arg(args, kwargs, 1, "training", True))
+    if not training or not 0.0 < p < 1.0 or not packer.controller.config.masks:
+        return NotImplemented
+    return DropoutFunction.apply(x, p, packer.functional_slot("dropout", "mask"))
+
+
+def _hardsigmoid(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
+    inplace = bool(_arg(args, kwargs, 0, "inplace", False))
+    if not packer.controller.config.masks or (inplace and x.is_leaf):
+        return NotImplemented
+    return MaskScaleFunction.apply(x, "hardsigmoid", 0.0, "", packer.functional_slot("hardsigmoid", "mask"), inplace)
+
+
+def _smooth(kind: str, inplace_at: int | None = None, inplace_default: bool = False):
+    def route(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
+        config = packer.controller.config
+        if config.act_bits is None or x.numel() < config.hook_min_elements:
+            return NotImplemented  # L0: torch's own saving (exact); small: not worth a twin
+        approximate = "none"
+        if kind == "gelu":
+            approximate = str(_arg(args, kwargs, 0, "approximate", "none"))
+        inplace = inplace_default or (inplace_at is not None and bool(_arg(args, kwargs, inplace_at, "inplace", False)))
+        if inplace and x.is_leaf:
+            return NotImplemented
+        return DerivativeFunction.apply(x, kind, approximate, inplace, packer.functional_slot(kind, "act"))
+    return route
+
+
+def _pair(v) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[-1]))
+
+
+def _max_pool2d(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
+    """F.max_pool2d -> an int8 argmax (aten keeps the input and int64 indices)."""
+    kernel = _arg(args, kwargs, 0, "kernel_size", None)
+    stride = _arg(args, kwargs, 1, "stride", None)
+    padding = _arg(args, kwargs, 2, "padding", 0)
+    dilation = _arg(args, kwargs, 3, "dilation", 1)
+    ceil_mode = bool(_arg(args, kwargs, 4, "ceil_mode", False))
+    if (not packer.controller.config.masks or kernel is None or _arg(args, kwargs, 5, "return_indices", False)
+            or x.dim() not in (3, 4)):
+        return NotImplemented
+    k = _pair(kernel)
+    if k[0] * k[1] > 128:
+        return NotImplemented
+    s = _pair(stride) if stride not in (None, [], ()) else k
+    p = PoolParams(k, s, _pair(padding), _pair(dilation), ceil_mode)
+    return MaxPool2dFunction.apply(x, p, packer.functional_slot("max_pool2d", "pool"))
+
+
+def _avg_pool2d(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
+    """F.avg_pool2d -> keeps only the input's shape (aten keeps the whole input)."""
+    kernel = _arg(args, kwargs, 0, "kernel_size", None)
+    if kernel is None or x.dim() not in (3, 4):
+        return NotImplemented
+    stride = _arg(args, kwargs, 1, "stride", None)
+    k = _pair(kernel)
+    s = _pair(stride) if stride not in (None, [], ()) else k
+    return AvgPool2dFunction.apply(
+        x, list(k), list(s), list(_pair(_arg(args, kwargs, 2, "padding", 0))),
+        bool(_arg(args, kwargs, 3, "ceil_mode", False)), bool(_arg(args, kwargs, 4, "count_include_pad", True)),
+        _arg(args, kwargs, 5, "divisor_override", None), packer.functional_slot("avg_pool2d", "pool"),
+    )
+
+
+_ROUTES: dict = {}
+
+
+def _routes() -> dict:
+    """torch function -> route (built once: the table names torch functions and Tensor methods)."""
+    if not _ROUTES:
+        F = torch.nn.functional
+        relu = _clamp(None, None, False, "relu")
+        relu_ = _clamp(None, None, True, "relu")
+        _ROUTES.update({
+            F.relu: relu, torch.relu: relu, torch.Tensor.relu: relu,
+            torch.relu_: relu_, torch.Tensor.relu_: relu_, F.relu_: relu_,
+            F.relu6: _clamp(0.0, 6.0, False, "relu6"),
+            F.hardtanh: _clamp(None, None, False, "hardtanh", bounds_at=0),
+            F.dropout: _dropout,
+            F.hardsigmoid: _hardsigmoid,
+            F.gelu: _smooth("gelu"),
+            F.silu: _smooth("silu", inplace_at=0),
+            F.hardswish: _smooth("hardswish", inplace_at=0),
+            F.max_pool2d: _max_pool2d,
+            F.avg_pool2d: _avg_pool2d, torch._C._nn.avg_pool2d: _avg_pool2d,
+            torch.sigmoid: _smooth("sigmoid"), torch.Tensor.sigmoid: _smooth("sigmoid"), F.sigmoid: _smooth("sigmoid"),
+        })
+    return _ROUTES
+
+
+def packer_of(model: nn.Module) -> SavedTensorPacker | None:
+    """The packer :func:`actbench.actnn.convert` installed on ``model`` or, for a model that wraps a
+    converted one, on its first submodule that has one (None: none)."""
+    for module in model.modules():
+        packer = module.__dict__.get("_actnn_packer")
+        if packer is not None:
+            return packer
+    return None
+
+
+def install(controller: Controller, model: nn.Module) -> SavedTensorPacker:
+    packer = SavedTensorPacker(controller, model)
+    object.__setattr__(model, "_actnn_packer", packer)
+    return packer
