@@ -178,3 +178,14 @@ def test_l0_gives_fp32_outputs_and_gradients_on_every_family(backend, name):
     for k in ref:
         atol = 1e-5 * float(ref[k].abs().max()) + 1e-6 * scale + 1e-7
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=atol, msg=lambda m: f"{name} {k}: {m}")
+
+
+def test_meta_memory_row_says_what_stays_uncompressed():
+    """Item 3: an ActNN row's note gives the share of saved bytes left uncompressed, by category and owner."""
+    sessions = MetaSessions()
+    row = sessions.measure_point(meta_point("mobilenet_v3_large", "L3", size=64))
+    assert row.status == "ok", row.message
+    note = row.strategy_note
+    assert note.startswith("ActNN L3:") and "uncompressed " in note and "% of " in note and "MiB saved" in note, note
+    fp32 = sessions.measure_point(meta_point("mobilenet_v3_large", "fp32", size=64))
+    assert "uncompressed" not in (fp32.strategy_note or "")

@@ -115,6 +115,7 @@ class MetaSessions:
             file_offloads_as_host(session.step.model, tracker)
             tracked_memory_step(session.step, images, targets, tracker, result)
             del images, targets
+            result.strategy_note = _with_census(session.note, session.step.model)
             for name, value in model_breakdown(session.step).items():
                 setattr(result, name, value)
         self._key, self._session = key, session
@@ -145,6 +146,17 @@ class MetaSessions:
             fwd, total = count_flops(model, images, targets)
             self._flops[key] = (fwd / 2, total / 2)
         return self._flops[key]
+
+
+def _with_census(note: str | None, model: torch.nn.Module) -> str | None:
+    """``note`` plus, for an ActNN model, what its measured forward left uncompressed, by category and
+    owner, as a share of the saved bytes (``actbench.actnn.last_forward_census``; docs/design.md §3)."""
+    from actbench.actnn import last_forward_census
+
+    census = last_forward_census(model)
+    if census is None or not census.total_bytes:
+        return note
+    return "; ".join(n for n in (note, census.describe_uncompressed(top=2)) if n)[:600]
 
 
 def _build_fake_model(point: PointConfig, mode: Any) -> torch.nn.Module:
