@@ -67,6 +67,7 @@ class MetaSessions:
         self._key: PointConfig | None = None
         self._session: _Session | None = None
         self._flops: dict[tuple, tuple[float, float]] = {}
+        self._trained: dict[tuple, frozenset[str]] = {}  # parameters a training step gives gradients
         self._done: dict[PointConfig, Measurement] = {}  # sizes of points already stepped
 
     def measure_point(self, point: PointConfig, fault: Callable[[], None] | None = None) -> Measurement:
@@ -108,7 +109,7 @@ class MetaSessions:
             images, targets = synthetic_batch(point.batch_size, point.image_size, point.model.num_classes,
                                               META_FAKE_DEVICE, point.seed + 1)
             if key != self._key:
-                _warm_optimizer_state(session.step)
+                _warm_optimizer_state(session.step, self._trained.get((point.model, point.image_size, point.seed)))
             session.step.zero_grad()
             tracker = LiveStorageTracker()
             session.host_scope.tracker = tracker
@@ -143,8 +144,18 @@ class MetaSessions:
                 model = _build_fake_model(point, mode)
             images, targets = synthetic_batch(2, point.image_size, point.model.num_classes, META_FAKE_DEVICE,
                                               point.seed)
-            fwd, total = count_flops(model, images, targets)
+            # The same backward tells which parameters a step reaches (GoogLeNet's and Inception's
+            # auxiliary heads are not in the loss): only those get optimizer state in the warm-up.
+            reached: set[int] = set()
+            handles = [p.register_post_accumulate_grad_hook(lambda p: reached.add(id(p)))
+                       for p in model.parameters() if p.requires_grad]
+            try:
+                fwd, total = count_flops(model, images, targets)
+            finally:
+                for handle in handles:
+                    handle.remove()
             self._flops[key] = (fwd / 2, total / 2)
+            self._trained[key] = frozenset(_plain_name(n) for n, p in model.named_parameters() if id(p) in reached)
         return self._flops[key]
 
 
@@ -175,16 +186,26 @@ def _build_fake_model(point: PointConfig, mode: Any) -> torch.nn.Module:
     return compat.fake_module(model, mode, META_FAKE_DEVICE)
 
 
-def _warm_optimizer_state(step: TrainingStep) -> None:
+def _plain_name(name: str) -> str:
+    """A parameter's name without wrapper components (``_checkpoint_wrapped_module``, ``_orig_mod``)."""
+    return ".".join(part for part in name.split(".") if not part.startswith("_"))
+
+
+def _warm_optimizer_state(step: TrainingStep, trained: frozenset[str] | None = None) -> None:
     """What a warm-up step leaves behind, without its forward and backward (a fake step costs ~1 s).
 
     An optimizer step on zero gradients creates the optimizer state (SGD's momentum buffers) with
-    the shapes a real step gives; gradients are then dropped, as before every measured step. The
-    ActNN controller's per-step statistics (a few floats per layer and sample) are not created:
-    a bounded, tiny difference from the cpu protocol, inside the tolerance tests hold meta to.
+    the shapes a real step gives; gradients are then dropped, as before every measured step. Only
+    the parameters a real backward reaches (``trained``, names seen in the FLOP count's backward; all
+    when None or when none of the names match) get a gradient: a parameter outside the loss (an
+    auxiliary head) gets no momentum in a real warm-up either. The ActNN controller's per-step
+    statistics (a few floats per layer and sample) are not created: a bounded, tiny difference from
+    the cpu protocol, inside the tolerance tests hold meta to.
     """
-    for param in step.model.parameters():
-        if param.requires_grad:
-            param.grad = torch.zeros_like(param)
+    params = [(n, p) for n, p in step.model.named_parameters() if p.requires_grad]
+    if trained is not None and any(_plain_name(n) in trained for n, _ in params):
+        params = [(n, p) for n, p in params if _plain_name(n) in trained]
+    for _, param in params:
+        param.grad = torch.zeros_like(param)
     step.optimizer.step()
     step.zero_grad()
