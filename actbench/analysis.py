@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping
 
 from actbench.devices import is_prediction
 from actbench.results import RunStore
-from actbench.schema import DIMENSIONS, MEMORY_FAILURES, ModelSpec, ResultRow
+from actbench.schema import DEFAULT_PRECISION, DIMENSIONS, MEMORY_FAILURES, PRECISIONS, ModelSpec, ResultRow
 from actbench.strategies import rank as strategy_rank
 
 
@@ -151,19 +151,41 @@ def slug(*parts: object) -> str:
 
 @dataclass(frozen=True)
 class Series:
-    """One line/bar family: a strategy on a device (meta = predicted)."""
+    """One line/bar family: a strategy at a precision on a device (meta = predicted).
+
+    ``Series("fp32", device)`` is the baseline: strategy fp32 at precision fp32. Only fp32-precision
+    series are compared with the paper's numbers (the paper trained in fp32).
+    """
 
     strategy: str
     device: str
+    precision: str = DEFAULT_PRECISION
 
     @property
     def predicted(self) -> bool:
         return is_prediction(self.device)
 
+    @property
+    def name(self) -> str:
+        """``L3``, or ``L3 bf16`` away from fp32: what legends and tables call the series."""
+        return self.strategy if self.precision == DEFAULT_PRECISION else f"{self.strategy} {self.precision}"
+
+    @property
+    def paper_comparable(self) -> bool:
+        return self.precision == DEFAULT_PRECISION
+
+    def has(self, row: ResultRow) -> bool:
+        return row.strategy == self.strategy and row.device == self.device and row.precision == self.precision
+
+
+def _precision_rank(precision: str) -> int:
+    return PRECISIONS.index(precision) if precision in PRECISIONS else len(PRECISIONS)
+
 
 def _series_of(rows: Iterable[ResultRow]) -> tuple[Series, ...]:
-    found = {Series(r.strategy, r.device) for r in rows}
-    return tuple(sorted(found, key=lambda s: (strategy_rank(s.strategy), s.predicted, s.device)))
+    found = {Series(r.strategy, r.device, r.precision) for r in rows}
+    return tuple(sorted(found, key=lambda s: (strategy_rank(s.strategy), _precision_rank(s.precision), s.predicted,
+                                              s.device)))
 
 
 def _devices_text(devices: Iterable[str]) -> str:
@@ -206,14 +228,13 @@ class BatchGroup:
     def label(self, series: Series) -> str:
         """Strategy name, plus the device when several measured devices share the figure."""
         if series.predicted:
-            return f"{series.strategy} (predicted)"
+            return f"{series.name} (predicted)"
         if len(self.measured_devices) > 1:
-            return f"{series.strategy} ({series.device})"
-        return series.strategy
+            return f"{series.name} ({series.device})"
+        return series.name
 
     def rows_of(self, series: Series) -> list[ResultRow]:
-        return sorted((r for r in self.rows if r.strategy == series.strategy and r.device == series.device),
-                      key=lambda r: r.batch_size)
+        return sorted((r for r in self.rows if series.has(r)), key=lambda r: r.batch_size)
 
     def ok_points(self, series: Series) -> list[ResultRow]:
         """One ok row per batch size (the first in run order), sorted by batch."""
@@ -440,7 +461,7 @@ class ScaleGroup:
         best: dict[Series, ResultRow | None] = {}
         bounded: dict[Series, bool] = {}
         for s in _series_of(self.rows):
-            mine = [r for r in self.rows if r.strategy == s.strategy and r.device == s.device]
+            mine = [r for r in self.rows if s.has(r)]
             ok = [r for r in mine if r.ok]
             best[s] = max(ok, key=self.value) if ok else None
             bounded[s] = any(r.status in MEMORY_FAILURES and (best[s] is None or self._size(r) > self._size(best[s]))
@@ -452,7 +473,7 @@ class ScaleGroup:
             base = self.value(fp32) if fp32 is not None else None
             multiple = value / base if value and base else None
             text = bound_ratio(value, bounded[s], base, bounded.get(Series("fp32", s.device), False))
-            label = f"{s.strategy} (predicted)" if s.predicted else s.strategy
+            label = f"{s.name} (predicted)" if s.predicted else s.name
             extra = f" (+{row.extra_blocks} blocks)" if row is not None and self.dim == "depth" else ""
             entries.append(ScaleEntry(series=s, label=label, max_value=value,
                                       max_label="none fits" if value is None else f"{max_text(value, bounded[s])}{extra}",

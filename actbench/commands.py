@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from actbench.devices import DEVICE_NAMES, PROFILES
+from actbench.schema import DEFAULT_PRECISION, PRECISIONS
 from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, LIMITS, MAX_LIST_VALUES, MIN_IMAGE_SIZE, PLAN_DIMENSIONS
 
 #: Commands that measure (or predict) points through the runner.
@@ -101,6 +102,7 @@ class CommandSpec:
     timeout_s: float = DEFAULT_TIMEOUT_S
     extra_blocks: int = 0
     width_per_group: int | None = None
+    precision: str = DEFAULT_PRECISION
 
     def __post_init__(self) -> None:
         self._validate()
@@ -116,6 +118,9 @@ class CommandSpec:
             raise SpecError("strategies", "is empty: give strategies or levels")
         object.__setattr__(self, "strategies", self._checked("strategies",
                                                              lambda: parse_strategies(",".join(self.strategies))))
+        object.__setattr__(self, "precision", getattr(self.precision, "value", self.precision))  # a CLI enum
+        if self.precision not in PRECISIONS:
+            raise SpecError("precision", f"must be one of {', '.join(PRECISIONS)}, got '{self.precision}'")
         if self.device not in DEVICE_NAMES:
             raise SpecError("device", f"must be one of {', '.join(DEVICE_NAMES)}, got '{self.device}'")
         if self.command == "plan" and self.device != PLAN_DEVICE:
@@ -204,7 +209,11 @@ class CommandSpec:
         from actbench.search import MeasureSettings
 
         return MeasureSettings.resolve(self.device, self.command, self.budget_bytes(), self.warmup_steps,
-                                       self.timed_steps, self.checkpoint_segments, self.timeout_s)
+                                       self.timed_steps, self.checkpoint_segments, self.timeout_s, self.precision)
+
+    def precision_tag(self) -> str:
+        """`` bf16`` / `` fp16`` after a strategy's name in previews; nothing at fp32."""
+        return "" if self.precision == DEFAULT_PRECISION else f" {self.precision}"
 
     def _search_config(self):
         from actbench.search import MaxScaleConfig, PlanConfig, plan_defaults, validate_max_scale, validate_plan, with_defaults
@@ -236,14 +245,14 @@ class CommandSpec:
             how = (f"binary search over {len(cands)} batch sizes {cands[0]}..{cands[-1]} (multiples of 4), "
                    f"<= {search_probes(len(cands))} points" if self.find_max
                    else f"batches {', '.join(map(str, cands))}")
-            preview = tuple(f"{s}: {spec.label()} {self.image_size}px {settings.device}: {how}" for s in self.strategies)
+            preview = tuple(f"{s}{self.precision_tag()}: {spec.label()} {self.image_size}px {settings.device}: {how}" for s in self.strategies)
             name = run_name("sweep-batch", spec.label(), settings.device, self.image_size, cfg.identity())
             return RunPlan(name, self.command, cfg, run_sweep, per * len(self.strategies), preview,
                            self._summary("max_batch"))
         if self.command == "max-scale":
             cfg = self._search_config()
             cands = cfg.candidates()
-            preview = tuple(f"{s}: {self.model} batch {cfg.batch}: binary search of {self.dim} over {cfg.low}..{cfg.high} "
+            preview = tuple(f"{s}{self.precision_tag()}: {self.model} batch {cfg.batch}: binary search of {self.dim} over {cfg.low}..{cfg.high} "
                             f"step {cfg.step} ({len(cands)} candidates, <= {search_probes(len(cands))} points)"
                             for s in self.strategies)
             name = run_name(f"max-scale-{self.dim}", self.model, settings.device, self.image_size, cfg.identity())
@@ -254,7 +263,7 @@ class CommandSpec:
 
             cfg = self._search_config()
             cands = cfg.candidates()
-            preview = tuple(f"{s}: {self.model} {self.image_size}px {PLAN_DEVICE}: search of {self.dim} over "
+            preview = tuple(f"{s}{self.precision_tag()}: {self.model} {self.image_size}px {PLAN_DEVICE}: search of {self.dim} over "
                             f"{cfg.low}..{cfg.high} step {cfg.step} ({len(cands)} candidates) under "
                             f"{format_bytes(settings.budget_bytes)}" for s in self.strategies)
             name = run_name(f"plan-{self.dim}", self.model, PLAN_DEVICE, self.image_size, cfg.identity())
@@ -275,8 +284,8 @@ class CommandSpec:
 
     def describe(self) -> str:
         what = f"dim {self.dim}" if self.dim is not None else f"batch {self.batch}"
-        return (f"{self.command} {self.model_spec().label()} [{','.join(self.strategies)}] {what} "
-                f"{self.image_size}px {self.device}" + (f" budget {self.budget}" if self.budget else ""))
+        return (f"{self.command} {self.model_spec().label()} [{','.join(self.strategies)}]{self.precision_tag()} "
+                f"{what} {self.image_size}px {self.device}" + (f" budget {self.budget}" if self.budget else ""))
 
 
 

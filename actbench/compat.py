@@ -148,3 +148,40 @@ def fake_module(model: "torch.nn.Module", mode: object, device: "torch.device") 
                 object.__setattr__(module, name, convert(value))
     return model
 
+
+# --- torch.compile (the ``compile`` strategy) ----------------------------------------------------
+# The activation memory budget is a private functorch config, and resetting dynamo's caches and its
+# recompile limit are private dynamo calls; all of them are here.
+
+#: A debug backend of torch.compile that runs dynamo, AOT autograd, inductor's decompositions and its
+#: min-cut partitioner (the activation memory budget included), then executes the graphs eagerly
+#: through the dispatcher, where the live-storage tracker (cpu, meta) can see every buffer.
+EAGER_PARTITIONED_BACKEND = "aot_eager_decomp_partition"
+
+
+def activation_memory_budget(budget: float | None) -> "contextlib.AbstractContextManager":
+    """``torch._functorch.config.activation_memory_budget`` set to ``budget`` inside the block.
+
+    The partitioner reads it when a graph is compiled, which happens in the first forward; None
+    leaves torch's default (1.0: keep what the min-cut partitioner picks).
+    """
+    if budget is None:
+        return contextlib.nullcontext()
+    import torch._functorch.config as functorch_config
+
+    return functorch_config.patch(activation_memory_budget=budget)
+
+
+def reset_compiler(recompile_limit: int = 64) -> None:
+    """Forget every graph dynamo compiled in this process, and fail loudly past ``recompile_limit``.
+
+    A compiled graph is cached on the model class's code and guarded on shapes, not on the
+    functorch config, so ``compile@0.5`` after ``compile`` in one process (meta runs in-process)
+    would otherwise reuse the earlier graph. Meta reuses one model over several batch sizes (one
+    static graph each); past the limit dynamo would silently run eager, so it raises instead.
+    """
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, recompile_limit)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True

@@ -82,7 +82,7 @@ class HarnessStep:
     def describe(self) -> str:
         first = self.specs[0]
         what = f"dim {first.dim}" if first.dim is not None else f"batch {first.batch}"
-        return (f"{first.command} {','.join(self.models)} [{','.join(first.strategies)}] {what} "
+        return (f"{first.command} {','.join(self.models)} [{','.join(first.strategies)}]{first.precision_tag()} {what} "
                 f"{first.image_size}px {first.device}" + (f" budget {first.budget}" if first.budget else ""))
 
 

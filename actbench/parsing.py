@@ -6,7 +6,7 @@ import re
 from typing import Sequence
 
 from actbench.schema import LIMITS, MAX_LIST_VALUES
-from actbench.strategies import ALL_STRATEGIES, BASELINE, LEVEL_NAMES, PLAIN_STRATEGIES
+from actbench.strategies import BASELINE, LEVEL_NAMES, canonical
 
 _UNITS = {
     "": 1, "b": 1,
@@ -60,7 +60,12 @@ def parse_levels(text: str | None) -> tuple[str, ...]:
 
 
 def parse_strategies(text: str | None) -> tuple[str, ...]:
-    """'fp32,swap,checkpoint' (level names accepted too) -> names in order, deduplicated."""
+    """'fp32,swap,checkpoint' (level names accepted too) -> names in order, deduplicated.
+
+    A name may carry a parameter (``compile@0.5``) or combine a strategy with an ActNN level
+    (``checkpoint+L2``); each is recorded in its one spelling (``strategies.canonical``), and a refused
+    combination is a ValueError saying why in one line.
+    """
     if text is None or not text.strip():
         return ()
     out = []
@@ -68,9 +73,7 @@ def parse_strategies(text: str | None) -> tuple[str, ...]:
         name = part.strip()
         if name.upper() in LEVEL_NAMES:
             name = name.upper()
-        if name not in ALL_STRATEGIES:
-            raise ValueError(f"unknown strategy '{name}': choose from {', '.join(PLAIN_STRATEGIES)} or levels L0..L5")
-        out.append(name)
+        out.append(canonical(name))
     return tuple(dict.fromkeys(out))
 
 

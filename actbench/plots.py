@@ -57,18 +57,28 @@ def _figure(width: float = 7.0, height: float = 4.5) -> Figure:
     return fig
 
 
+#: Away from fp32 a series keeps its strategy's colour and is told apart by marker and hatch.
+PRECISION_MARKERS: Mapping[str, str] = MappingProxyType({"bf16": "^", "fp16": "v"})
+PRECISION_HATCH = ".."
+
+
 def _line_style(series: Series) -> dict:
     c = colour(series.strategy)
-    style = dict(color=c, marker="o", markersize=5, linewidth=1.5)
+    style = dict(color=c, marker=PRECISION_MARKERS.get(series.precision, "o"), markersize=5, linewidth=1.5)
     if series.predicted:
         style.update(markerfacecolor="none", linestyle="--")
+    if not series.paper_comparable:
+        style.update(linewidth=1.0)
     return style
 
 
 def _bar_style(series: Series) -> dict:
     c = colour(series.strategy)
     if series.predicted:
-        return dict(facecolor="none", edgecolor=c, hatch=PREDICTED_HATCH, linewidth=1.2)
+        hatch = PREDICTED_HATCH + ("" if series.paper_comparable else PRECISION_HATCH)
+        return dict(facecolor="none", edgecolor=c, hatch=hatch, linewidth=1.2)
+    if not series.paper_comparable:
+        return dict(color=c, edgecolor="black", hatch=PRECISION_HATCH, alpha=0.75)
     return dict(color=c, edgecolor=c)
 
 
@@ -129,8 +139,8 @@ def plot_throughput_vs_batch(group: BatchGroup, paper_points: Sequence[paper_ref
 
 
 def _fp32_max(group: BatchGroup) -> int | None:
-    measured = [s for s in group.series() if s.strategy == "fp32" and not s.predicted]
-    candidates = measured or [s for s in group.series() if s.strategy == "fp32"]
+    measured = [s for s in group.series() if s == Series("fp32", s.device) and not s.predicted]
+    candidates = measured or [s for s in group.series() if s == Series("fp32", s.device)]
     batches = [r.batch_size for s in candidates for r in group.ok_points(s)]
     return max(batches) if batches else None
 
@@ -172,7 +182,8 @@ def plot_max_batch(group: BatchGroup, with_paper: bool = False) -> Figure | None
         ax.bar_label(bars, labels=[text], fontsize=7, padding=2)
     if with_paper and group.model == group.base_model \
             and paper_ref.matches(group.base_model, group.image_size, group.budget_bytes):
-        marked = [(i, paper_ref.paper_max_batch(e.series.strategy)) for i, e in enumerate(entries)]
+        marked = [(i, paper_ref.paper_max_batch(e.series.strategy)) for i, e in enumerate(entries)
+                  if e.series.paper_comparable]
         marked = [(i, v) for i, v in marked if v is not None]
         if marked:
             ax.plot([i for i, _ in marked], [v for _, v in marked], linestyle="none", marker="D", color="black",

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from actbench import paper as paper_ref
-from actbench.analysis import (MULTIPLE_DEFINITIONS, BatchGroup, Run, ScaleGroup, batch_groups, find_result_runs,
-                               max_batch_table, memory_table, read_json, scale_groups)
+from actbench.analysis import (MULTIPLE_DEFINITIONS, BatchGroup, Run, ScaleGroup, Series, batch_groups,
+                               find_result_runs, max_batch_table, memory_table, read_json, scale_groups)
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -102,7 +102,7 @@ def _max_batch_section(group: BatchGroup, paper_ok: bool) -> list[str]:
     for e in entries:
         row = [e.label, e.max_text, e.multiple_text or "–", _num(e.samples_per_s)]
         if paper_ok:
-            pm = paper_ref.paper_max_batch(e.series.strategy)
+            pm = paper_ref.paper_max_batch(e.series.strategy) if e.series.paper_comparable else None
             fp = paper_ref.paper_max_batch("fp32")
             row += ["–" if pm is None else str(pm), _ratio(e.max_batch, pm),
                     "–" if pm is None or not fp else f"{pm / fp:.2f}"]
@@ -128,7 +128,7 @@ def _memory_section(group: BatchGroup, paper_model_ok: bool) -> list[str]:
     batch, entries = memory_table(group)
     if not entries:
         return []
-    fp32 = {e.series.device: e for e in entries if e.series.strategy == "fp32"}
+    fp32 = {e.series.device: e for e in entries if e.series == Series("fp32", e.series.device)}
     with_host = any(e.host_bytes for e in entries)
     header = ["strategy", "activation", "peak allocated", "model (params+grads+optimizer)"]
     header += ["host copies"] if with_host else []
@@ -144,7 +144,7 @@ def _memory_section(group: BatchGroup, paper_model_ok: bool) -> list[str]:
         row += [_bytes(e.host_bytes) if e.host_bytes else "–"] if with_host else []
         row += [_reduction(red)]
         if paper_model_ok:
-            theirs = paper_ref.ACTIVATION_REDUCTION_L3 if e.series.strategy == "L3" else None
+            theirs = paper_ref.ACTIVATION_REDUCTION_L3 if e.series == Series("L3", e.series.device) else None
             row += ["–" if theirs is None else f"{theirs:g}×", _ratio(red, theirs)]
         rows.append(row)
     note = ["Activation = bytes kept on the device for backward; swap's and L4/L5's copies in CPU memory are "
@@ -165,7 +165,8 @@ def _throughput_section(group: BatchGroup, paper_points: Sequence[paper_ref.Pape
             row = [group.label(s), str(r.batch_size), status, _num(r.samples_per_s_median),
                    _num(r.samples_per_s_iqr)]
             if paper_points:
-                p = paper_ref.paper_throughput_at(tuple(paper_points), s.strategy, r.batch_size) if r.ok else None
+                p = (paper_ref.paper_throughput_at(tuple(paper_points), s.strategy, r.batch_size)
+                     if r.ok and s.paper_comparable else None)
                 row += ["–" if p is None else f"{p.samples_per_s:.1f} ({p.batch_size})",
                         _ratio(r.samples_per_s_median, p.samples_per_s if p else None)]
             rows.append(row)

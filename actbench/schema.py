@@ -29,6 +29,11 @@ DEFAULT_TIMEOUT_S = 1800.0
 MIN_IMAGE_SIZE = 16
 #: The model that max-scale grows in depth and width (docs/design.md §5).
 GROWABLE_MODEL = "resnet152"
+#: Numeric precision of the training step (docs/design.md §1): fp32, or autocast to bf16/fp16 (fp16 with a
+#: gradient scaler). Orthogonal to the strategy: every strategy runs at every precision.
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+#: The precision every existing run used; points at it keep the key they had before precision existed.
+DEFAULT_PRECISION = "fp32"
 #: Largest values accepted for each searchable quantity: far beyond any device (a batch of 2^20
 #: images, 65,536 extra blocks, width_per_group 8,192, 16,384-pixel inputs), yet small enough that
 #: a typo like 1:100000000000 is refused instead of expanding into billions of points.
@@ -76,6 +81,7 @@ class PointConfig:
     timed_steps: int = 3
     checkpoint_segments: int | None = None
     seed: int = 0
+    precision: str = DEFAULT_PRECISION
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,12 +93,20 @@ class PointConfig:
         return cls(**data)
 
     def key(self) -> str:
-        """Stable 16-hex-digit hash of the configuration (resume matches rows by it)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """Stable 16-hex-digit hash of the configuration (resume matches rows by it).
+
+        ``precision`` is hashed only when it is not fp32, so every point measured before precision
+        existed (all fp32) keeps its key and committed runs still resume.
+        """
+        data = self.to_dict()
+        if data["precision"] == DEFAULT_PRECISION:
+            del data["precision"]
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
-        return f"{self.model.label()} {self.strategy} b{self.batch_size} {self.image_size}px {self.device}"
+        precision = "" if self.precision == DEFAULT_PRECISION else f" {self.precision}"
+        return f"{self.model.label()} {self.strategy}{precision} b{self.batch_size} {self.image_size}px {self.device}"
 
 
 # --- the measurement -----------------------------------------------------------------------------
@@ -137,11 +151,13 @@ class Measurement:
 #: measured, then how. Names only; each column's type comes from the dataclass that owns it.
 _ROW_OWN = {"key": str, "run_id": str, "env_id": str, "model": str, "finished_at": "str | None"}
 _FROM_MODEL = ("extra_blocks", "width_per_group")
-_FROM_POINT = ("strategy", "batch_size", "image_size", "device", "budget_bytes", "checkpoint_segments",
+_FROM_POINT = ("strategy", "batch_size", "image_size", "device", "budget_bytes", "precision", "checkpoint_segments",
                "warmup_steps", "timed_steps")
+#: Columns with a default other than None: rows written before the column existed read as this value.
+_ROW_DEFAULTS = {"precision": DEFAULT_PRECISION}
 COLUMNS: tuple[str, ...] = (
     "key", "run_id", "env_id", "status", "message", "model", "extra_blocks", "width_per_group", "depth",
-    "strategy", "batch_size", "image_size", "device", "budget_bytes",
+    "strategy", "batch_size", "image_size", "device", "budget_bytes", "precision",
     "activation_bytes", "peak_alloc_bytes", "reserved_bytes", "model_bytes", "param_bytes", "grad_bytes",
     "optimizer_state_bytes", "host_bytes", "samples_per_s_median", "samples_per_s_iqr", "step_time_s_median",
     "flops_per_sample", "forward_flops_per_sample", "num_params", "checkpoint_segments", "warmup_steps",
@@ -151,11 +167,11 @@ COLUMNS: tuple[str, ...] = (
 
 def _row_fields() -> list[tuple[str, Any, Any]]:
     """(name, type, field) of every column, each type taken from its owner; identity columns are
-    required, measured ones default to None (not measured)."""
+    required, measured ones default to None (not measured); ``precision`` defaults to fp32 (older rows)."""
     owners = {f.name: f.type for cls in (Measurement, PointConfig, ModelSpec) for f in fields(cls)}
-    first_optional = COLUMNS.index("activation_bytes")
+    first_optional = COLUMNS.index("precision")
     return [(name, _ROW_OWN.get(name) or owners[name],
-             dataclasses.field(default=None) if i >= first_optional else dataclasses.field())
+             dataclasses.field(default=_ROW_DEFAULTS.get(name)) if i >= first_optional else dataclasses.field())
             for i, name in enumerate(COLUMNS)]
 
 

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from actbench.devices import profile
-from actbench.schema import (DEFAULT_TIMEOUT_S, DIMENSIONS, GROWABLE_MODEL, MEMORY_FAILURES, PLAN_DIMENSIONS,
-                             ModelSpec, PointConfig, ResultRow)
+from actbench.schema import (DEFAULT_PRECISION, DEFAULT_TIMEOUT_S, DIMENSIONS, GROWABLE_MODEL, MEMORY_FAILURES,
+                             PLAN_DIMENSIONS, ModelSpec, PointConfig, ResultRow)
 
 RunPoint = Callable[[PointConfig], ResultRow]
 
@@ -35,22 +35,27 @@ class MeasureSettings:
     timed_steps: int = 3
     checkpoint_segments: int | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
+    precision: str = DEFAULT_PRECISION
 
     def point(self, model: ModelSpec, strategy: str, batch: int, image_size: int) -> PointConfig:
         return PointConfig(model=model, strategy=strategy, batch_size=batch, image_size=image_size,
                            device=self.device, budget_bytes=self.budget_bytes, warmup_steps=self.warmup_steps,
-                           timed_steps=self.timed_steps, checkpoint_segments=self.checkpoint_segments)
+                           timed_steps=self.timed_steps, checkpoint_segments=self.checkpoint_segments,
+                           precision=self.precision)
 
     def identity(self) -> dict[str, Any]:
-        """What makes results differ (the timeout does not)."""
+        """What makes results differ (the timeout does not). fp32 is left out, so the run directories
+        named before precision existed keep their names."""
         data = asdict(self)
         data.pop("timeout_s")
+        if data["precision"] == DEFAULT_PRECISION:
+            data.pop("precision")
         return data
 
     @classmethod
     def resolve(cls, device: str, command: str, budget_bytes: int | None = None, warmup_steps: int | None = None,
                 timed_steps: int | None = None, checkpoint_segments: int | None = None,
-                timeout_s: float = DEFAULT_TIMEOUT_S) -> "MeasureSettings":
+                timeout_s: float = DEFAULT_TIMEOUT_S, precision: str = DEFAULT_PRECISION) -> "MeasureSettings":
         """Settings with each step count left as None filled with the device's default.
 
         The defaults are the device profile's (cuda warms up 3 steps and times 10: kernels autotune
@@ -60,7 +65,7 @@ class MeasureSettings:
         """
         warmup_steps, timed_steps = profile(device).resolve_steps(command, warmup_steps, timed_steps)
         return cls(device=device, budget_bytes=budget_bytes, warmup_steps=warmup_steps, timed_steps=timed_steps,
-                   checkpoint_segments=checkpoint_segments, timeout_s=timeout_s)
+                   checkpoint_segments=checkpoint_segments, timeout_s=timeout_s, precision=precision)
 
 
 @dataclass(frozen=True)

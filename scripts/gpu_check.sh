@@ -33,8 +33,16 @@ echo "extension cache: $ACTBENCH_CACHE_DIR" | tee -a "$LOG"
 DEADLINE=${GPU_CHECK_SECONDS:-540}
 RESERVE=15  # seconds kept after the last step for the summary
 
+# GPU_CHECK_STEPS="sac_cuda bf16_cuda ...": run only the named steps (the others are recorded as
+# skipped), e.g. when a loan is too short for the whole script.
+ONLY=${GPU_CHECK_STEPS:-}
+
 step() {  # step NAME TIMEOUT_S CMD...: run, log, record the exit code in summary.txt
   local name=$1 limit=$2; shift 2
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then
+    echo "$name rc=skipped seconds=0 (not in GPU_CHECK_STEPS)" | tee -a "$OUT/summary.txt" "$LOG"
+    return
+  fi
   local left=$((DEADLINE - SECONDS - RESERVE))
   if ((left < 30)); then
     echo "$name rc=skipped seconds=0 (${DEADLINE}s deadline reached)" | tee -a "$OUT/summary.txt" "$LOG"
@@ -70,6 +78,15 @@ keep "$SCRATCH/sweep-batch_resnet50_cuda_*/rows.jsonl" sweep_rows.jsonl
 keep "$SCRATCH/sweep-batch_resnet50_cuda_*/table.csv" sweep_table.csv
 # meta predictions vs cuda measurements of the same small points: the gap the caching allocator adds.
 step meta_vs_cuda 180 "$PY" -m actbench trust --device cuda --batch 16 --image-size 224 --out "$OUT"
+
+# issue 15: one bf16 point (autocast) and one sac point of ResNet-50 at batch 64 on cuda, then meta's
+# predictions of the same two points (meta runs CPU autocast's op list; the gap is what cuda's adds).
+BASE=(resnet50 --batch 64 --image-size 224 --budget 16GiB --out "$SCRATCH/baselines")
+step bf16_cuda 90 "$PY" -m actbench memory "${BASE[@]}" --strategies fp32 --precision bf16 --device cuda
+step sac_cuda 90 "$PY" -m actbench memory "${BASE[@]}" --strategies sac --device cuda
+step bf16_sac_meta 60 "$PY" -m actbench memory "${BASE[@]}" --strategies fp32,sac --precision bf16 --device meta
+step sac_meta 60 "$PY" -m actbench memory "${BASE[@]}" --strategies sac --device meta
+cat "$SCRATCH"/baselines/*/rows.jsonl >"$OUT/baselines_rows.jsonl" 2>/dev/null
 
 echo "total seconds=$SECONDS (deadline ${DEADLINE})" | tee -a "$LOG"
 cat "$OUT/summary.txt"

@@ -2,7 +2,8 @@
 # Regenerates the results committed under results/ (never edit them by hand):
 #   results/meta/   predictions on the meta device for the paper's grid (16 GiB budget):
 #                   memory per level and the maximum batch per strategy of the four networks
-#                   (experiments/memory_per_level.toml on meta, experiments/planned_max_batch.toml)
+#                   (experiments/memory_per_level.toml on meta, experiments/planned_max_batch.toml),
+#                   and today's baselines beside ActNN (experiments/modern_baselines.toml)
 #   results/quick/  the --quick CPU version of every experiment in experiments/
 # Each command resumes, so an interrupted run can be restarted.
 set -euo pipefail
@@ -10,7 +11,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 "$PY" -m actbench run experiments/memory_per_level.toml --device meta --out results/meta
 "$PY" -m actbench run experiments/planned_max_batch.toml --out results/meta
+"$PY" -m actbench run experiments/modern_baselines.toml --out results/meta
 "$PY" -m actbench report results/meta --out results/meta/report.md
-for exp in max_batch memory_per_level accuracy_vs_bits resnet50_throughput_vs_batch max_scale_resnet152 planned_max_batch; do
+for exp in max_batch memory_per_level accuracy_vs_bits resnet50_throughput_vs_batch max_scale_resnet152 planned_max_batch modern_baselines; do
   "$PY" -m actbench run "experiments/$exp.toml" --quick --device cpu --out results/quick
 done

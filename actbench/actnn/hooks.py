@@ -96,7 +96,6 @@ class SavedTensorPacker:
         self._counts: dict[str, int] = {}
         self._cache: dict[tuple, tuple[weakref.ref, HookPacked]] = {}
         self._state: set[int] = set()
-        self._step = -1
         # Every module, not only the root: a checkpointed segment's recompute in backward calls its
         # modules without the root, and must reroute functional calls as its forward did (checkpoint
         # compares what both saved).
@@ -134,7 +133,7 @@ class SavedTensorPacker:
         """A training forward of the whole model begins: install the saved-tensor hooks."""
         self._state = {compat.storage_identity(t) for t in (*model.parameters(), *model.buffers())}
         self._counts.clear()
-        self.saved, self._seen = {}, set()
+        self.saved, self._seen, self._cache = {}, set(), {}
         self._context = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
         self._context.__enter__()
 
@@ -142,6 +141,7 @@ class SavedTensorPacker:
         context, self._context = self._context, None
         context.__exit__(None, None, None)
         self._state = set()
+        self._cache = {}  # dedup is within one forward; autograd alone keeps the packed tensors after it
 
     @property
     def _owner(self) -> str:
@@ -198,9 +198,7 @@ class SavedTensorPacker:
                 self.observer(t, None, reason, owner)
             return t
         c = self.controller
-        c.before_save()  # may start a new step (and clear last step's cache)
-        if c.step != self._step:
-            self._step, self._cache = c.step, {}
+        c.before_save()  # may start a new step
         key = (compat.storage_identity(t), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype,
                compat.tensor_version(t))
         hit = self._cache.get(key)
@@ -276,7 +274,8 @@ def _clamp(lo: float | None, hi: float | None, inplace_default: bool, what: str,
 def _dropout(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
     p = float(_arg(args, kwargs, 0, "p", 0.5))
     training = bool(_arg(args, kwargs, 1, "training", True))
-    if not training or not 0.0 < p < 1.0 or not packer.controller.config.masks:
+    inplace = bool(_arg(args, kwargs, 2, "inplace", False))
+    if not training or inplace or not 0.0 < p < 1.0 or not packer.controller.config.masks:
         return NotImplemented
     return DropoutFunction.apply(x, p, packer.functional_slot("dropout", "mask"))
 

@@ -23,7 +23,7 @@ from actbench.cli.progress import PointProgress, ensure_extension, one_line, plu
 from actbench.commands import DEFAULT_STRATEGIES
 from actbench.devices import PROFILES, profile
 from actbench.strategies import PLAIN_STRATEGIES
-from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, MIN_IMAGE_SIZE, PLAN_DIMENSIONS, RETRIED_STATUSES
+from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, MIN_IMAGE_SIZE, PLAN_DIMENSIONS, PRECISIONS, RETRIED_STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,9 @@ TimedOpt = Annotated[Optional[int], typer.Option("--timed-steps", help=(
     "passed and the spread (IQR) is within 10% of the median, within bounds (cpu: 2 s minimum, at most "
     "50 steps or 10 s; cuda: 1 s minimum, at most 200 steps or 20 s)."))]
 SegmentsOpt = Annotated[Optional[int], typer.Option("--checkpoint-segments", help="Checkpoint segments (default: one per block).")]
+Precision = enum.Enum("Precision", {name: name for name in PRECISIONS}, type=str)
+PrecisionOpt = Annotated[Precision, typer.Option("--precision", help=(
+    "fp32, or autocast to bf16 / fp16 (fp16 with a gradient scaler), for every strategy; rows record it."))]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds before a point's child is killed (status timeout).")]
 # How a run executes (actbench/scaleout.py): never part of what it measures, nor of the run's name.
 ExecutorChoice = enum.Enum("ExecutorChoice", {"local": "local", "slurm": "slurm"}, type=str)
@@ -227,6 +230,21 @@ def _spread(median: float | None, iqr: float | None) -> str:
     return f"{iqr:.1f} ({iqr / median:.0%})" if median else f"{iqr:.1f}"
 
 
+def _series_name(row) -> str:
+    """A row's strategy, with its precision away from fp32 (``L3 bf16``), as figures and reports name it."""
+    from actbench.schema import DEFAULT_PRECISION
+
+    return row.strategy if row.precision == DEFAULT_PRECISION else f"{row.strategy} {row.precision}"
+
+
+def _precision_suffix(rows) -> str:
+    """`` at bf16`` for a table of maxima whose rows ran away from fp32; nothing at fp32."""
+    from actbench.schema import DEFAULT_PRECISION
+
+    others = sorted({r.precision for r in rows} - {DEFAULT_PRECISION})
+    return f" at {', '.join(others)}" if others else ""
+
+
 def _render(rows, title: str) -> None:
     from actbench.parsing import format_bytes
 
@@ -240,7 +258,7 @@ def _render(rows, title: str) -> None:
         model = r.model + (f"+{r.extra_blocks}" if r.extra_blocks else "") + (
             f" w{r.width_per_group}" if r.width_per_group else "")
         table.add_row(*(_cell(c) for c in (
-            r.strategy, model, str(r.depth or "-"), str(r.batch_size), str(r.image_size), r.status,
+            _series_name(r), model, str(r.depth or "-"), str(r.batch_size), str(r.image_size), r.status,
             format_bytes(r.activation_bytes), format_bytes(r.peak_alloc_bytes), format_bytes(r.reserved_bytes),
             format_bytes(r.model_bytes), rate, _spread(r.samples_per_s_median, r.samples_per_s_iqr), flops,
             one_line(r.message, 80))))
@@ -288,7 +306,7 @@ def _maxima_caption(outcome) -> str:
 
 
 def _render_maxima(outcome, what: str) -> None:
-    table = Table(title=f"largest {what} that fits")
+    table = Table(title=f"largest {what} that fits{_precision_suffix(outcome.rows)}")
     for col in ("strategy", what, "depth", "samples/s", "GFLOP/sample", "× fp32"):
         table.add_column(col)
     for strategy in outcome.maxima:
@@ -340,6 +358,7 @@ def sweep_batch(
     warmup_steps: WarmupOpt = None,
     timed_steps: TimedOpt = None,
     checkpoint_segments: SegmentsOpt = None,
+    precision: PrecisionOpt = Precision.fp32,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
@@ -364,7 +383,7 @@ def sweep_batch(
     spec = _spec(command="sweep-batch", model=model, strategies=_strategies(strategies, levels, no_baseline),
                  batch=batch, image_size=image_size, device=device.value, budget=budget, stop_after=stop_after,
                  find_max=find_max, extra_blocks=extra_blocks, width_per_group=width_per_group,
-                 warmup_steps=warmup_steps, timed_steps=timed_steps, checkpoint_segments=checkpoint_segments,
+                 warmup_steps=warmup_steps, timed_steps=timed_steps, checkpoint_segments=checkpoint_segments, precision=precision,
                  timeout_s=timeout)
     ran = _run_spec(spec, out, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
     if ran is not None:
@@ -392,6 +411,7 @@ def max_scale(
     warmup_steps: WarmupOpt = None,
     timed_steps: TimedOpt = None,
     checkpoint_segments: SegmentsOpt = None,
+    precision: PrecisionOpt = Precision.fp32,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
@@ -416,7 +436,7 @@ def max_scale(
     spec = _spec(command="max-scale", model=model, strategies=_strategies(strategies, levels, no_baseline),
                  batch=str(batch), image_size=image_size, device=device.value, budget=budget, dim=dim.value,
                  low=low, high=high, step=step, warmup_steps=warmup_steps, timed_steps=timed_steps,
-                 checkpoint_segments=checkpoint_segments, timeout_s=timeout)
+                 checkpoint_segments=checkpoint_segments, precision=precision, timeout_s=timeout)
     ran = _run_spec(spec, out, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
     if ran is not None:
         store, outcome = ran
@@ -426,13 +446,13 @@ def max_scale(
         _finish(outcome, search=True)
 
 
-def _grid(command: str, model: str, strategies, levels, no_baseline, batch, image_size, device, budget, out,
+def _grid(precision, command: str, model: str, strategies, levels, no_baseline, batch, image_size, device, budget, out,
           extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments, timeout, dry_run,
           force=False, no_retry=False, execution=None):
     spec = _spec(command=command, model=model, strategies=_strategies(strategies, levels, no_baseline), batch=batch,
                  image_size=image_size, device=device.value, budget=budget, extra_blocks=extra_blocks,
                  width_per_group=width_per_group, warmup_steps=warmup_steps, timed_steps=timed_steps,
-                 checkpoint_segments=checkpoint_segments, timeout_s=timeout)
+                 checkpoint_segments=checkpoint_segments, precision=precision, timeout_s=timeout)
     ran = _run_spec(spec, out, dry_run, force, no_retry, execution)
     return (None, None) if ran is None else ran
 
@@ -453,6 +473,7 @@ def throughput(
     warmup_steps: WarmupOpt = None,
     timed_steps: TimedOpt = None,
     checkpoint_segments: SegmentsOpt = None,
+    precision: PrecisionOpt = Precision.fp32,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
@@ -472,7 +493,7 @@ def throughput(
       actbench throughput resnet50 --levels L2,L3 --strategies swap,checkpoint --batch 64,128
       actbench throughput resnet18 --batch 8 --image-size 64 --device cpu       # no GPU: small sizes
     """
-    store, outcome = _grid("throughput", model, strategies, levels, no_baseline, batch, image_size, device, budget,
+    store, outcome = _grid(precision, "throughput", model, strategies, levels, no_baseline, batch, image_size, device, budget,
                            out, extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments,
                            timeout, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
     if store is not None:
@@ -496,6 +517,7 @@ def memory(
     warmup_steps: WarmupOpt = None,
     timed_steps: Annotated[int, typer.Option("--timed-steps", help="Timed steps (default 0: memory only).")] = 0,
     checkpoint_segments: SegmentsOpt = None,
+    precision: PrecisionOpt = Precision.fp32,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
@@ -517,7 +539,7 @@ def memory(
     """
     from actbench.parsing import format_bytes
 
-    store, outcome = _grid("memory", model, strategies, levels, no_baseline, batch, image_size, device, budget, out,
+    store, outcome = _grid(precision, "memory", model, strategies, levels, no_baseline, batch, image_size, device, budget, out,
                            extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments, timeout,
                            dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
     if store is None:
@@ -528,7 +550,7 @@ def memory(
     for col in cols:
         table.add_column(col)
     for r in outcome.rows:
-        table.add_row(*(_cell(c) for c in (r.strategy, str(r.batch_size), r.status, *(format_bytes(v) for v in (
+        table.add_row(*(_cell(c) for c in (_series_name(r), str(r.batch_size), r.status, *(format_bytes(v) for v in (
             r.activation_bytes, r.peak_alloc_bytes, r.reserved_bytes, r.param_bytes, r.grad_bytes,
             r.optimizer_state_bytes, r.model_bytes, r.host_bytes)), one_line(r.message, 80))))
     _console().print(table)
@@ -550,6 +572,7 @@ def plan(
     step: Annotated[Optional[int], typer.Option("--step", help="Granularity (batch 4; depth 1; width 8; resolution 32).")] = None,
     out: OutOpt = DEFAULT_OUT,
     checkpoint_segments: SegmentsOpt = None,
+    precision: PrecisionOpt = Precision.fp32,
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
     no_retry: NoRetryOpt = False,
@@ -575,13 +598,13 @@ def plan(
 
     spec = _spec(command="plan", model=model, strategies=_strategies(strategies, levels, no_baseline),
                  batch=str(batch), image_size=image_size, device=PLAN_DEVICE, budget=budget, dim=dim.value, low=low,
-                 high=high, step=step, checkpoint_segments=checkpoint_segments)
+                 high=high, step=step, checkpoint_segments=checkpoint_segments, precision=precision)
     ran = _run_spec(spec, out, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
     if ran is None:
         return
     store, outcome = ran
     settings = spec.settings()
-    table = Table(title=_cell(f"plan {model} {image_size}px under {format_bytes(settings.budget_bytes)} "
+    table = Table(title=_cell(f"plan {model} {image_size}px{_precision_suffix(outcome.rows)} under {format_bytes(settings.budget_bytes)} "
                               f"(predicted on meta) -> {store.run_dir}"))
     for col in ("strategy", f"max {dim.value}", "× fp32", "peak alloc", "activation", "model bytes",
                 "host (not counted)", "probes", "note"):

@@ -133,7 +133,8 @@ class MetaSessions:
             options = StrategyOptions(checkpoint_segments=point.checkpoint_segments)
             host_scope = _CurrentHostScope()
             with compat.fake_copy_mode(mode):  # ActNN's convert deep-copies the (fake) model
-                step, note = build_training_step(point.strategy, model, META_FAKE_DEVICE, options, host_scope)
+                step, note = build_training_step(point.strategy, model, META_FAKE_DEVICE, options, host_scope,
+                                                 precision=point.precision)
         return _Session(mode, step, host_scope, note, num_params, depth)
 
     def _count_flops(self, point: PointConfig, mode: Any, model: torch.nn.Module | None = None) -> tuple[float, float]:

@@ -108,7 +108,8 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
     tracker = prof.tracker()
     host_scope = tracker.host_allocations if tracker is not None else contextlib.nullcontext
     step, note = build_training_step(
-        point.strategy, model, device, StrategyOptions(checkpoint_segments=point.checkpoint_segments), host_scope
+        point.strategy, model, device, StrategyOptions(checkpoint_segments=point.checkpoint_segments), host_scope,
+        precision=point.precision,
     )
     result.strategy_note = note
     if tracker is not None:
@@ -119,8 +120,12 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
     warmup_before = max(1, point.warmup_steps) if prof.measures_after_all_warmup else 1
     for _ in range(warmup_before):
         step(images, targets)
+    step.settle_loss_scale(images, targets)  # fp16: until the gradient scaler stops skipping steps
     step.zero_grad()
     prof.memory_step(step, images, targets, device, tracker, result)
+    precision_note = step.precision_note()
+    if precision_note is not None:
+        result.strategy_note = "; ".join(n for n in (result.strategy_note, precision_note) if n)
     for name, value in model_breakdown(step).items():
         setattr(result, name, value)
     check_budget(result, point.budget_bytes)

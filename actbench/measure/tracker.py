@@ -43,6 +43,17 @@ class LiveStorageTracker(TorchDispatchMode):
         self.peak_bytes = 0
         self.host_peak_bytes = 0
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Let torch.compile'd code run under the tracker (the ``compile`` strategy).
+
+        With the default (False) dynamo would fall back to eager whenever the tracker is active; True
+        keeps the tracker off while compiling and on while the compiled graphs run, so it counts what
+        they allocate (through the dispatcher: the ``compile`` strategy's tracked devices run the
+        graphs eagerly, docs/design.md §1).
+        """
+        return True
+
     # -- bookkeeping -------------------------------------------------------------------------
     def _release(self, key: int) -> None:
         entry = self._entries.pop(key, None)

@@ -61,6 +61,12 @@ class Strategy:
     same_on_meta_as: ClassVar[str | None] = None
     #: why this strategy cannot be predicted on fake tensors (None: it can); said before measuring
     not_on_meta: ClassVar[str | None] = None
+    #: what ``NAME@VALUE`` sets, for a strategy that takes a parameter (``compile@0.5``); None: none
+    parameter: ClassVar[str | None] = None
+
+    def with_parameter(self, value: str) -> "Strategy":
+        """This strategy with its parameter set from ``NAME@VALUE``; ValueError (one line) if it takes none."""
+        raise ValueError(f"strategy '{self.name}' takes no parameter, got '{self.name}@{value}'")
 
     def prepare(self, model: "nn.Module", device: "torch.device", options: StrategyOptions,
                 host_scope: HostScope) -> PreparedModel:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -28,13 +28,23 @@ def find_block_containers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Seq
     return found
 
 
-class CheckpointedSequential(nn.Module):
-    """Runs a Sequential's entries in runs; each run is one non-reentrant checkpoint segment."""
+#: ``context_fn`` of a non-reentrant checkpoint (selective checkpointing's policy contexts); None: plain.
+ContextFn = Callable[[], tuple[Any, Any]]
 
-    def __init__(self, inner: nn.Sequential, runs: Sequence[tuple[int, int]]) -> None:
+
+class CheckpointedSequential(nn.Module):
+    """Runs a Sequential's entries in runs; each run is one non-reentrant checkpoint segment.
+
+    ``context_fn`` (optional) is handed to every segment's ``checkpoint`` call: selective activation
+    checkpointing (``sac``) passes the policy contexts that keep some ops' outputs.
+    """
+
+    def __init__(self, inner: nn.Sequential, runs: Sequence[tuple[int, int]],
+                 context_fn: ContextFn | None = None) -> None:
         super().__init__()
         self.inner = inner
         self.runs = tuple(runs)
+        self.context_fn = context_fn
 
     def _run(self, start: int, stop: int, x: torch.Tensor) -> torch.Tensor:
         for i in range(start, stop):
@@ -43,7 +53,9 @@ class CheckpointedSequential(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for start, stop in self.runs:
-            if torch.is_grad_enabled():
+            if torch.is_grad_enabled() and self.context_fn is not None:
+                x = checkpoint(self._run, start, stop, x, use_reentrant=False, context_fn=self.context_fn)
+            elif torch.is_grad_enabled():
                 x = checkpoint(self._run, start, stop, x, use_reentrant=False)
             else:
                 x = self._run(start, stop, x)
@@ -54,7 +66,7 @@ def _starts_inplace(module: nn.Module) -> bool:
     return bool(getattr(module, "inplace", False))
 
 
-def apply_checkpointing(model: nn.Module, segments: int | None) -> int:
+def apply_checkpointing(model: nn.Module, segments: int | None, context_fn: ContextFn | None = None) -> int:
     """Wrap the model's blocks in checkpoint segments; return the number of segments made.
 
     Blocks from all containers are split into ``segments`` contiguous groups of near-equal size
@@ -78,7 +90,7 @@ def apply_checkpointing(model: nn.Module, segments: int | None) -> int:
                 runs.append((start, bi))
                 start = bi
         made += len(runs)
-        setattr(parent, attr, CheckpointedSequential(seq, runs))
+        setattr(parent, attr, CheckpointedSequential(seq, runs, context_fn))
     return made
 
 

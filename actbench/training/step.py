@@ -2,41 +2,82 @@
 
 The step is the same for every strategy: forward, cross-entropy loss, backward, SGD(momentum 0.9)
 step, as in the ActNN paper. A strategy only prepares the model and may give a context that is
-active during forward (swap's saved-tensor hooks).
+active during forward (swap's saved-tensor hooks). The precision (``actbench.training.precision``)
+wraps forward and loss in autocast (bf16, fp16) and, for fp16, scales the loss with a gradient
+scaler; it is the same for every strategy.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 from torch import nn
 
+from actbench import compat
 from actbench.models import logits_of
+from actbench.schema import DEFAULT_PRECISION
 from actbench.strategies import HostScope, StrategyOptions, get
+from actbench.training.precision import autocast, check_precision, make_scaler
 
 
 @dataclass
 class TrainingStep:
-    """A prepared model, its optimizer and the context its forward runs under."""
+    """A prepared model, its optimizer, the context its forward runs under and the step's precision.
+
+    ``scaler``: fp16's gradient scaler (``torch.amp.GradScaler``, or on fake tensors
+    ``precision.StaticLossScaler``); None at fp32 and bf16.
+    """
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
     forward_context: Callable[[], ContextManager[None]] = contextlib.nullcontext
     criterion: nn.Module = field(default_factory=nn.CrossEntropyLoss)
+    precision: str = DEFAULT_PRECISION
+    scaler: Any = None
+    #: fp16: optimizer steps the gradient scaler skipped (an inf/NaN gradient; it halves its scale)
+    skipped_steps: int = 0
+    last_step_skipped: bool = False
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
     def forward_loss(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        with self.forward_context():
+        with self.forward_context(), autocast(self.precision, images.device):
             return self.criterion(logits_of(self.model(images)), targets)
 
     def backward_and_update(self, loss: torch.Tensor) -> None:
-        loss.backward()
-        self.optimizer.step()
+        if self.scaler is None:
+            loss.backward()
+            self.optimizer.step()
+            return
+        self.scaler.scale(loss).backward()
+        scale = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)  # unscales the gradients; skips the step on inf/NaN (GradScaler)
+        self.scaler.update()
+        self.last_step_skipped = self.scaler.get_scale() < scale  # only a skipped step lowers the scale
+        self.skipped_steps += self.last_step_skipped
+
+    def settle_loss_scale(self, images: torch.Tensor, targets: torch.Tensor, max_steps: int = 24) -> int:
+        """fp16: step until the gradient scaler takes a step; returns the extra steps run.
+
+        GradScaler starts at scale 2^16 and halves it on every step whose scaled gradients overflow
+        fp16, skipping that optimizer step; a step measured then would lack the optimizer state of
+        steady training. Warm-up therefore goes on until a step is taken (at most ``max_steps``).
+        """
+        extra = 0
+        while self.scaler is not None and self.last_step_skipped and extra < max_steps:
+            self(images, targets)
+            extra += 1
+        return extra
+
+    def precision_note(self) -> str | None:
+        """For the row: fp16's loss scale and how many steps the scaler skipped; None otherwise."""
+        if self.scaler is None or not hasattr(self.scaler, "get_scale"):
+            return None
+        return f"fp16 loss scale {self.scaler.get_scale():g} ({self.skipped_steps} steps skipped on overflow)"
 
     def __call__(self, images: torch.Tensor, targets: torch.Tensor) -> None:
         self.zero_grad()
@@ -64,14 +105,20 @@ def build_training_step(
     device: torch.device,
     options: StrategyOptions = StrategyOptions(),
     host_scope: HostScope = contextlib.nullcontext,
+    precision: str = DEFAULT_PRECISION,
 ) -> tuple[TrainingStep, str | None]:
     """Prepare ``model`` (already on ``device``) for ``strategy`` and pair it with SGD(momentum 0.9).
 
-    Returns (step, note): the note is the strategy's account of what it did, for the result row.
+    ``precision``: fp32, bf16 or fp16 (autocast; fp16 with a gradient scaler). Returns (step, note):
+    the note is the strategy's account of what it did, for the result row.
     """
+    check_precision(precision)
     prepared = get(strategy).prepare(model, device, options, host_scope)
     optimizer = torch.optim.SGD(prepared.model.parameters(), lr=options.lr, momentum=options.momentum)
-    return TrainingStep(prepared.model, optimizer, prepared.forward_context), prepared.note
+    first = next(iter(prepared.model.parameters()), None)
+    scaler = make_scaler(precision, device, fake=first is not None and compat.is_fake(first))
+    return TrainingStep(prepared.model, optimizer, prepared.forward_context, precision=precision,
+                        scaler=scaler), prepared.note
 
 
 def synthetic_batch(batch: int, image_size: int, num_classes: int, device: torch.device,
