@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 
 from actbench import paper as paper_ref
 from actbench.strategies import FALLBACK_COLOUR, registered
+from actbench.strategies import colour as strategy_colour
 from actbench.analysis import (MULTIPLE_DEFINITIONS, BatchGroup, Run, ScaleGroup, Series, batch_groups,
                                find_result_runs, max_batch_table, memory_table, scale_groups)
 
@@ -48,7 +49,8 @@ MIB = 1 << 20
 
 
 def colour(strategy: str) -> str:
-    return PALETTE.get(strategy, PALETTE.get(strategy.lower(), FALLBACK_COLOUR))
+    # parameterised and combined names (compile@0.5, checkpoint+L2) take the registry's answer
+    return PALETTE.get(strategy) or PALETTE.get(strategy.lower()) or strategy_colour(strategy)
 
 
 def _figure(width: float = 7.0, height: float = 4.5) -> Figure:

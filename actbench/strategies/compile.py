@@ -33,6 +33,7 @@ class Compile(Strategy):
         made = Compile()
         made.budget = budget
         made.name = f"compile@{budget:g}"
+        made.colour = "#6b6ecf"  # every budget: a lighter shade of compile's
         return made
 
     def prepare(self, model, device, options, host_scope) -> PreparedModel:

@@ -12,7 +12,7 @@ class SelectiveCheckpoint(Strategy):
                    "products and attention, recomputes BatchNorm/activations/adds in backward "
                    "(torch.utils.checkpoint.create_selective_checkpoint_contexts)")
     order = 200
-    colour = "#7f7f7f"
+    colour = "#637939"
 
     def prepare(self, model, device, options, host_scope) -> PreparedModel:
         from actbench.training.selective import apply_selective_checkpointing
