@@ -9,6 +9,8 @@ The fast test covers one model per family at a small size; the slow one every mo
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -189,6 +191,18 @@ def test_meta_memory_row_says_what_stays_uncompressed():
     assert note.startswith("ActNN L3:") and "uncompressed " in note and "% of " in note and "MiB saved" in note, note
     fp32 = sessions.measure_point(meta_point("mobilenet_v3_large", "fp32", size=64))
     assert "uncompressed" not in (fp32.strategy_note or "")
+
+
+def test_cpu_memory_row_carries_the_census_meta_predicts():
+    """A measured (cpu) ActNN row's note says what its memory step left uncompressed, word for word
+    the census of the meta prediction: the same forward saves the same tensors on both devices."""
+    from actbench.measure.point import measure_point
+
+    point = meta_point("mobilenet_v3_large", "L3", size=64)
+    cpu = measure_point(dataclasses.replace(point, device="cpu"))
+    assert cpu.status == "ok", cpu.message
+    assert "uncompressed " in cpu.strategy_note and "% of " in cpu.strategy_note, cpu.strategy_note
+    assert cpu.strategy_note == MetaSessions().measure_point(point).strategy_note
 
 
 def test_meta_warm_up_gives_no_momentum_to_parameters_outside_the_loss():
