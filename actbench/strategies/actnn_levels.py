@@ -9,11 +9,16 @@ from __future__ import annotations
 from actbench.schema import LEVEL_NAMES
 from actbench.strategies.registry import PreparedModel, Strategy, add
 
+# Every floating saved activation is compressed at L1-L5, by a twin or the saved-tensor hook path
+# (docs/design.md §3); columns conv_bits / bn_bits / act_bits of actbench/actnn/levels.py.
 _DESCRIPTIONS = {
-    "L0": "ActNN L0: ActNN layers, nothing compressed but ReLU masks and max-pool indices",
-    "L1": "ActNN L1: conv/linear inputs at 4 bits",
-    "L2": "ActNN L2: conv/linear and BatchNorm inputs at 4 bits",
-    "L3": "ActNN L3: 2 bits on average, per-sample and per-layer mixed precision",
+    "L0": "ActNN L0: every saved activation in full precision (twins and saved-tensor hooks), "
+          "but ReLU/dropout masks (1 bit) and max-pool argmax (int8), both lossless",
+    "L1": "ActNN L1: every floating saved activation at 4 bits (conv/linear inputs, activation derivatives, "
+          "softmax, attention Q/K/V, hook-packed tensors) but normalised inputs (BatchNorm, LayerNorm), kept in full",
+    "L2": "ActNN L2: every floating saved activation at 4 bits, normalised inputs (BatchNorm, LayerNorm) included",
+    "L3": "ActNN L3: every floating saved activation at 2 bits on average; mixed precision per sample and "
+          "per layer for conv/linear inputs (one shared budget), per sample for the rest (twin or hook)",
     "L4": "ActNN L4: L3, packed codes swapped to (pinned) host memory",
     "L5": "ActNN L5: L4 with expandable allocator segments (cuda)",
 }
