@@ -35,6 +35,39 @@ def kept_by_twin(t: torch.Tensor) -> bool:
     return saved_role(t) is not None
 
 
+def save_mask(ctx, slot: LayerSlot, mask: torch.Tensor) -> None:
+    """Pack a boolean mask to 1 bit per value for backward: the mask twins (clamp, dropout,
+    hardsigmoid, stochastic depth) keep nothing else, so they share this and :func:`load_mask`."""
+    tensors, spec = slot.save_mask(mask)
+    save(ctx, *tensors)
+    ctx.slot, ctx.spec = slot, spec
+
+
+def load_mask(ctx) -> torch.Tensor:
+    """The mask :func:`save_mask` packed, unpacked; tells the slot its backward ran."""
+    slot = ctx.slot
+    slot.after_backward()
+    return slot.load_mask(tuple(ctx.saved_tensors), ctx.spec)
+
+
+def autocast_like_torch(x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """``(x, *tensors)`` cast as autocast casts torch's own conv and linear: when autocast is on for
+    x's device type, every float32/float16/bfloat16 tensor goes to autocast's dtype (float64 stays).
+
+    A twin's forward calls this, so it computes and saves in the precision torch's layer would
+    (docs/design.md §1 precision): cpu autocast, which meta's fake tensors use too, lowers
+    ``aten.conv2d`` but not the ``aten.convolution`` the conv twin calls, and lowers ``F.linear``
+    only after the linear twin has kept its input in fp32. Weights are cast for the computation
+    only: twins keep the fp32 parameter and cast it in backward.
+    """
+    kind = x.device.type
+    if not (torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)):
+        return (x, *tensors)
+    dtype = torch.get_autocast_dtype(kind)
+    return tuple(t if t is None or not t.is_floating_point() or t.dtype in (dtype, torch.float64) else t.to(dtype)
+                 for t in (x, *tensors))
+
+
 @dataclass(frozen=True)
 class ConvParams:
     """aten.convolution's non-tensor arguments."""
@@ -52,9 +85,11 @@ class ConvFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, slot: LayerSlot, p: ConvParams):
+        x, w, b = autocast_like_torch(x, weight, bias)
         out = torch.ops.aten.convolution(
-            x, weight, bias, p.stride, p.padding, p.dilation, p.transposed, p.output_padding, p.groups
+            x, w, b, p.stride, p.padding, p.dilation, p.transposed, p.output_padding, p.groups
         )
+        del w, b  # a cast copy lives for the forward only; backward casts the saved parameter
         tensors, spec = slot.save_input(x)
         save(ctx, *tensors, weight)
         ctx.slot, ctx.spec, ctx.p = slot, spec, p
@@ -80,7 +115,9 @@ class LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, slot: LayerSlot):
-        out = torch.nn.functional.linear(x, weight, bias)
+        x, w, b = autocast_like_torch(x, weight, bias)
+        out = torch.nn.functional.linear(x, w, b)
+        del w, b
         tensors, spec = slot.save_input(x)
         save(ctx, *tensors, weight)
         ctx.slot, ctx.spec, ctx.has_bias = slot, spec, bias is not None
@@ -141,9 +178,11 @@ class BatchNormFunction(torch.autograd.Function):
         affine = weight is not None
         scale = save_invstd * weight if affine else save_invstd
         mask = [ctx.needs_input_grad[0], affine and ctx.needs_input_grad[1], affine and ctx.needs_input_grad[2]]
+        # Weight, mean and invstd in one dtype (invstd's: fp32 under autocast), the mixed-type call torch's
+        # own BatchNorm makes with a 16-bit input; a 16-bit weight beside fp32 statistics is refused on cpu.
         zeros, ones = torch.zeros_like(save_invstd), torch.ones_like(save_invstd)
         gx, gw, gb = torch.ops.aten.native_batch_norm_backward(
-            grad.contiguous(), x_norm, scale.to(grad.dtype), None, None, zeros, ones, True, ctx.eps, mask
+            grad.contiguous(), x_norm, scale.to(save_invstd.dtype), None, None, zeros, ones, True, ctx.eps, mask
         )
         return gx, gw, gb, None, None, None, None, None
 
@@ -166,17 +205,12 @@ class ClampFunction(torch.autograd.Function):
             out = x.clamp_(lo, hi) if inplace else torch.clamp(x, lo, hi)
         if inplace:
             ctx.mark_dirty(x)
-        tensors, spec = slot.save_mask(mask)
-        save(ctx, *tensors)
-        ctx.slot, ctx.spec = slot, spec
+        save_mask(ctx, slot, mask)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        slot = ctx.slot
-        slot.after_backward()
-        mask = slot.load_mask(tuple(ctx.saved_tensors), ctx.spec)
-        return grad * mask, None, None, None, None
+        return grad * load_mask(ctx), None, None, None, None
 
 
 class DropoutFunction(torch.autograd.Function):
@@ -187,17 +221,13 @@ class DropoutFunction(torch.autograd.Function):
         keep = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1.0 - p)
         scale = 1.0 / (1.0 - p)
         out = x * keep * scale
-        tensors, spec = slot.save_mask(keep)
-        save(ctx, *tensors)
-        ctx.slot, ctx.spec, ctx.scale = slot, spec, scale
+        save_mask(ctx, slot, keep)
+        ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        slot = ctx.slot
-        slot.after_backward()
-        keep = slot.load_mask(tuple(ctx.saved_tensors), ctx.spec)
-        return grad * keep * ctx.scale, None, None
+        return grad * load_mask(ctx) * ctx.scale, None, None
 
 
 @dataclass(frozen=True)
@@ -383,17 +413,13 @@ class MaskScaleFunction(torch.autograd.Function):
             mask = torch.empty(size, dtype=torch.bool, device=x.device).bernoulli_(1.0 - p)
             scale = 1.0 / (1.0 - p)
             out = x * (mask * scale).to(x.dtype)
-        tensors, spec = slot.save_mask(mask)
-        save(ctx, *tensors)
-        ctx.slot, ctx.spec, ctx.scale = slot, spec, scale
+        save_mask(ctx, slot, mask)
+        ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        slot = ctx.slot
-        slot.after_backward()
-        mask = slot.load_mask(tuple(ctx.saved_tensors), ctx.spec)
-        return grad * (mask * ctx.scale).to(grad.dtype), None, None, None, None, None
+        return grad * (load_mask(ctx) * ctx.scale).to(grad.dtype), None, None, None, None, None
 
 
 class SoftmaxFunction(torch.autograd.Function):
