@@ -103,6 +103,8 @@ class CommandSpec:
     extra_blocks: int = 0
     width_per_group: int | None = None
     precision: str = DEFAULT_PRECISION
+    gpu: str | None = None
+    host_budget: str | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -154,14 +156,34 @@ class CommandSpec:
                 value = getattr(self, name)
                 if value is not None and value > limit:
                     raise SpecError(name, f"must be at most {limit} for --dim {self.dim}, got {value}")
+        if self.gpu is not None:
+            from actbench.gpus import GPU_NAMES
+
+            if self.gpu not in GPU_NAMES:
+                raise SpecError("gpu", f"must be one of {', '.join(GPU_NAMES)}, got '{self.gpu}'")
+            if not PROFILES[self.device].predicts:
+                raise SpecError("gpu", f"plans a prediction for a GPU model (--device {PLAN_DEVICE}); on {self.device} "
+                                       f"the device itself is measured, got --gpu {self.gpu}")
+            if self.budget is not None:
+                raise SpecError("budget", f"and --gpu both set the device memory: give one (--gpu {self.gpu} plans for "
+                                          f"what that GPU leaves to PyTorch; --budget is a plain cap), got --budget "
+                                          f"{self.budget}")
+        if self.host_budget is not None:
+            try:
+                parse_bytes(self.host_budget)
+            except ValueError as exc:
+                raise SpecError("host_budget", str(exc)) from None
         if self.budget is not None:
             self._checked("budget", lambda: parse_bytes(self.budget))
+        elif self.gpu is not None:
+            pass
         elif self.command == "plan":
-            raise SpecError("budget", "is required: plan predicts the largest size under a memory budget (e.g. 16GiB)")
+            raise SpecError("budget", "is required: plan predicts the largest size under a memory budget (e.g. 16GiB, "
+                                      "or --gpu t4)")
         elif self.command in SEARCHING_COMMANDS and PROFILES[self.device].predicts:
             raise SpecError("budget", f"is required for {self.command} on {self.device}: a prediction never runs out "
                                       "of memory, so without a budget every size fits and a search finds only lower "
-                                      "bounds (e.g. --budget 16GiB)")
+                                      "bounds (e.g. --budget 16GiB, or --gpu t4)")
         if self.stop_after <= 0:
             raise SpecError("stop_after", f"must be >= 1, got {self.stop_after}")
         _positive_finite("timeout_s", self.timeout_s)
@@ -200,16 +222,31 @@ class CommandSpec:
         return parse_int_range(self.batch, "batch", max_values=None if self.find_max else MAX_LIST_VALUES)
 
     def budget_bytes(self) -> int | None:
+        """--budget, or what the --gpu profile leaves to PyTorch's allocator (docs/design.md §10)."""
         from actbench.parsing import parse_bytes
 
+        if self.gpu is not None:
+            from actbench.gpus import gpu_profile
+
+            return gpu_profile(self.gpu).usable_bytes
         return None if self.budget is None else parse_bytes(self.budget)
+
+    def host_budget_bytes(self) -> int | None:
+        from actbench.parsing import parse_bytes
+
+        return None if self.host_budget is None else parse_bytes(self.host_budget)
 
     def settings(self):
         """How each point is measured: step counts resolved by the device profile."""
         from actbench.search import MeasureSettings
 
         return MeasureSettings.resolve(self.device, self.command, self.budget_bytes(), self.warmup_steps,
-                                       self.timed_steps, self.checkpoint_segments, self.timeout_s, self.precision)
+                                       self.timed_steps, self.checkpoint_segments, self.timeout_s, self.precision,
+                                       self.gpu, self.host_budget_bytes())
+
+    def gpu_tag(self) -> str:
+        """`` (t4: reserved bytes, caching-allocator model)`` after a budget planned for a GPU profile."""
+        return "" if self.gpu is None else f" ({self.gpu}: predicted reserved bytes, caching-allocator model)"
 
     def precision_tag(self) -> str:
         """`` bf16`` / `` fp16`` after a strategy's name in previews; nothing at fp32."""
@@ -242,8 +279,8 @@ class CommandSpec:
                               self.find_max)
             cands = cfg.candidates()
             per = search_probes(len(cands)) if self.find_max else len(cands)
-            how = (f"binary search over {len(cands)} batch sizes {cands[0]}..{cands[-1]} (multiples of 4), "
-                   f"<= {search_probes(len(cands))} points" if self.find_max
+            how = (f"model-guided search over {len(cands)} batch sizes {cands[0]}..{cands[-1]} (multiples of 4), "
+                   f"usually <= {search_probes(len(cands))} points" if self.find_max
                    else f"batches {', '.join(map(str, cands))}")
             preview = tuple(f"{s}{self.precision_tag()}: {spec.label()} {self.image_size}px {settings.device}: {how}" for s in self.strategies)
             name = run_name("sweep-batch", spec.label(), settings.device, self.image_size, cfg.identity())
@@ -252,8 +289,8 @@ class CommandSpec:
         if self.command == "max-scale":
             cfg = self._search_config()
             cands = cfg.candidates()
-            preview = tuple(f"{s}{self.precision_tag()}: {self.model} batch {cfg.batch}: binary search of {self.dim} over {cfg.low}..{cfg.high} "
-                            f"step {cfg.step} ({len(cands)} candidates, <= {search_probes(len(cands))} points)"
+            preview = tuple(f"{s}{self.precision_tag()}: {self.model} batch {cfg.batch}: model-guided search of {self.dim} over {cfg.low}..{cfg.high} "
+                            f"step {cfg.step} ({len(cands)} candidates, usually <= {search_probes(len(cands))} points)"
                             for s in self.strategies)
             name = run_name(f"max-scale-{self.dim}", self.model, settings.device, self.image_size, cfg.identity())
             return RunPlan(name, self.command, cfg, run_max_scale, search_probes(len(cands)) * len(self.strategies),
@@ -265,7 +302,7 @@ class CommandSpec:
             cands = cfg.candidates()
             preview = tuple(f"{s}{self.precision_tag()}: {self.model} {self.image_size}px {PLAN_DEVICE}: search of {self.dim} over "
                             f"{cfg.low}..{cfg.high} step {cfg.step} ({len(cands)} candidates) under "
-                            f"{format_bytes(settings.budget_bytes)}" for s in self.strategies)
+                            f"{format_bytes(settings.budget_bytes)}{self.gpu_tag()}" for s in self.strategies)
             name = run_name(f"plan-{self.dim}", self.model, PLAN_DEVICE, self.image_size, cfg.identity())
             return RunPlan(name, self.command, cfg, run_plan, 4 * len(self.strategies), preview,
                            self._summary("max", dim=self.dim, budget_bytes=settings.budget_bytes))
@@ -285,7 +322,8 @@ class CommandSpec:
     def describe(self) -> str:
         what = f"dim {self.dim}" if self.dim is not None else f"batch {self.batch}"
         return (f"{self.command} {self.model_spec().label()} [{','.join(self.strategies)}]{self.precision_tag()} "
-                f"{what} {self.image_size}px {self.device}" + (f" budget {self.budget}" if self.budget else ""))
+                f"{what} {self.image_size}px {self.device}" + (f" budget {self.budget}" if self.budget else "")
+                + (f" gpu {self.gpu}" if self.gpu else "") + (f" host budget {self.host_budget}" if self.host_budget else ""))
 
 
 

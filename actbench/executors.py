@@ -430,8 +430,8 @@ def worker_key(point: PointConfig, alloc_conf: str | None) -> tuple:
 
 
 #: Statuses after which a worker takes the next point: results of a process that is fine (an
-#: over-budget point ran to the end; its peak was only compared with the budget afterwards).
-KEEP_WORKER_AFTER = ("ok", "over_budget")
+#: over-budget point ran to the end; its peak, and its host bytes, were only compared with the budgets afterwards).
+KEEP_WORKER_AFTER = ("ok", "over_budget", "host_over_budget")
 
 
 # --- children, one point per slot at a time --------------------------------------------------------

@@ -41,9 +41,10 @@ LIMITS: dict[str, int] = {"batch": 2**20, "depth": 65536, "width": 8192, "resolu
 #: Most values a batch list may expand to (a scan measures each one; --find-max searches a range).
 MAX_LIST_VALUES = 10_000
 
-STATUSES: tuple[str, ...] = ("ok", "oom", "over_budget", "error", "timeout")
+STATUSES: tuple[str, ...] = ("ok", "oom", "over_budget", "host_over_budget", "error", "timeout")
 #: Statuses that mean "does not fit": what bounds a search (error and timeout say nothing about memory).
-MEMORY_FAILURES: tuple[str, ...] = ("oom", "over_budget")
+#: ``host_over_budget``: the device memory fits, the pinned host memory (swap, save_on_cpu, L4/L5) does not.
+MEMORY_FAILURES: tuple[str, ...] = ("oom", "over_budget", "host_over_budget")
 #: Failures to measure, not results: a rerun measures these points again (unless told not to retry).
 RETRIED_STATUSES: tuple[str, ...] = ("error", "timeout")
 
@@ -82,6 +83,10 @@ class PointConfig:
     checkpoint_segments: int | None = None
     seed: int = 0
     precision: str = DEFAULT_PRECISION
+    #: GPU profile the point is planned for (actbench/gpus.py; meta only), None: an idealised device
+    gpu: str | None = None
+    #: pinned host memory allowed (swap, save_on_cpu, L4/L5), None: unlimited
+    host_budget_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,18 +100,26 @@ class PointConfig:
     def key(self) -> str:
         """Stable 16-hex-digit hash of the configuration (resume matches rows by it).
 
-        ``precision`` is hashed only when it is not fp32, so every point measured before precision
-        existed (all fp32) keeps its key and committed runs still resume.
+        ``precision`` is hashed only when it is not fp32, and ``gpu`` and ``host_budget_bytes`` only when
+        set, so every point measured before they existed keeps its key and committed runs still resume.
         """
         data = self.to_dict()
         if data["precision"] == DEFAULT_PRECISION:
             del data["precision"]
+        for name in _KEYED_WHEN_SET:
+            if data[name] is None:
+                del data[name]
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
         precision = "" if self.precision == DEFAULT_PRECISION else f" {self.precision}"
-        return f"{self.model.label()} {self.strategy}{precision} b{self.batch_size} {self.image_size}px {self.device}"
+        gpu = "" if self.gpu is None else f" ({self.gpu})"
+        return f"{self.model.label()} {self.strategy}{precision} b{self.batch_size} {self.image_size}px {self.device}{gpu}"
+
+
+#: PointConfig fields added after runs were committed: part of the key only when set.
+_KEYED_WHEN_SET = ("gpu", "host_budget_bytes")
 
 
 # --- the measurement -----------------------------------------------------------------------------
@@ -151,13 +164,13 @@ class Measurement:
 #: measured, then how. Names only; each column's type comes from the dataclass that owns it.
 _ROW_OWN = {"key": str, "run_id": str, "env_id": str, "model": str, "finished_at": "str | None"}
 _FROM_MODEL = ("extra_blocks", "width_per_group")
-_FROM_POINT = ("strategy", "batch_size", "image_size", "device", "budget_bytes", "precision", "checkpoint_segments",
-               "warmup_steps", "timed_steps")
+_FROM_POINT = ("strategy", "batch_size", "image_size", "device", "budget_bytes", "precision", "gpu",
+               "host_budget_bytes", "checkpoint_segments", "warmup_steps", "timed_steps")
 #: Columns with a default other than None: rows written before the column existed read as this value.
 _ROW_DEFAULTS = {"precision": DEFAULT_PRECISION}
 COLUMNS: tuple[str, ...] = (
     "key", "run_id", "env_id", "status", "message", "model", "extra_blocks", "width_per_group", "depth",
-    "strategy", "batch_size", "image_size", "device", "budget_bytes", "precision",
+    "strategy", "batch_size", "image_size", "device", "budget_bytes", "precision", "gpu", "host_budget_bytes",
     "activation_bytes", "peak_alloc_bytes", "reserved_bytes", "model_bytes", "param_bytes", "grad_bytes",
     "optimizer_state_bytes", "host_bytes", "samples_per_s_median", "samples_per_s_iqr", "step_time_s_median",
     "flops_per_sample", "forward_flops_per_sample", "num_params", "checkpoint_segments", "warmup_steps",

@@ -1,4 +1,5 @@
-"""Searches over points (docs/design.md §5): linear batch scan, binary searches for the largest that fits.
+"""Searches over points (docs/design.md §5): linear batch scan, and model-guided searches for the largest that
+fits (fit how the peak grows, jump to the predicted limit, confirm around it; bisection when the fit is poor).
 
 Configs are frozen dataclasses built by the CLI; execution goes through a ``run`` callable (normally
 ``PointRunner.run``) so searches neither know nor care whether a point was measured now or resumed.
@@ -36,26 +37,33 @@ class MeasureSettings:
     checkpoint_segments: int | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     precision: str = DEFAULT_PRECISION
+    #: GPU profile planned for (actbench/gpus.py; budget_bytes is then its usable memory), None: none
+    gpu: str | None = None
+    host_budget_bytes: int | None = None
 
     def point(self, model: ModelSpec, strategy: str, batch: int, image_size: int) -> PointConfig:
         return PointConfig(model=model, strategy=strategy, batch_size=batch, image_size=image_size,
                            device=self.device, budget_bytes=self.budget_bytes, warmup_steps=self.warmup_steps,
                            timed_steps=self.timed_steps, checkpoint_segments=self.checkpoint_segments,
-                           precision=self.precision)
+                           precision=self.precision, gpu=self.gpu, host_budget_bytes=self.host_budget_bytes)
 
     def identity(self) -> dict[str, Any]:
-        """What makes results differ (the timeout does not). fp32 is left out, so the run directories
-        named before precision existed keep their names."""
+        """What makes results differ (the timeout does not). fp32, and a GPU profile or host budget not
+        given, are left out, so the run directories named before they existed keep their names."""
         data = asdict(self)
         data.pop("timeout_s")
         if data["precision"] == DEFAULT_PRECISION:
             data.pop("precision")
+        for name in ("gpu", "host_budget_bytes"):
+            if data[name] is None:
+                data.pop(name)
         return data
 
     @classmethod
     def resolve(cls, device: str, command: str, budget_bytes: int | None = None, warmup_steps: int | None = None,
                 timed_steps: int | None = None, checkpoint_segments: int | None = None,
-                timeout_s: float = DEFAULT_TIMEOUT_S, precision: str = DEFAULT_PRECISION) -> "MeasureSettings":
+                timeout_s: float = DEFAULT_TIMEOUT_S, precision: str = DEFAULT_PRECISION, gpu: str | None = None,
+                host_budget_bytes: int | None = None) -> "MeasureSettings":
         """Settings with each step count left as None filled with the device's default.
 
         The defaults are the device profile's (cuda warms up 3 steps and times 10: kernels autotune
@@ -65,7 +73,8 @@ class MeasureSettings:
         """
         warmup_steps, timed_steps = profile(device).resolve_steps(command, warmup_steps, timed_steps)
         return cls(device=device, budget_bytes=budget_bytes, warmup_steps=warmup_steps, timed_steps=timed_steps,
-                   checkpoint_segments=checkpoint_segments, timeout_s=timeout_s, precision=precision)
+                   checkpoint_segments=checkpoint_segments, timeout_s=timeout_s, precision=precision, gpu=gpu,
+                   host_budget_bytes=host_budget_bytes)
 
 
 @dataclass(frozen=True)
@@ -650,7 +659,7 @@ def _search_strategy(outcome: SearchOutcome, strategy: str, candidates: Sequence
             first_probe.append((value, row))
         if stop_on_error and not row.ok and row.status not in MEMORY_FAILURES:
             raise _SearchFailed(row.message)
-        return row.ok, (row.peak_alloc_bytes if row.ok or row.status in MEMORY_FAILURES else None)
+        return row.ok, (deciding_bytes(row) if row.ok or row.status in MEMORY_FAILURES else None)
 
     def anchor() -> tuple[float, float] | None:
         return growth.anchor(*first_probe[0]) if first_probe else None
@@ -664,6 +673,17 @@ def _search_strategy(outcome: SearchOutcome, strategy: str, candidates: Sequence
     outcome.best_rows[strategy] = row
     outcome.maxima[strategy] = None if row is None else outcome.value_of(row)
     outcome.traces[strategy] = trace
+
+
+def deciding_bytes(row: ResultRow) -> int | None:
+    """The bytes a row's fit was decided on, for the searches' curves: the predicted reserved bytes when
+    planned for a GPU profile (docs/design.md §10), else the peak; None for a row that failed on host
+    memory (its device bytes say nothing about where host memory runs out)."""
+    if row.status == "host_over_budget":
+        return None
+    if getattr(row, "gpu", None) is not None and row.reserved_bytes is not None:
+        return row.reserved_bytes
+    return row.peak_alloc_bytes
 
 
 def _dim_value(dim: str, row: ResultRow) -> int:

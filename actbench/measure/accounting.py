@@ -29,6 +29,16 @@ class OverBudget(Exception):
     """The step's peak exceeded the budget on a device where nothing enforces it (cpu, meta)."""
 
 
+class HostOverBudget(Exception):
+    """The step fitted on the device, but the pinned host memory it needs exceeds ``--host-budget``."""
+
+
+def check_host_budget(pinned_bytes: int | None, host_budget_bytes: int | None, how: str) -> None:
+    """Raise HostOverBudget when ``pinned_bytes`` (host memory held for swapped tensors) passes the budget."""
+    if host_budget_bytes is not None and pinned_bytes is not None and pinned_bytes > host_budget_bytes:
+        raise HostOverBudget(f"pinned host {pinned_bytes} B ({how}) > host budget {host_budget_bytes} B")
+
+
 def check_budget(result: Measurement, budget_bytes: int | None, predicted: bool = False) -> None:
     if budget_bytes is not None and result.peak_alloc_bytes is not None and result.peak_alloc_bytes > budget_bytes:
         what = "predicted peak" if predicted else "peak"
@@ -58,6 +68,8 @@ def classified(fill: Callable[[Measurement], None], alloc_conf: str | None = Non
         fill(result)
     except OverBudget as exc:
         result.status, result.message = "over_budget", str(exc)
+    except HostOverBudget as exc:
+        result.status, result.message = "host_over_budget", str(exc)
     except (torch.OutOfMemoryError, RuntimeError, MemoryError) as exc:
         if not is_out_of_memory(exc):
             raise
@@ -100,6 +112,7 @@ def tracked_memory_step(step: TrainingStep, images: torch.Tensor, targets: torch
     """One step under the live-storage tracker: activation, peak and host bytes (cpu and meta)."""
     tracker.adopt(step.state_tensors())
     tracker.adopt([images, targets])
+    tracker.step_start = len(tracker.device_events or ())  # what was adopted is the persistent state
     with tracker:
         tracker.reset_peak()
         before = tracker.live_bytes

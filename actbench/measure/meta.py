@@ -27,8 +27,9 @@ import torch
 
 from actbench import compat, strategies
 from actbench.devices import profile
-from actbench.measure.accounting import (check_budget, classified, count_flops, file_offloads_as_host,
-                                         model_breakdown, tracked_memory_step)
+from actbench.measure.accounting import (OverBudget, check_budget, check_host_budget, classified, count_flops,
+                                         file_offloads_as_host, model_breakdown, tracked_memory_step)
+from actbench.measure.allocator import AllocatorConfig, pinned_host_peak, replay_steps
 from actbench.measure.tracker import LiveStorageTracker
 from actbench.models import build_model, real_depth
 from actbench.schema import Measurement, PointConfig
@@ -50,6 +51,26 @@ class _CurrentHostScope:
         return self.tracker.host_allocations() if self.tracker is not None else contextlib.nullcontext()
 
 
+@dataclasses.dataclass(frozen=True)
+class StepTrace:
+    """A meta step's allocations in order (docs/design.md §10): the adopted state (parameters,
+    optimizer state, batch), the step's device events, and its host events."""
+
+    persistent: tuple[tuple[int, int], ...]
+    step: tuple[tuple[int, int], ...]
+    host: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, tracker: LiveStorageTracker) -> "StepTrace":
+        events = tracker.device_events or []
+        return cls(tuple(events[:tracker.step_start]), tuple(events[tracker.step_start:]),
+                   tuple(tracker.host_events or ()))
+
+
+#: Traces kept for points a twin strategy may reuse (L5 replays L4's step with its own allocator setting).
+_TRACES_KEPT = 16
+
+
 @dataclasses.dataclass
 class _Session:
     mode: Any
@@ -69,6 +90,7 @@ class MetaSessions:
         self._flops: dict[tuple, tuple[float, float]] = {}
         self._trained: dict[tuple, frozenset[str]] = {}  # parameters a training step gives gradients
         self._done: dict[PointConfig, Measurement] = {}  # sizes of points already stepped
+        self._traces: dict[PointConfig, StepTrace] = {}  # their allocation traces, the latest few
 
     def measure_point(self, point: PointConfig, fault: Callable[[], None] | None = None) -> Measurement:
         """Predict ``point``; over-budget (and an out-of-memory raised by a fault) become statuses."""
@@ -83,19 +105,26 @@ class MetaSessions:
         if not profile(point.device).predicts:
             raise ValueError(f"MetaSessions predicts points of a predicting device, got device '{point.device}'")
         twin_name = strategies.get(point.strategy).same_on_meta_as or point.strategy
-        twin = dataclasses.replace(point, strategy=twin_name, budget_bytes=None)
-        if twin in self._done and fault is None:
+        twin = dataclasses.replace(point, strategy=twin_name, budget_bytes=None, gpu=None, host_budget_bytes=None)
+        if twin in self._done and fault is None and twin in self._traces:
             for f in dataclasses.fields(Measurement):
                 if f.name not in ("status", "message", "elapsed_s", "alloc_conf"):
                     setattr(result, f.name, getattr(self._done[twin], f.name))
             result.strategy_note = self._done[twin].strategy_note
         else:
-            self._measure(point, result, fault)
+            trace = self._measure(point, result, fault)
             self._done[twin] = dataclasses.replace(result)
+            self._traces[twin] = trace
+            while len(self._traces) > _TRACES_KEPT:
+                del self._traces[next(iter(self._traces))]
+        predict_reserved(point, result, self._traces[twin])
         check_budget(result, point.budget_bytes, predicted=True)
+        check_host_budget(pinned_host_peak(self._traces[twin].host), point.host_budget_bytes,
+                          "predicted: power-of-two pinned blocks, cached per size")
 
-    def _measure(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None) -> None:
-        key = dataclasses.replace(point, batch_size=0, budget_bytes=None, warmup_steps=0, timed_steps=0)
+    def _measure(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None) -> StepTrace:
+        key = dataclasses.replace(point, batch_size=0, budget_bytes=None, warmup_steps=0, timed_steps=0, gpu=None,
+                                  host_budget_bytes=None)
         torch.manual_seed(point.seed)
         session = self._session if key == self._key else None
         if session is None:
@@ -111,7 +140,7 @@ class MetaSessions:
             if key != self._key:
                 _warm_optimizer_state(session.step, self._trained.get((point.model, point.image_size, point.seed)))
             session.step.zero_grad()
-            tracker = LiveStorageTracker()
+            tracker = LiveStorageTracker(record=True)
             session.host_scope.tracker = tracker
             file_offloads_as_host(session.step.model, tracker)
             tracked_memory_step(session.step, images, targets, tracker, result)
@@ -120,6 +149,7 @@ class MetaSessions:
             for name, value in model_breakdown(session.step).items():
                 setattr(result, name, value)
         self._key, self._session = key, session
+        return StepTrace.of(tracker)
 
     def _build(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None) -> _Session:
         mode = compat.fake_tensor_mode()
@@ -158,6 +188,35 @@ class MetaSessions:
             self._flops[key] = (fwd / 2, total / 2)
             self._trained[key] = frozenset(_plain_name(n) for n, p in model.named_parameters() if id(p) in reached)
         return self._flops[key]
+
+
+def predict_reserved(point: PointConfig, result: Measurement, trace: StepTrace) -> None:
+    """Fill ``reserved_bytes`` from the caching-allocator model; with a GPU profile, decide on it.
+
+    The trace is replayed as a training run does it (persistent state, a warm-up step, the measured
+    step) under the strategy's allocator configuration (L5: expandable segments), with at most
+    ``point.budget_bytes`` reserved, as a GPU capped at the budget would (docs/design.md §10). A step
+    the capped replay cannot complete gets the reserved bytes of an unbounded replay (what it would
+    need, above the budget). With ``--budget`` alone the decision stays on the peak; with a GPU profile
+    (``point.gpu``) the replay also holds cuBLAS's and cuBLASLt's workspaces, and a request it cannot
+    reserve is a predicted out-of-memory: ``over_budget``.
+    """
+    from actbench.gpus import gpu_profile
+
+    config = AllocatorConfig.parse(strategies.cuda_alloc_conf(point.strategy))
+    gpu = None if point.gpu is None else gpu_profile(point.gpu)
+    persistent = trace.persistent
+    if gpu is not None:
+        persistent = tuple((-1 - i, n) for i, n in enumerate(gpu.workspace_allocations())) + persistent
+    bounded = replay_steps(persistent, trace.step, config, capacity=point.budget_bytes)
+    if not bounded.oom:
+        result.reserved_bytes = bounded.reserved_peak
+        return
+    result.reserved_bytes = replay_steps(persistent, trace.step, config).reserved_peak
+    if gpu is not None:
+        raise OverBudget(f"predicted reserved {result.reserved_bytes} B > {point.budget_bytes} B usable on "
+                         f"{gpu.describe()}: the caching-allocator model could not reserve a {bounded.oom_request} B "
+                         f"request ({bounded.reserved_at_oom} B reserved)")
 
 
 def _with_census(note: str | None, model: torch.nn.Module) -> str | None:

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from actbench.devices import DeviceProfile, profile
-from actbench.measure.accounting import (check_budget, classified, count_flops, file_offloads_as_host,
+from actbench.measure.accounting import (check_budget, check_host_budget, classified, count_flops, file_offloads_as_host,
                                          model_breakdown)
 from actbench.measure.meta import _with_census
 from actbench.models import build_model, real_depth
@@ -131,6 +131,7 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
     for name, value in model_breakdown(step).items():
         setattr(result, name, value)
     check_budget(result, point.budget_bytes)
+    check_host_budget(result.host_bytes, point.host_budget_bytes, "host_bytes at the end of forward")
 
     if point.timed_steps > 0:
         remaining_warmup = max(0, point.warmup_steps - warmup_before)

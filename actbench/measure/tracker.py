@@ -25,6 +25,7 @@ class _Entry:
     ref: weakref.ref
     nbytes: int
     host: bool
+    serial: int = 0
 
 
 class LiveStorageTracker(TorchDispatchMode):
@@ -32,12 +33,21 @@ class LiveStorageTracker(TorchDispatchMode):
 
     Device bytes and host bytes are kept apart; ``peak_bytes`` is the device peak since the last
     ``reset_peak()``. Use as a context manager around the code to measure.
+
+    ``record=True`` also keeps the order of allocations and frees (``device_events``, ``host_events``:
+    ``(serial, nbytes)`` to allocate, ``(serial, 0)`` to free), which the caching-allocator model
+    replays (actbench/measure/allocator.py, docs/design.md §10).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, record: bool = False) -> None:
         super().__init__()
         self._entries: dict[int, _Entry] = {}
         self._host_depth = 0
+        self._serial = 0
+        self.device_events: list[tuple[int, int]] | None = [] if record else None
+        self.host_events: list[tuple[int, int]] | None = [] if record else None
+        #: index of ``device_events`` where the measured step begins (before it: adopted state)
+        self.step_start = 0
         self.live_bytes = 0
         self.host_live_bytes = 0
         self.peak_bytes = 0
@@ -55,10 +65,16 @@ class LiveStorageTracker(TorchDispatchMode):
         return True
 
     # -- bookkeeping -------------------------------------------------------------------------
+    def _record(self, host: bool, serial: int, nbytes: int) -> None:
+        events = self.host_events if host else self.device_events
+        if events is not None:
+            events.append((serial, nbytes))
+
     def _release(self, key: int) -> None:
         entry = self._entries.pop(key, None)
         if entry is None:
             return
+        self._record(entry.host, entry.serial, 0)
         if entry.host:
             self.host_live_bytes -= entry.nbytes
         else:
@@ -75,15 +91,21 @@ class LiveStorageTracker(TorchDispatchMode):
         key = id(storage)
         entry = self._entries.get(key)
         if entry is not None and entry.ref() is storage:
-            if nbytes > entry.nbytes:  # resize_ grew it in place
+            if nbytes > entry.nbytes:  # resize_ grew it in place: a new block, then the old one freed
                 self._add(entry.host, nbytes - entry.nbytes)
                 entry.nbytes = nbytes
+                self._serial += 1
+                self._record(entry.host, self._serial, nbytes)
+                self._record(entry.host, entry.serial, 0)
+                entry.serial = self._serial
             return
         if nbytes == 0:
             return
         is_host = (self._host_depth > 0) if host is None else host
         ref = weakref.ref(storage, lambda _r, k=key: self._release(k))
-        self._entries[key] = _Entry(ref=ref, nbytes=nbytes, host=is_host)
+        self._serial += 1
+        self._entries[key] = _Entry(ref=ref, nbytes=nbytes, host=is_host, serial=self._serial)
+        self._record(is_host, self._serial, nbytes)
         self._add(is_host, nbytes)
 
     def _add(self, host: bool, nbytes: int) -> None:
