@@ -207,6 +207,12 @@ class BatchGroup:
         return tuple(sorted({r.device for r in self.rows}))
 
     @property
+    def gpu(self) -> str | None:
+        """The GPU profile the rows were planned for (docs/design.md §10), when they share one."""
+        names = {getattr(r, "gpu", None) for r in self.rows}
+        return names.pop() if len(names) == 1 else None
+
+    @property
     def base_model(self) -> str:
         return self.rows[0].model
 
@@ -215,12 +221,13 @@ class BatchGroup:
         return tuple(d for d in self.devices if not is_prediction(d))
 
     def title(self, what: str) -> str:
-        return f"{what}: {self.model}, {_devices_text(self.devices)}, {format_budget(self.budget_bytes)}, " \
+        budget = format_budget(self.budget_bytes) + ("" if self.gpu is None else f" ({self.gpu} profile)")
+        return f"{what}: {self.model}, {_devices_text(self.devices)}, {budget}, " \
                f"{self.image_size}×{self.image_size} px"
 
     def slug(self) -> str:
         budget = "nobudget" if self.budget_bytes is None else size_text(self.budget_bytes, sep="")
-        return slug(self.model, f"{self.image_size}px", budget)
+        return slug(self.model, f"{self.image_size}px", budget, self.gpu)
 
     def series(self) -> tuple[Series, ...]:
         return _series_of(self.rows)
@@ -385,13 +392,13 @@ def batch_groups(runs: Iterable[Run]) -> tuple[BatchGroup, ...]:
             if row.key in seen:
                 continue
             seen.add(row.key)
-            k = (model_label(row), row.image_size, row.budget_bytes)
+            k = (model_label(row), row.image_size, row.budget_bytes, getattr(row, "gpu", None))
             pooled.setdefault(k, []).append(row)
             if run.name not in names.setdefault(k, []):
                 names[k].append(run.name)
     return tuple(BatchGroup(model=k[0], image_size=k[1], budget_bytes=k[2], rows=tuple(pooled[k]),
                             run_names=tuple(names[k]))
-                 for k in sorted(pooled, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2])))
+                 for k in sorted(pooled, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2], k[3] or "")))
 
 
 @dataclass(frozen=True)

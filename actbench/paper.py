@@ -30,6 +30,15 @@ class PaperSetting:
     torch_version: str = "1.7"
     #: "16 GB" (a T4 exposes ~15 GiB) and "16 GiB" budgets both count as the paper's budget
     budget_tolerance: float = 0.10
+    #: the GPU profile (actbench/gpus.py) that plans for the paper's GPU; rows planned for it match
+    gpu_profile: str = "t4"
+    #: the paper's machine: "an AWS g4dn.4xlarge instance, which has a 16GB NVIDIA T4 GPU and 64GB CPU
+    #: memory" (Section 6); the host budget its swap and L4/L5 had, at most (docs/design.md §6, §10)
+    host_memory_bytes: int = 64 * GIB
+    machine: str = "AWS g4dn.4xlarge (64 GB host memory)"
+    #: the paper's maximum batches are all multiples of 32: each is a lower bound, the true limit lies
+    #: below the next multiple
+    batch_grid: int = 32
 
 
 SETTING = PaperSetting()
@@ -61,11 +70,23 @@ class PaperPoint:
         return self.status == "ok"
 
 
-def matches(model: str, image_size: int | None, budget_bytes: int | None, setting: PaperSetting = SETTING) -> bool:
-    """True when a group of rows was measured in the paper's setting (model, input size, budget)."""
-    if model != setting.model or image_size != setting.image_size or budget_bytes is None:
+def matches(model: str, image_size: int | None, budget_bytes: int | None, setting: PaperSetting = SETTING,
+            gpu: str | None = None) -> bool:
+    """True when a group of rows was measured in the paper's setting (model, input size, and the budget
+    or, for rows planned for a GPU profile, the paper's GPU's profile)."""
+    if model != setting.model or image_size != setting.image_size:
+        return False
+    if gpu is not None:
+        return gpu == setting.gpu_profile
+    if budget_bytes is None:
         return False
     return abs(budget_bytes - setting.budget_bytes) <= setting.budget_tolerance * setting.budget_bytes
+
+
+def paper_batch_range(strategy: str, setting: PaperSetting = SETTING) -> tuple[int, int] | None:
+    """(lowest, highest) the paper's true maximum batch can be: its number is on a 32-grid, a lower bound."""
+    value = paper_max_batch(strategy)
+    return None if value is None else (value, value + setting.batch_grid - 1)
 
 
 def matches_model(model: str, image_size: int | None, setting: PaperSetting = SETTING) -> bool:

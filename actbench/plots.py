@@ -102,7 +102,7 @@ def plot_throughput_vs_batch(group: BatchGroup, paper_points: Sequence[paper_ref
     if not series:
         return None
     overlay = bool(paper_points) and group.model == group.base_model \
-        and paper_ref.matches(group.base_model, group.image_size, group.budget_bytes)
+        and paper_ref.matches(group.base_model, group.image_size, group.budget_bytes, gpu=group.gpu)
     fig = _figure(10.0 if overlay else 8.0, 4.8)
     ax = fig.add_subplot()
     fp32_max = _fp32_max(group)
@@ -183,7 +183,7 @@ def plot_max_batch(group: BatchGroup, with_paper: bool = False) -> Figure | None
             text += f"\n{e.multiple_text}× fp32"
         ax.bar_label(bars, labels=[text], fontsize=7, padding=2)
     if with_paper and group.model == group.base_model \
-            and paper_ref.matches(group.base_model, group.image_size, group.budget_bytes):
+            and paper_ref.matches(group.base_model, group.image_size, group.budget_bytes, gpu=group.gpu):
         marked = [(i, paper_ref.paper_max_batch(e.series.strategy)) for i, e in enumerate(entries)
                   if e.series.paper_comparable]
         marked = [(i, v) for i, v in marked if v is not None]
@@ -315,7 +315,7 @@ def figures_for(runs: Sequence[Run], paper_points: Sequence[paper_ref.PaperPoint
 def paper_overlay_groups(runs: Sequence[Run]) -> tuple[str, ...]:
     """Slugs of the batch groups measured in the paper's setting (where ``--paper`` overlays anything)."""
     return tuple(g.slug() for g in batch_groups(runs) if g.model == g.base_model
-                 and paper_ref.matches(g.base_model, g.image_size, g.budget_bytes))
+                 and paper_ref.matches(g.base_model, g.image_size, g.budget_bytes, gpu=g.gpu))
 
 
 # --- accuracy vs bits (actbench.accuracy rows) --------------------------------------------------

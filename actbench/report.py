@@ -78,6 +78,14 @@ def _differences(runs: Sequence[Run]) -> list[str]:
                  f" vs the paper's {setting.gpu}. A budget emulates the T4's memory, not its speed: "
                  "throughput ratios compare different hardware.")
     lines.append(f"- **PyTorch**: {', '.join(torches) if torches else 'unknown'} vs {setting.torch_version}.")
+    planned = sorted({row.gpu for r in runs for row in r.rows if getattr(row, "gpu", None)})
+    if planned:
+        lines.append(f"- **Planned for a GPU profile** ({', '.join(planned)}; docs/design.md §10): meta rows whose "
+                     "out-of-memory is decided on the reserved bytes of a caching-allocator model, within the "
+                     "profile's usable memory (capacity less in-band ECC and an assumed CUDA context). The paper's "
+                     f"{setting.gpu} is compared through the `{setting.gpu_profile}` profile; its host memory is "
+                     f"taken as the paper machine's, {setting.machine} (`--host-budget "
+                     f"{setting.host_memory_bytes >> 30}GiB`), an upper bound on what could be pinned.")
     if "L5" in strategies:
         lines.append("- **L5 is a substitution**: the paper's forked PyTorch allocator (defragmentation) is not "
                      "available; actbench's L5 is L4 with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.")
@@ -102,15 +110,27 @@ def _max_batch_section(group: BatchGroup, paper_ok: bool) -> list[str]:
     for e in entries:
         row = [e.label, e.max_text, e.multiple_text or "–", _num(e.samples_per_s)]
         if paper_ok:
-            pm = paper_ref.paper_max_batch(e.series.strategy) if e.series.paper_comparable else None
+            span = paper_ref.paper_batch_range(e.series.strategy) if e.series.paper_comparable else None
             fp = paper_ref.paper_max_batch("fp32")
-            row += ["–" if pm is None else str(pm), _ratio(e.max_batch, pm),
-                    "–" if pm is None or not fp else f"{pm / fp:.2f}"]
+            row += ["–" if span is None else f"{span[0]}–{span[1]}", _ratio_span(e.max_batch, span),
+                    "–" if span is None or not fp else f"{span[0] / fp:.2f}"]
         rows.append(row)
     lines = ["### Maximum batch per strategy", "",
              "Largest batch with status ok; \"≥\" = no larger batch was seen failing, so the true maximum may be "
              f"higher, and a ratio involving it is a bound too. {MULTIPLE_DEFINITIONS['batch']}.", ""]
+    if paper_ok:
+        grid = paper_ref.SETTING.batch_grid
+        lines += [f"The paper's maxima are all multiples of {grid}: each is a lower bound, its true limit lies "
+                  f"in the span shown (up to the next multiple of {grid}, exclusive), and ours ÷ paper is given "
+                  "against both ends.", ""]
     return lines + _table(header, rows)
+
+
+def _ratio_span(ours: float | None, span: tuple[int, int] | None) -> str:
+    """ours ÷ the paper's span: ``0.95–1.00`` (against its upper and its lower end)."""
+    if ours is None or span is None:
+        return "–"
+    return f"{ours / span[1]:.2f}–{ours / span[0]:.2f}"
 
 
 #: above this, "fp32 ÷ this" says only ">1000×": the device keeps next to nothing (swap), and the exact
@@ -215,10 +235,11 @@ def build_report(runs: Sequence[Run], results_dir: Path, report_dir: Path, figur
     lines += _differences(runs)
     kinds = ("throughput_vs_batch", "max_batch", "memory", "activation_vs_batch")
     for group in batch_groups(runs):
-        paper_ok = paper_ref.matches(group.model, group.image_size, group.budget_bytes)
+        paper_ok = paper_ref.matches(group.model, group.image_size, group.budget_bytes, gpu=group.gpu)
         lines += [f"## {group.title('Setting')}", "", "Runs: " + ", ".join(f"`{n}`" for n in group.run_names), ""]
         if paper_ok:
-            lines += ["Setting matches the paper (ResNet-50, 224², 16 GiB): paper numbers and ratios shown.", ""]
+            how = (f"the {group.gpu} profile" if group.gpu is not None else "16 GiB")
+            lines += [f"Setting matches the paper (ResNet-50, 224², {how}): paper numbers and ratios shown.", ""]
         lines += _max_batch_section(group, paper_ok)
         lines += _memory_section(group, paper_ref.matches_model(group.model, group.image_size))
         lines += _throughput_section(group, paper_points if paper_ok else None)

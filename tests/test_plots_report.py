@@ -275,9 +275,11 @@ def test_report_tables_and_paper_ratios(results: Path, tmp_path: Path) -> None:
     assert "NVIDIA H200" in text and "2.11.0+cu130" in text
     assert "vs 1.7" in text and "synthetic" in text and "predictions" in text
     # max batch: ours, × fp32, images/s, paper, ratio, paper × fp32
-    assert "| L3 | 608 | 3.80 | 85.0 | 608 | 1.00 | 3.80 |" in text
-    assert "| fp32 | 160 | 1.00 | 120.0 | 160 | 1.00 | 1.00 |" in text
-    assert "| swap | 480 | 3.00 | 28.0 | 480 | 1.00 | 3.00 |" in text
+    # the paper's maxima are on a 32-grid: a span, and ours ÷ paper against both of its ends
+    assert "| L3 | 608 | 3.80 | 85.0 | 608–639 | 0.95–1.00 | 3.80 |" in text
+    assert "| fp32 | 160 | 1.00 | 120.0 | 160–191 | 0.84–1.00 | 1.00 |" in text
+    assert "| swap | 480 | 3.00 | 28.0 | 480–511 | 0.94–1.00 | 3.00 |" in text
+    assert "all multiples of 32: each is a lower bound" in text
     # activation reduction at L3 beside the paper's 12x
     assert "| L3 | 1.172 GiB |" in text and "| 12.00× | 12× | 1.00 |" in text
     # throughput: the paper's nearest point within ±4 batch and the ratio
@@ -410,6 +412,9 @@ def test_cli_empty_folder_names_both_row_files(tmp_path: Path) -> None:
 def test_paper_reference_numbers() -> None:
     assert paper.MAX_BATCH["L5"] / paper.MAX_BATCH["fp32"] == pytest.approx(6.6)
     assert paper.matches("resnet50", 224, 16 * GIB) and paper.matches("resnet50", 224, 16 * 10**9)
+    # rows planned for a GPU profile match through the paper GPU's profile, whatever their budget
+    assert paper.matches("resnet50", 224, 1, gpu="t4") and not paper.matches("resnet50", 224, 16 * GIB, gpu="a10")
+    assert paper.paper_batch_range("L5") == (1056, 1087) and paper.SETTING.host_memory_bytes == 64 * GIB
     assert not paper.matches("resnet50", 224, None) and not paper.matches("resnet50", 128, 16 * GIB)
     assert not paper.matches("resnet152", 224, 16 * GIB)
     pts = paper.load_throughput()
