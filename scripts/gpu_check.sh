@@ -78,6 +78,9 @@ keep "$SCRATCH/sweep-batch_resnet50_cuda_*/rows.jsonl" sweep_rows.jsonl
 keep "$SCRATCH/sweep-batch_resnet50_cuda_*/table.csv" sweep_table.csv
 # meta predictions vs cuda measurements of the same small points: the gap the caching allocator adds.
 step meta_vs_cuda 180 "$PY" -m actbench trust --device cuda --batch 16 --image-size 224 --out "$OUT"
+# issue 14: one point's caching-allocator history and segments (memory_snapshot.pickle, no stack traces)
+# and the CUDA context, beside meta's caching-allocator model of the same point (memory_snapshot.json)
+step memory_snapshot 120 "$PY" scripts/memory_snapshot.py "$OUT" fp32 64
 
 # issue 15: one bf16 point (autocast) and one sac point of ResNet-50 at batch 64 on cuda, then meta's
 # predictions of the same two points (meta runs CPU autocast's op list; the gap is what cuda's adds).
