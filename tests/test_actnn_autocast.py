@@ -118,3 +118,24 @@ def test_meta_bf16_l0_keeps_half_of_fp32_l0() -> None:
                                                  timed_steps=0, precision=p)).activation_bytes
            for p in ("fp32", "bf16")}
     assert 0.45 <= act["bf16"] / act["fp32"] <= 0.55, act
+
+
+@pytest.mark.parametrize("name,make,shape", [
+    ("batchnorm", lambda: nn.BatchNorm2d(4), (2, 4, 5, 5)),
+    ("layernorm", lambda: nn.LayerNorm(6), (2, 3, 6)),
+], ids=["batchnorm", "layernorm"])
+def test_normalisation_twins_keep_fp32_statistics_and_a_16_bit_x_norm_real_or_fake(backend, name, make, shape):
+    """A bf16 input: cpu's kernels return fp32 statistics, torch's fake kernels bf16 ones, so meta predicted
+    half the statistics bytes cpu kept (ResNet-18 L3 bf16 at batch 2: meta / cpu activation 0.90); and
+    LayerNorm's x_n, promoted by fp32 statistics, was kept in fp32 at L0 on cpu but in bf16 on meta."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.manual_seed(0)
+    twin = convert(make(), level_config("L0", backend=backend)).model
+    x = torch.randn(shape, dtype=torch.bfloat16, requires_grad=True)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = twin(mode.from_tensor(x)).grad_fn.saved_tensors
+    real = twin(x).grad_fn.saved_tensors
+    for kept in (real, fake):
+        assert kept[-1].dtype == torch.float32  # invstd / rstd
+        assert kept[0].dtype == torch.bfloat16  # x_n, uncompressed at L0

@@ -68,6 +68,13 @@ def autocast_like_torch(x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple
                  for t in (x, *tensors))
 
 
+def fp32_statistics(t: torch.Tensor) -> torch.Tensor:
+    """Normalisation statistics (BatchNorm's invstd, LayerNorm's mean and rstd) in fp32 for a 16-bit
+    input, as the cpu and cuda kernels return them; torch's fake kernels return the input's dtype, so
+    without this meta kept half the statistics bytes cpu keeps (docs/design.md §4 meta)."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 @dataclass(frozen=True)
 class ConvParams:
     """aten.convolution's non-tensor arguments."""
@@ -165,6 +172,7 @@ class BatchNormFunction(torch.autograd.Function):
         x_norm = torch.sub(x, save_mean.reshape(shape).to(x.dtype))
         x_norm.mul_(save_invstd.reshape(shape).to(x.dtype))
         tensors, spec = slot.save_input(x_norm)
+        save_invstd = fp32_statistics(save_invstd)
         save(ctx, *tensors, weight, save_invstd)
         ctx.slot, ctx.spec, ctx.eps = slot, spec, eps
         return out
@@ -301,8 +309,10 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, normalized_shape, eps: float, channels_first: bool, slot: LayerSlot):
         out, mean, rstd = torch.ops.aten.native_layer_norm(x, normalized_shape, weight, bias, eps)
-        x_norm = torch.sub(x, mean)  # one full-size temporary, normalised in place (as BatchNorm)
-        x_norm.mul_(rstd)
+        mean, rstd = fp32_statistics(mean), fp32_statistics(rstd)
+        # one full-size temporary in x's dtype (fp32 statistics would promote it), normalised in place (as BatchNorm)
+        x_norm = torch.sub(x, mean.to(x.dtype))
+        x_norm.mul_(rstd.to(x.dtype))
         tensors, spec = slot.save_input(x_norm.permute(0, 3, 1, 2) if channels_first else x_norm)
         del x_norm
         save(ctx, *tensors, weight, bias, rstd)
