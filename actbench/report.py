@@ -83,9 +83,10 @@ def _differences(runs: Sequence[Run]) -> list[str]:
         lines.append(f"- **Planned for a GPU profile** ({', '.join(planned)}; docs/design.md §10): meta rows whose "
                      "out-of-memory is decided on the reserved bytes of a caching-allocator model, within the "
                      "profile's usable memory (capacity less in-band ECC and an assumed CUDA context). The paper's "
-                     f"{setting.gpu} is compared through the `{setting.gpu_profile}` profile; its host memory is "
-                     f"taken as the paper machine's, {setting.machine} (`--host-budget "
-                     f"{setting.host_memory_bytes >> 30}GiB`), an upper bound on what could be pinned.")
+                     f"{setting.gpu} is compared through the `{setting.gpu_profile}` profile. The paper's machine was "
+                     f"an {setting.machine}: plan with `--host-budget {setting.host_memory_bytes >> 30}GiB` to bound "
+                     "swap's and L4/L5's pinned host memory by it (an upper bound on what it could pin); host budgets "
+                     f"of these rows: {_host_budgets(runs)}.")
     if "L5" in strategies:
         lines.append("- **L5 is a substitution**: the paper's forked PyTorch allocator (defragmentation) is not "
                      "available; actbench's L5 is L4 with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.")
@@ -99,6 +100,12 @@ def _differences(runs: Sequence[Run]) -> list[str]:
     lines.append("- Paper throughput points were read off the published plot (±1 images/s, ±4 batch); the "
                  "nearest paper point within ±4 batch is used.")
     return lines + [""]
+
+
+def _host_budgets(runs: Sequence[Run]) -> str:
+    budgets = sorted({row.host_budget_bytes for r in runs for row in r.rows
+                      if getattr(row, "gpu", None) and getattr(row, "host_budget_bytes", None)})
+    return ", ".join(_bytes(b) for b in budgets) if budgets else "none (host memory unbounded)"
 
 
 def _max_batch_section(group: BatchGroup, paper_ok: bool) -> list[str]:

@@ -3,7 +3,9 @@
 #   results/meta/   predictions on the meta device for the paper's grid (16 GiB budget):
 #                   memory per level and the maximum batch per strategy of the four networks
 #                   (experiments/memory_per_level.toml on meta, experiments/planned_max_batch.toml),
-#                   and today's baselines beside ActNN (experiments/modern_baselines.toml)
+#                   and today's baselines beside ActNN (experiments/modern_baselines.toml), and the
+#                   paper's maximum batch planned for the T4 profile with 64 GiB of host memory
+#                   (experiments/paper_t4.toml; meta only, so not in the --quick cpu loop below)
 #   results/quick/  the --quick CPU version of every experiment in experiments/
 # Each command resumes, so an interrupted run can be restarted.
 set -euo pipefail
@@ -12,6 +14,7 @@ PY=${PYTHON:-python3}
 "$PY" -m actbench run experiments/memory_per_level.toml --device meta --out results/meta
 "$PY" -m actbench run experiments/planned_max_batch.toml --out results/meta
 "$PY" -m actbench run experiments/modern_baselines.toml --out results/meta
+"$PY" -m actbench run experiments/paper_t4.toml --out results/meta
 "$PY" -m actbench report results/meta --out results/meta/report.md
 for exp in max_batch memory_per_level accuracy_vs_bits resnet50_throughput_vs_batch max_scale_resnet152 planned_max_batch modern_baselines; do
   "$PY" -m actbench run "experiments/$exp.toml" --quick --device cpu --out results/quick
