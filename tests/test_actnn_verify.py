@@ -87,3 +87,58 @@ def test_verify_grads_cuda_without_a_gpu_is_one_line(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["verify-grads", "resnet18", "--device", "cuda", "--out", str(tmp_path / "v")])
     assert result.exit_code == 2 and "sees no CUDA GPU here; use --device cpu" in result.stderr
     assert not (tmp_path / "v").exists()
+
+
+def test_compare_gradients_at_bf16_compares_with_the_uncompressed_bf16_gradient(backend):
+    """At bf16 the reference is the unconverted model's bf16 gradient, so L0 is within bf16 rounding of it
+    and noiseless, and L2 stays unbiased; ignoring the precision would give fp32's reference norms."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4))
+    x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+    fp32 = compare_gradients(model, level_config("L0", backend=backend), x, y, seeds=2)
+    exact = compare_gradients(model, level_config("L0", backend=backend), x, y, seeds=2, precision="bf16")
+    assert all(r.rel_std == 0 for r in exact)
+    weights = {r.parameter: r for r in exact if r.parameter.endswith("weight")}
+    assert all(r.rel_bias < 0.05 for r in weights.values()), exact
+    assert all(abs(a.fp32_norm - b.fp32_norm) > 1e-6 * b.fp32_norm for a, b in zip(exact, fp32)
+               if a.parameter in weights), (exact, fp32)  # a bf16 reference, not fp32's
+    rows = compare_gradients(model, level_config("L2", backend=backend), x, y, seeds=8, precision="bf16")
+    assert all(0 < r.rel_std < 1 and r.bias_z < 4 for r in rows if r.parameter.endswith("weight")), rows
+
+
+def test_fp16_gradients_back_off_the_loss_scale_until_finite(backend):
+    """Gradients that overflow fp16 at GradScaler's first scale (2^16): the scale halves until they are
+    finite, and the unscaled gradients match fp32's to fp16 rounding. Without the back-off they are inf."""
+    from actbench.actnn.verify import LossScale, _grads
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    with torch.no_grad():
+        model[2].weight.mul_(200)  # input gradients of the last layer ~ 2^16 / batch * 200: past 65504
+    x, y = torch.randn(8, 16), torch.arange(8) % 4
+    scale = LossScale("fp16")
+    got = _grads(model, x, y, "fp16", scale)
+    ref = _grads(model, x, y)
+    assert scale.value < 2.0**16
+    for k in ref:
+        assert torch.isfinite(got[k]).all(), k
+        torch.testing.assert_close(got[k], ref[k], rtol=2e-2, atol=2e-2 * float(ref[k].abs().max()), msg=k)
+
+
+def test_cli_verify_grads_at_bf16_names_its_csv_and_table(backend, tmp_path):
+    import actbench.cli  # noqa: F401  (registers the commands)
+    from actbench.cli.app import app
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, [
+        "verify-grads", "resnet18", "--level", "L2", "--batch", "2", "--seeds", "2", "--image-size", "32",
+        "--backend", backend, "--precision", "bf16", "--out", str(tmp_path),
+    ])
+    assert result.exit_code == 0, result.output
+    (path,) = tmp_path.glob("resnet18-L2-bf16-b2-k2-*.csv")
+    assert list(csv.DictReader(path.open()))[0]["parameter"] == "conv1.weight"
+    assert "at L2 bf16: compressed vs uncompressed bf16 gradients" in " ".join(result.output.split())
+    bad = CliRunner().invoke(app, ["verify-grads", "resnet18", "--precision", "fp8", "--out", str(tmp_path / "v")])
+    assert bad.exit_code == 2 and bad.stderr.count("\n") == 1
+    assert "--precision must be one of fp32, bf16, fp16, got 'fp8'" in bad.stderr
+    assert not (tmp_path / "v").exists()

@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from actbench.cli.app import app, fail, require_device
+from actbench.cli.app import PRECISION_HELP, app, check_precision, fail, require_device
 from actbench.devices import MEASURING_DEVICES
-from actbench.schema import LEVEL_NAMES
+from actbench.schema import DEFAULT_PRECISION, LEVEL_NAMES
 
 
 Level = enum.Enum("Level", {name: name for name in LEVEL_NAMES}, type=str)
@@ -35,19 +35,26 @@ def verify_grads_command(
     image_size: Annotated[int, typer.Option("--image-size", min=8, help="Input side in pixels.")] = 64,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
     backend: Annotated[QuantBackend, typer.Option("--backend", help="Quantizer backend.")] = QuantBackend.extension,
+    precision: Annotated[str, typer.Option("--precision", help=PRECISION_HELP + (
+        " The reference is the unconverted model's gradient at the same precision."))] = DEFAULT_PRECISION,
     out: Annotated[Path, typer.Option("--out", help="Directory for the CSV.")] = Path("runs/verify-grads"),
 ) -> None:
     """Bias and variance of ActNN's compressed gradients vs fp32, per parameter (table + CSV).
 
+    With --precision bf16 or fp16 both the compressed and the reference gradients come from autocast
+    at that precision, so the bias and spread are compression's alone.
+
     \b
-    Example:
+    Examples:
       actbench verify-grads resnet18 --level L3 --batch 8 --seeds 16
+      actbench verify-grads resnet18 --level L3 --batch 8 --seeds 16 --precision bf16
     """
     from actbench.actnn import level_config
     from actbench.actnn.verify import GradRow, VerifyConfig, write_csv
     from actbench.executors import InProcessExecutor, Task
     from actbench.models import ModelSpec, validate_model_spec
 
+    check_precision(precision)
     if device not in MEASURING_DEVICES:
         fail(f"--device must be {' or '.join(MEASURING_DEVICES)}, got {device!r}")
     try:
@@ -55,20 +62,24 @@ def verify_grads_command(
     except ValueError as exc:
         fail(str(exc))
     require_device(device)
-    config = VerifyConfig(model, level_config(level.value, backend=backend.value), batch, seeds, image_size, device)
+    config = VerifyConfig(model, level_config(level.value, backend=backend.value), batch, seeds, image_size, device,
+                          precision=precision)
+    tag = "" if precision == DEFAULT_PRECISION else f" {precision}"
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err) as bar:
-        task = bar.add_task(f"{model} {level.value}", total=seeds)
+        task = bar.add_task(f"{model} {level.value}{tag}", total=seeds)
         args = dataclasses.asdict(config)
         result = InProcessExecutor().call(Task("verify-grads", args,
                                                progress=lambda done, total: bar.update(task, completed=done)))
         rows = [GradRow(**r) for r in result["rows"]]
-    table = Table(title=f"{model} at {level.value}: compressed vs fp32 gradients ({seeds} seeds, batch {batch})")
+    reference = "fp32" if precision == DEFAULT_PRECISION else f"uncompressed {precision}"
+    table = Table(title=f"{model} at {level.value}{tag}: compressed vs {reference} gradients ({seeds} seeds, batch {batch})")
     for col in ("parameter", "numel", "rel_bias", "rel_std", "bias_z"):
         table.add_column(col, justify="left" if col == "parameter" else "right")
     for r in rows:
         table.add_row(r.parameter, str(r.numel), f"{r.rel_bias:.3g}", f"{r.rel_std:.3g}", f"{r.bias_z:.2f}")
     Console().print(table)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = write_csv(rows, out / f"{model}-{level.value}-b{batch}-k{seeds}-{stamp}.csv")
+    name = f"{model}-{level.value}" + ("" if precision == DEFAULT_PRECISION else f"-{precision}")
+    path = write_csv(rows, out / f"{name}-b{batch}-k{seeds}-{stamp}.csv")
     err.print(f"wrote {path}")

@@ -13,11 +13,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from actbench.cli.app import (MeasuringDevice, app, fail, interrupted_by, interrupted_exit_code, require_device,
-                              terminate_like_ctrl_c)
+from actbench.cli.app import (PRECISION_HELP, MeasuringDevice, app, check_precision, fail, interrupted_by,
+                              interrupted_exit_code, require_device, terminate_like_ctrl_c)
 from actbench.cli.progress import ensure_extension
 from actbench.measure.trust import TRUST_MODELS, TRUST_STRATEGIES
-from actbench.schema import MIN_IMAGE_SIZE
+from actbench.schema import DEFAULT_PRECISION, MIN_IMAGE_SIZE
 
 
 def _ratio(value: float | None) -> str:
@@ -32,24 +32,29 @@ def trust_command(
         "--strategies", help="Comma list of strategies and levels.")] = ",".join(TRUST_STRATEGIES),
     batch: Annotated[int, typer.Option("--batch", help="Batch size of every point.")] = 2,
     image_size: Annotated[int, typer.Option("--image-size", help="Input side in pixels.")] = 32,
-    out: Annotated[Path, typer.Option("--out", help="Folder for meta_vs_<device>.csv.")] = Path("runs/trust"),
+    precision: Annotated[str, typer.Option("--precision", help=PRECISION_HELP)] = DEFAULT_PRECISION,
+    out: Annotated[Path, typer.Option("--out", help=(
+        "Folder for meta_vs_<device>.csv (meta_vs_<device>_<precision>.csv at bf16, fp16)."))] = Path("runs/trust"),
 ) -> None:
     """How far to trust meta: the same points predicted on meta and measured on cpu or cuda.
 
     Prints activation and peak bytes as ratios meta ÷ measured (1.0000 = exact) and keeps
     OUT/meta_vs_<device>.csv current after every point. On cuda the gap includes what the caching
-    allocator and cuDNN workspaces add, which meta does not model. Exit 1 if a point failed.
+    allocator and cuDNN workspaces add, which meta does not model. --precision runs both sides under
+    the same autocast. Exit 1 if a point failed.
 
     \b
     Examples:
       actbench trust --models resnet18 --strategies fp32,L3
+      actbench trust --models resnet18 --strategies fp32,L3 --precision bf16
       actbench trust --device cuda --batch 16 --image-size 224      # on a GPU
     """
-    from actbench.measure.trust import compare, write_csv
+    from actbench.measure.trust import compare, csv_name, write_csv
     from actbench.models import ModelSpec, validate_model_spec
     from actbench.parsing import parse_strategies
     from actbench.results import check_writable
 
+    check_precision(precision)
     if batch < 2:
         fail(f"--batch must be >= 2 (BatchNorm in train mode needs two samples), got {batch}")
     if image_size < MIN_IMAGE_SIZE:
@@ -71,7 +76,8 @@ def trust_command(
         check_writable(out)
     except ValueError as exc:
         fail(str(exc))
-    path = out / f"meta_vs_{device.value}.csv"
+    path = out / csv_name(device.value, precision)
+    tag = "" if precision == DEFAULT_PRECISION else f" {precision}"
     console = Console()
     err = Console(stderr=True, highlight=False)
     done = []
@@ -79,7 +85,7 @@ def trust_command(
     def on_point(c) -> None:
         done.append(c)
         write_csv(done, path)
-        console.print(f"{c.model:14s} {c.strategy:10s} activation {_ratio(c.activation_ratio)}  "
+        console.print(f"{c.model:14s} {c.strategy + tag:10s} activation {_ratio(c.activation_ratio)}  "
                       f"peak {_ratio(c.peak_ratio)}  {c.meta_status}/{c.measured_status} {c.message}",
                       highlight=False, markup=False)
 
@@ -90,15 +96,16 @@ def trust_command(
                 fail(problem, code=1)
             err.print(f"comparing {len(names) * len(chosen)} points, each predicted on meta and measured on "
                       f"{device.value} ...", markup=False)
-            rows = compare(device.value, names, chosen, batch_size=batch, image_size=image_size, on_point=on_point)
+            rows = compare(device.value, names, chosen, batch_size=batch, image_size=image_size, on_point=on_point,
+                           precision=precision)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP
             err.print(f"{interrupted_by(exc)}: {len(done)} finished points kept in {path}", markup=False)
             raise typer.Exit(interrupted_exit_code(exc))
-    table = Table(title=f"meta ÷ {device.value}, batch {batch}, {image_size}px -> {path}")
+    table = Table(title=f"meta ÷ {device.value}, batch {batch}, {image_size}px{tag} -> {path}")
     for col in ("model", "strategy", "activation", "peak", "status (meta/measured)"):
         table.add_column(col)
     for c in rows:
-        table.add_row(c.model, c.strategy, _ratio(c.activation_ratio), _ratio(c.peak_ratio),
+        table.add_row(c.model, c.strategy + tag, _ratio(c.activation_ratio), _ratio(c.peak_ratio),
                       f"{c.meta_status}/{c.measured_status}")
     console.print(table)
     if not all(c.meta_status == "ok" and c.measured_status == "ok" for c in rows):

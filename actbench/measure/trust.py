@@ -1,7 +1,8 @@
 """How far ``meta`` predictions are from measurements: the same points on meta and on cpu or cuda.
 
 ``actbench trust --device cuda`` writes ``meta_vs_<device>.csv`` (one row per point: both byte
-counts and their ratio meta / measured); ``tests/test_meta.py`` holds the cpu ratios within 5%. On
+counts and their ratio meta / measured; ``meta_vs_<device>_<precision>.csv`` at bf16 or fp16, where
+both sides run under the same autocast); ``tests/test_meta.py`` holds the cpu ratios within 5%. On
 cuda the ratio includes what the caching allocator and cuDNN workspaces add, which meta does not
 model. Points are measured in this process (the in-process executor, no child per point).
 """
@@ -15,7 +16,7 @@ from typing import Callable
 
 from actbench.devices import PROFILES
 from actbench.executors import InProcessExecutor
-from actbench.schema import Measurement, ModelSpec, PointConfig
+from actbench.schema import DEFAULT_PRECISION, Measurement, ModelSpec, PointConfig
 
 TRUST_MODELS = ("resnet18", "resnet50", "densenet121", "mobilenet_v2")
 TRUST_STRATEGIES = ("fp32", "checkpoint", "L2", "L3")
@@ -38,6 +39,7 @@ class Comparison:
     measured_peak_alloc_bytes: int | None
     measured_reserved_bytes: int | None
     message: str
+    precision: str = DEFAULT_PRECISION
 
     @property
     def activation_ratio(self) -> float | None:
@@ -57,27 +59,37 @@ PREDICTING_DEVICE = next(name for name, p in PROFILES.items() if p.predicts)
 
 
 def compare(device: str, models=TRUST_MODELS, strategies=TRUST_STRATEGIES, batch_size: int = 2,
-            image_size: int = 32, on_point: Callable[[Comparison], None] | None = None) -> list[Comparison]:
-    """Measure every (model, strategy) on meta and on ``device`` (memory only, no timed steps)."""
+            image_size: int = 32, on_point: Callable[[Comparison], None] | None = None,
+            precision: str = DEFAULT_PRECISION) -> list[Comparison]:
+    """Measure every (model, strategy) on meta and on ``device`` (memory only, no timed steps), both
+    at ``precision``."""
     executor = InProcessExecutor()  # an exception becomes an ``error`` measurement: one bad point ends nothing
     out = []
     for model in models:
         for strategy in strategies:
             predicted = PointConfig(ModelSpec(model), strategy, batch_size, image_size, PREDICTING_DEVICE,
-                                    timed_steps=0)
+                                    timed_steps=0, precision=precision)
             measured = PointConfig(ModelSpec(model), strategy, batch_size, image_size, device, warmup_steps=1,
-                                   timed_steps=0)
+                                   timed_steps=0, precision=precision)
             meta, real = executor.measure([predicted, measured])
             out.append(Comparison(model, strategy, batch_size, image_size, device, meta.status, real.status,
                                   meta.activation_bytes, real.activation_bytes, meta.peak_alloc_bytes,
-                                  real.peak_alloc_bytes, real.reserved_bytes, (meta.message or real.message)[:120]))
+                                  real.peak_alloc_bytes, real.reserved_bytes, (meta.message or real.message)[:120],
+                                  precision))
             if on_point is not None:
                 on_point(out[-1])
     return out
 
 
+def csv_name(device: str, precision: str = DEFAULT_PRECISION) -> str:
+    """``meta_vs_<device>.csv``; another precision than fp32 gets its own file (fp32's name as before)."""
+    return f"meta_vs_{device}.csv" if precision == DEFAULT_PRECISION else f"meta_vs_{device}_{precision}.csv"
+
+
 def write_csv(rows: list[Comparison], path: Path) -> None:
-    names = list(Comparison.__dataclass_fields__) + ["activation_ratio", "peak_ratio"]
+    """Columns as before precision existed, then ``precision`` last (readers by position keep working)."""
+    fields = [n for n in Comparison.__dataclass_fields__ if n != "precision"]
+    names = fields + ["activation_ratio", "peak_ratio", "precision"]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as fh:
         writer = csv.writer(fh)
