@@ -82,12 +82,13 @@ step meta_vs_cuda 180 "$PY" -m actbench trust --device cuda --batch 16 --image-s
 # and the CUDA context, beside meta's caching-allocator model of the same point (memory_snapshot.json)
 step memory_snapshot 120 "$PY" scripts/memory_snapshot.py "$OUT" fp32 64
 
-# issue 15: one bf16 point (autocast) and one sac point of ResNet-50 at batch 64 on cuda, then meta's
-# predictions of the same two points (meta runs CPU autocast's op list; the gap is what cuda's adds).
+# issue 15: bf16 points (autocast: fp32 and L3, whose conv and linear twins cast as torch's layers are
+# cast, docs/design.md §1) and one sac point of ResNet-50 at batch 64 on cuda, then meta's predictions
+# of the same points (meta runs CPU autocast's op list; the gap is what cuda's adds).
 BASE=(resnet50 --batch 64 --image-size 224 --budget 16GiB --out "$SCRATCH/baselines")
-step bf16_cuda 90 "$PY" -m actbench memory "${BASE[@]}" --strategies fp32 --precision bf16 --device cuda
+step bf16_cuda 120 "$PY" -m actbench memory "${BASE[@]}" --strategies fp32 --levels L3 --precision bf16 --device cuda
 step sac_cuda 90 "$PY" -m actbench memory "${BASE[@]}" --strategies sac --device cuda
-step bf16_sac_meta 60 "$PY" -m actbench memory "${BASE[@]}" --strategies fp32,sac --precision bf16 --device meta
+step bf16_meta 60 "$PY" -m actbench memory "${BASE[@]}" --strategies fp32 --levels L3 --precision bf16 --device meta
 step sac_meta 60 "$PY" -m actbench memory "${BASE[@]}" --strategies sac --device meta
 cat "$SCRATCH"/baselines/*/rows.jsonl >"$OUT/baselines_rows.jsonl" 2>/dev/null
 
