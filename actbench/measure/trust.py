@@ -3,8 +3,10 @@
 ``actbench trust --device cuda`` writes ``meta_vs_<device>.csv`` (one row per point: both byte
 counts and their ratio meta / measured; ``meta_vs_<device>_<precision>.csv`` at bf16 or fp16, where
 both sides run under the same autocast); ``tests/test_meta.py`` holds the cpu ratios within 5%. On
-cuda the ratio includes what the caching allocator and cuDNN workspaces add, which meta does not
-model. Points are measured in this process (the in-process executor, no child per point).
+cuda the peak ratio includes what cuDNN workspaces add, which meta does not see; ``reserved_ratio``
+compares meta's caching-allocator model (docs/design.md §10, no GPU profile: no cuBLAS workspaces)
+with the allocator's measured reserved peak. Points are measured in this process (the in-process
+executor, no child per point).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Comparison:
     measured_reserved_bytes: int | None
     message: str
     precision: str = DEFAULT_PRECISION
+    meta_reserved_bytes: int | None = None
 
     @property
     def activation_ratio(self) -> float | None:
@@ -48,6 +51,11 @@ class Comparison:
     @property
     def peak_ratio(self) -> float | None:
         return _ratio(self.meta_peak_alloc_bytes, self.measured_peak_alloc_bytes)
+
+    @property
+    def reserved_ratio(self) -> float | None:
+        """meta's modelled reserved peak / the caching allocator's (None off cuda: nothing reserves there)."""
+        return _ratio(self.meta_reserved_bytes, self.measured_reserved_bytes)
 
 
 def _ratio(a: int | None, b: int | None) -> float | None:
@@ -75,7 +83,7 @@ def compare(device: str, models=TRUST_MODELS, strategies=TRUST_STRATEGIES, batch
             out.append(Comparison(model, strategy, batch_size, image_size, device, meta.status, real.status,
                                   meta.activation_bytes, real.activation_bytes, meta.peak_alloc_bytes,
                                   real.peak_alloc_bytes, real.reserved_bytes, (meta.message or real.message)[:120],
-                                  precision))
+                                  precision, meta.reserved_bytes))
             if on_point is not None:
                 on_point(out[-1])
     return out
@@ -87,9 +95,11 @@ def csv_name(device: str, precision: str = DEFAULT_PRECISION) -> str:
 
 
 def write_csv(rows: list[Comparison], path: Path) -> None:
-    """Columns as before precision existed, then ``precision`` last (readers by position keep working)."""
-    fields = [n for n in Comparison.__dataclass_fields__ if n != "precision"]
-    names = fields + ["activation_ratio", "peak_ratio", "precision"]
+    """Columns as before precision existed, then ``precision``, then the reserved-bytes comparison (readers by
+    position keep working)."""
+    later = ("precision", "meta_reserved_bytes")
+    fields = [n for n in Comparison.__dataclass_fields__ if n not in later]
+    names = fields + ["activation_ratio", "peak_ratio", *later, "reserved_ratio"]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as fh:
         writer = csv.writer(fh)
