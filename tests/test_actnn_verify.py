@@ -142,3 +142,49 @@ def test_cli_verify_grads_at_bf16_names_its_csv_and_table(backend, tmp_path):
     assert bad.exit_code == 2 and bad.stderr.count("\n") == 1
     assert "--precision must be one of fp32, bf16, fp16, got 'fp8'" in bad.stderr
     assert not (tmp_path / "v").exists()
+
+
+def test_running_statistics_match_the_stacked_formula_and_call_rounding_exact():
+    """Welford over draws gives the stacked mean/variance; a gradient that never varies is exact (z 0)
+    within float rounding of fp32's, and infinitely biased beyond it (it was inf for 1e-7 of rounding)."""
+    from actbench.actnn.verify import EXACT_RELATIVE
+
+    torch.manual_seed(1)
+    g = {"w": torch.randn(500, dtype=torch.float64), "b": torch.randn(7, dtype=torch.float64)}
+    draws = [{n: t + 0.3 * torch.randn_like(t) for n, t in g.items()} for _ in range(6)]
+    rows = {r.parameter: r for r in grad_statistics(g, draws)}
+    for name, ref in g.items():
+        stack = torch.stack([d[name] for d in draws])
+        std = float((stack - stack.mean(0)).pow(2).sum().div(5).sqrt())
+        assert rows[name].rel_std == pytest.approx(std / float(ref.norm()), rel=1e-9)
+        assert rows[name].rel_bias == pytest.approx(float((stack.mean(0) - ref).norm() / ref.norm()), rel=1e-9)
+    rounding = [{"w": g["w"] * (1 + 0.1 * EXACT_RELATIVE)}] * 3
+    (exact,) = grad_statistics({"w": g["w"]}, rounding)
+    assert exact.rel_std == 0 and exact.bias_z == 0
+    (biased,) = grad_statistics({"w": g["w"]}, [{"w": g["w"] * (1 + 10 * EXACT_RELATIVE)}] * 3)
+    assert biased.bias_z == float("inf")
+
+
+def test_a_parameter_without_a_compressed_gradient_is_an_error():
+    from actbench.actnn.verify import RunningGrads
+
+    running = RunningGrads({"a": torch.zeros(3), "b": torch.zeros(3)})
+    with pytest.raises(ValueError, match="no gradient for 1 parameter.*first b"):
+        running.add({"a": torch.ones(3)})
+
+
+def test_stochastic_depth_is_off_and_a_zero_head_gets_weights():
+    """ViT's zero-initialised head would give every other layer a zero gradient (rel_bias NaN before);
+    stochastic depth in training mode would draw other masks in each model than in the reference."""
+    from torchvision.models import VisionTransformer
+    from torchvision.ops import StochasticDepth
+
+    from actbench.actnn.verify import _eval_dropout, _init_zero_weights
+
+    vit = VisionTransformer(image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=8,
+                            num_classes=3)
+    assert _init_zero_weights(vit, 0) == ["heads.head.weight"] and vit.heads.head.weight.abs().max() > 0
+    assert not vit.class_token.any()  # a zero input, not a weight: gradients still flow, left as built
+    model = nn.Sequential(nn.Linear(4, 4), StochasticDepth(0.5, "row"), nn.Dropout(0.2)).train()
+    _eval_dropout(model)
+    assert [m.training for m in model] == [True, False, False]
