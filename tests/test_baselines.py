@@ -134,9 +134,11 @@ def fp32_grads() -> tuple[float, dict[str, torch.Tensor]]:
 #: Exact strategies, each gradient held to this fraction of its largest entry. sac and checkpoint replay
 #: the same ops on the same inputs; swap copies tensors as they are: bitwise on cpu. save_on_cpu copies
 #: each saved tensor into a fresh contiguous one (as torch's does), so kernels may see other strides and
-#: sum in another order; compile runs inductor's decompositions (BatchNorm, convolution backward): both
-#: equal up to rounding (measured: 1.2e-6 and 5.6e-6).
-EXACT = {"sac": 0.0, "checkpoint": 0.0, "swap": 0.0, "save_on_cpu": 1e-5, "compile": 1e-4, "compile@0.5": 1e-4}
+#: sum in another order; compile runs inductor's decompositions (BatchNorm, convolution backward);
+#: checkpoint+L0 keeps every tensor in full precision, and its BatchNorm twin's backward runs on the
+#: normalised input (docs/design.md §3): all equal up to rounding (measured: 2.0e-6, 5.6e-6, 2.0e-6).
+EXACT = {"sac": 0.0, "checkpoint": 0.0, "swap": 0.0, "save_on_cpu": 1e-5, "compile": 1e-4, "compile@0.5": 1e-4,
+         "checkpoint+L0": 1e-5}
 
 
 @pytest.mark.slow
