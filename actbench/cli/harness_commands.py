@@ -47,6 +47,13 @@ DeviceOpt = Annotated[Device, typer.Option(
     "--device", help="; ".join(f"{name} {p.help}" for name, p in PROFILES.items()) + ".")]
 BudgetOpt = Annotated[Optional[str], typer.Option("--budget", help=(
     "Memory cap, e.g. 16GiB (cuda: enforced; cpu and meta: peak compared). Required for searches on meta."))]
+GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help=(
+    "meta: plan for a GPU model (t4, l4, a10, a100-40gb, a100-80gb, h100-80gb, h200, rtx4090): its memory less "
+    "ECC and the CUDA context, and out-of-memory decided on the reserved bytes of a caching-allocator model "
+    "(docs/design.md §10). Instead of --budget."))]
+HostBudgetOpt = Annotated[Optional[str], typer.Option("--host-budget", help=(
+    "Pinned host memory allowed for swapped tensors (swap, save_on_cpu, L4/L5), e.g. 64GiB; above it a point is "
+    "host_over_budget. meta: the pinned allocator's power-of-two blocks are modelled."))]
 OutOpt = Annotated[Path, typer.Option("--out", help=(
     "Where your runs go: OUT/<run>/ (default runs/, ignored by git; results/ holds the committed reference "
     "results)."))]
@@ -350,6 +357,8 @@ def sweep_batch(
     image_size: ImageSizeOpt = 224,
     device: DeviceOpt = Device.cuda,
     budget: BudgetOpt = None,
+    gpu: GpuOpt = None,
+    host_budget: HostBudgetOpt = None,
     out: OutOpt = DEFAULT_OUT,
     stop_after: Annotated[int, typer.Option("--stop-after", help="Stop a strategy after k consecutive failures.")] = 2,
     find_max: Annotated[bool, typer.Option("--find-max", help="Binary search for the largest batch (multiples of 4).")] = False,
@@ -381,7 +390,8 @@ def sweep_batch(
       actbench sweep-batch resnet18 --levels L3 --batch 4:16:4 --image-size 64 --device cpu
     """
     spec = _spec(command="sweep-batch", model=model, strategies=_strategies(strategies, levels, no_baseline),
-                 batch=batch, image_size=image_size, device=device.value, budget=budget, stop_after=stop_after,
+                 batch=batch, image_size=image_size, device=device.value, budget=budget, gpu=gpu,
+                 host_budget=host_budget, stop_after=stop_after,
                  find_max=find_max, extra_blocks=extra_blocks, width_per_group=width_per_group,
                  warmup_steps=warmup_steps, timed_steps=timed_steps, checkpoint_segments=checkpoint_segments, precision=precision,
                  timeout_s=timeout)
@@ -407,6 +417,8 @@ def max_scale(
     step: Annotated[Optional[int], typer.Option("--step", help="Granularity (depth 1; width 8; resolution 32).")] = None,
     device: DeviceOpt = Device.cuda,
     budget: BudgetOpt = None,
+    gpu: GpuOpt = None,
+    host_budget: HostBudgetOpt = None,
     out: OutOpt = DEFAULT_OUT,
     warmup_steps: WarmupOpt = None,
     timed_steps: TimedOpt = None,
@@ -434,7 +446,8 @@ def max_scale(
       actbench max-scale --dim resolution resnet50 --levels L2,L3 --batch 32 --budget 16GiB
     """
     spec = _spec(command="max-scale", model=model, strategies=_strategies(strategies, levels, no_baseline),
-                 batch=str(batch), image_size=image_size, device=device.value, budget=budget, dim=dim.value,
+                 batch=str(batch), image_size=image_size, device=device.value, budget=budget, gpu=gpu,
+                 host_budget=host_budget, dim=dim.value,
                  low=low, high=high, step=step, warmup_steps=warmup_steps, timed_steps=timed_steps,
                  checkpoint_segments=checkpoint_segments, precision=precision, timeout_s=timeout)
     ran = _run_spec(spec, out, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
@@ -448,9 +461,10 @@ def max_scale(
 
 def _grid(precision, command: str, model: str, strategies, levels, no_baseline, batch, image_size, device, budget, out,
           extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments, timeout, dry_run,
-          force=False, no_retry=False, execution=None):
+          force=False, no_retry=False, execution=None, gpu=None, host_budget=None):
     spec = _spec(command=command, model=model, strategies=_strategies(strategies, levels, no_baseline), batch=batch,
-                 image_size=image_size, device=device.value, budget=budget, extra_blocks=extra_blocks,
+                 image_size=image_size, device=device.value, budget=budget, gpu=gpu, host_budget=host_budget,
+                 extra_blocks=extra_blocks,
                  width_per_group=width_per_group, warmup_steps=warmup_steps, timed_steps=timed_steps,
                  checkpoint_segments=checkpoint_segments, precision=precision, timeout_s=timeout)
     ran = _run_spec(spec, out, dry_run, force, no_retry, execution)
@@ -467,6 +481,8 @@ def throughput(
     image_size: ImageSizeOpt = 224,
     device: DeviceOpt = Device.cuda,
     budget: BudgetOpt = None,
+    gpu: GpuOpt = None,
+    host_budget: HostBudgetOpt = None,
     out: OutOpt = DEFAULT_OUT,
     extra_blocks: ExtraBlocksOpt = 0,
     width_per_group: WidthOpt = None,
@@ -495,7 +511,8 @@ def throughput(
     """
     store, outcome = _grid(precision, "throughput", model, strategies, levels, no_baseline, batch, image_size, device, budget,
                            out, extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments,
-                           timeout, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
+                           timeout, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm), gpu,
+                           host_budget)
     if store is not None:
         _render(outcome.rows, f"throughput {model} on {device.value} -> {store.run_dir}")
         _finish(outcome, search=False)
@@ -511,6 +528,8 @@ def memory(
     image_size: ImageSizeOpt = 224,
     device: DeviceOpt = Device.cuda,
     budget: BudgetOpt = None,
+    gpu: GpuOpt = None,
+    host_budget: HostBudgetOpt = None,
     out: OutOpt = DEFAULT_OUT,
     extra_blocks: ExtraBlocksOpt = 0,
     width_per_group: WidthOpt = None,
@@ -541,7 +560,8 @@ def memory(
 
     store, outcome = _grid(precision, "memory", model, strategies, levels, no_baseline, batch, image_size, device, budget, out,
                            extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments, timeout,
-                           dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
+                           dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm), gpu,
+                           host_budget)
     if store is None:
         return
     table = Table(title=_cell(f"memory {model} on {device.value} -> {store.run_dir}"))
@@ -560,7 +580,9 @@ def memory(
 @app.command("plan")
 def plan(
     model: Annotated[str, typer.Argument(help="Model name (depth/width: resnet152 only).")],
-    budget: Annotated[str, typer.Option("--budget", help="Device memory to plan for, e.g. 16GiB.")],
+    budget: Annotated[Optional[str], typer.Option("--budget", help="Device memory to plan for, e.g. 16GiB (or --gpu).")] = None,
+    gpu: GpuOpt = None,
+    host_budget: HostBudgetOpt = None,
     strategies: StrategiesOpt = None,
     levels: LevelsOpt = None,
     no_baseline: NoBaselineOpt = False,
@@ -597,17 +619,18 @@ def plan(
     from actbench.parsing import format_bytes
 
     spec = _spec(command="plan", model=model, strategies=_strategies(strategies, levels, no_baseline),
-                 batch=str(batch), image_size=image_size, device=PLAN_DEVICE, budget=budget, dim=dim.value, low=low,
+                 batch=str(batch), image_size=image_size, device=PLAN_DEVICE, budget=budget, gpu=gpu,
+                 host_budget=host_budget, dim=dim.value, low=low,
                  high=high, step=step, checkpoint_segments=checkpoint_segments, precision=precision)
     ran = _run_spec(spec, out, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
     if ran is None:
         return
     store, outcome = ran
     settings = spec.settings()
-    table = Table(title=_cell(f"plan {model} {image_size}px{_precision_suffix(outcome.rows)} under {format_bytes(settings.budget_bytes)} "
-                              f"(predicted on meta) -> {store.run_dir}"))
-    for col in ("strategy", f"max {dim.value}", "× fp32", "peak alloc", "activation", "model bytes",
-                "host (not counted)", "probes", "note"):
+    table = Table(title=_cell(f"plan {model} {image_size}px{_precision_suffix(outcome.rows)} under {format_bytes(settings.budget_bytes)}"
+                              f"{spec.gpu_tag()} (predicted on meta) -> {store.run_dir}"))
+    for col in ("strategy", f"max {dim.value}", "× fp32", "peak alloc", "reserved", "activation", "model bytes",
+                "host" if spec.host_budget else "host (not counted)", "probes", "note"):
         table.add_column(col)
     for strategy in outcome.maxima:
         row = outcome.best_rows.get(strategy)
@@ -617,7 +640,7 @@ def plan(
         table.add_row(*(_cell(c) for c in (
             strategy, *_max_cells(outcome, strategy),
             *(format_bytes(None if row is None else getattr(row, f)) for f in
-              ("peak_alloc_bytes", "activation_bytes", "model_bytes", "host_bytes")),
+              ("peak_alloc_bytes", "reserved_bytes", "activation_bytes", "model_bytes", "host_bytes")),
             str(len(probes)), one_line(note, 80))))
     table.caption = _cell(_maxima_caption(outcome))
     _console().print(table)
