@@ -85,6 +85,23 @@ def test_max_split_size_keeps_oversize_blocks_for_oversize_requests() -> None:
     assert replay([(1, 40 * MIB), (1, 0), (2, 20 * MIB)]).reserved_peak == 40 * MIB
 
 
+def test_max_split_size_releases_only_enough_oversize_blocks_before_every_free_segment() -> None:
+    model = CachingAllocatorModel(AllocatorConfig.parse("max_split_size_mb:32"), capacity=80 * MIB)
+    big, mid = model.malloc(40 * MIB), model.malloc(24 * MIB)
+    model.free(big)
+    model.free(mid)
+    # 30 MiB: the cached 40 MiB is oversize (not for a request under 32 MiB), 24 MiB is too small, and a new
+    # 30 MiB segment would pass 80 MiB: the oversize block is released, the 24 MiB one stays cached
+    assert model.malloc(30 * MIB) is not None and model.reserved == 24 * MIB + 30 * MIB
+
+
+def test_the_strategies_allocator_settings_parse() -> None:
+    from actbench import strategies
+
+    assert AllocatorConfig.parse(strategies.cuda_alloc_conf("L5")) == EXPANDABLE
+    assert AllocatorConfig.parse(strategies.cuda_alloc_conf("L4")) == AllocatorConfig()
+
+
 # --- running out of memory ------------------------------------------------------------------------
 def test_a_hand_computed_trace_and_its_out_of_memory() -> None:
     # 30 MiB, 30 MiB, free the first, 40 MiB: the 30 MiB hole cannot hold 40 MiB -> 100 MiB reserved
