@@ -180,3 +180,14 @@ def test_gpu_profiles_carry_their_documented_values() -> None:
 def test_an_unknown_gpu_is_refused_naming_the_choices() -> None:
     with pytest.raises(ValueError, match=r"unknown GPU 't5'; choose t4, l4, .*rtx4090"):
         gpu_profile("t5")
+
+
+def test_blocks_are_reused_only_on_the_stream_that_allocated_them() -> None:
+    model = CachingAllocatorModel()
+    model.free(model.malloc(30 * MIB))
+    assert model.malloc(30 * MIB, stream=1) is not None and model.reserved == 60 * MIB  # a new segment
+    assert model.malloc(30 * MIB) is not None and model.reserved == 60 * MIB  # stream 0 reuses its own
+    # in a replay, the handles of L4/L5's prefetched copies are on the side stream
+    trace = [(1, 30 * MIB), (1, 0), (2, 30 * MIB)]
+    assert replay_steps((), trace, steps=1).reserved_peak == 30 * MIB
+    assert replay_steps((), trace, steps=1, side_stream=frozenset({2})).reserved_peak == 60 * MIB

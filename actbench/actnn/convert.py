@@ -193,13 +193,16 @@ def _torch_name(twin: type[nn.Module]) -> str:
     return twin.__name__
 
 
-def set_host_scope(model: nn.Module, scope: Callable[[], ContextManager[None]] | None) -> int:
+def set_host_scope(model: nn.Module, scope: Callable[[], ContextManager[None]] | None,
+                   side_stream_scope: Callable[[], ContextManager[None]] | None = None) -> int:
     """Make every L4/L5 host copy of ``model``'s converted layers be made inside ``scope()``.
 
     Off CUDA the offloader's "host" copies are ordinary tensors; a measurement passes a context
     (e.g. ``LiveStorageTracker.host_allocations``) so they are counted as host, not device, memory
     (docs/design.md §4, ``host_bytes``). ``None`` restores the default (no scope). Returns the
     number of offloaders changed: 0 when ``model`` has no converted layer that swaps.
+    ``side_stream_scope``: the context prefetched device copies are made in (what CUDA allocates on
+    its side stream; docs/design.md §10), None for none.
     """
     offloaders = {}
     for module in model.modules():
@@ -209,4 +212,5 @@ def set_host_scope(model: nn.Module, scope: Callable[[], ContextManager[None]] |
             offloaders[id(offloader)] = offloader
     for offloader in offloaders.values():
         offloader.host_scope = scope if scope is not None else contextlib.nullcontext
+        offloader.side_stream_scope = side_stream_scope if side_stream_scope is not None else contextlib.nullcontext
     return len(offloaders)

@@ -50,6 +50,10 @@ class Offloader:
         # Off CUDA the "host" copies are ordinary tensors; a measurement may set this to a context
         # (LiveStorageTracker.host_allocations) so they count as host, not device, bytes.
         self.host_scope: Callable[[], ContextManager[None]] = contextlib.nullcontext
+        # Off CUDA, a context under which prefetched device copies are made: on CUDA they are allocated
+        # on the side stream, whose cached blocks the caching allocator keeps apart (the tracker tags
+        # them so the allocator model can, docs/design.md §10).
+        self.side_stream_scope: Callable[[], ContextManager[None]] = contextlib.nullcontext
 
     def new_step(self) -> None:
         """Forget the previous step's order (called at the first offload after a backward)."""
@@ -92,7 +96,8 @@ class Offloader:
                 event = torch.cuda.Event()
                 event.record(side)
             return dev, event
-        return tuple(h.clone() for h in host), None
+        with self.side_stream_scope():
+            return tuple(h.clone() for h in host), None
 
     def _prefetch(self, handle: int) -> None:
         if handle < 0 or handle >= len(self._order) or handle in self._ready:

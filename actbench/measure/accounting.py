@@ -104,7 +104,7 @@ def file_offloads_as_host(model: torch.nn.Module, tracker: LiveStorageTracker) -
     """L4/L5 off CUDA: their "host" copies are plain tensors; make the tracker file them as host."""
     from actbench.actnn import set_host_scope
 
-    set_host_scope(model, tracker.host_allocations)
+    set_host_scope(model, tracker.host_allocations, tracker.side_stream_allocations)
 
 
 def tracked_memory_step(step: TrainingStep, images: torch.Tensor, targets: torch.Tensor,

@@ -23,9 +23,13 @@ the allocator's source (c10/cuda/CUDACachingAllocator.cpp, summarised in docs/de
   at its lowest unmapped address that, with the free block before it, fits the request; on a
   failure free pages are unmapped and the mapping retried.
 
+- blocks belong to the stream they were allocated on and are reused only there: each stream has
+  its own pools (and expandable segments); L4/L5's prefetched copies are on a side stream.
+
 No torch here: the replay is plain Python over integers, O(n log n) in the number of events (the
-free blocks are kept sorted by size), so it runs for every meta point. Streams are not modelled
-(every block is on one stream), nor the pinned host allocator beyond :func:`pinned_host_peak`.
+free blocks are kept sorted by size), so it runs for every meta point. The events that delay reuse
+across streams (``record_stream``) are not modelled, nor the pinned host allocator beyond
+:func:`pinned_host_peak`.
 """
 
 from __future__ import annotations
@@ -113,13 +117,14 @@ class _Block:
 
 
 class _Segment:
-    __slots__ = ("base", "small", "expandable", "page")
+    __slots__ = ("base", "small", "expandable", "page", "pool")
 
-    def __init__(self, base: int, small: bool, expandable: bool) -> None:
+    def __init__(self, base: int, pool: "_Pool", expandable: bool) -> None:
         self.base = base
-        self.small = small
+        self.small = pool.small
+        self.pool = pool
         self.expandable = expandable
-        self.page = SMALL_BUFFER if small else LARGE_BUFFER
+        self.page = SMALL_BUFFER if pool.small else LARGE_BUFFER
 
 
 class _Pool:
@@ -150,7 +155,8 @@ class CachingAllocatorModel:
         self.config = config
         self.capacity = capacity
         self.max_split = config.max_split_size if config.max_split_size is not None else 1 << 62
-        self.pools = (_Pool(small=True), _Pool(small=False))
+        self.pools = (_Pool(small=True), _Pool(small=False))  # the main stream's (small, large)
+        self._streams: dict[int, tuple[_Pool, _Pool]] = {0: self.pools}
         self.reserved = 0
         self.allocated = 0
         self.reserved_peak = 0
@@ -159,10 +165,13 @@ class CachingAllocatorModel:
         self._unmapped: list[_Block] = []  # unmapped ranges of expandable segments
 
     # --- the public operations ------------------------------------------------------------------
-    def malloc(self, nbytes: int) -> _Block | None:
-        """Allocate ``nbytes``; None when the allocator would raise out-of-memory."""
+    def malloc(self, nbytes: int, stream: int = 0) -> _Block | None:
+        """Allocate ``nbytes`` on ``stream``; None when the allocator would raise out-of-memory."""
         size = round_size(nbytes)
-        pool = self.pools[0] if size <= SMALL_SIZE else self.pools[1]
+        if stream not in self._streams:
+            self._streams[stream] = (_Pool(small=True), _Pool(small=False))
+        pools = self._streams[stream]
+        pool = pools[0] if size <= SMALL_SIZE else pools[1]
         block = self._free_block(pool, size)
         if block is None:
             block = (self._new_block(pool, size)
@@ -187,7 +196,7 @@ class CachingAllocatorModel:
     def free(self, block: _Block) -> None:
         block.allocated = False
         self.allocated -= block.size
-        pool = self.pools[0] if block.segment.small else self.pools[1]
+        pool = block.segment.pool
         for other in (block.prev, block.next):
             if other is not None and not other.allocated and other.mapped == block.mapped:
                 self._merge(block, other, pool)
@@ -239,7 +248,7 @@ class CachingAllocatorModel:
         alloc = allocation_size(size)
         if not self._fits(alloc):
             return None
-        segment = _Segment(self._next_base, pool.small, expandable=False)
+        segment = _Segment(self._next_base, pool, expandable=False)
         self._next_base += alloc + (1 << 30)
         self._reserve(alloc)
         return _Block(segment.base, alloc, segment)
@@ -247,7 +256,7 @@ class CachingAllocatorModel:
     def _expand(self, pool: _Pool, size: int) -> _Block | None:
         if pool.expandable is None:
             space = _UNBOUNDED_SPACE
-            segment = _Segment(self._next_base, pool.small, expandable=True)
+            segment = _Segment(self._next_base, pool, expandable=True)
             self._next_base += space + (1 << 40)
             space -= space % segment.page
             pool.expandable = segment
@@ -356,7 +365,7 @@ class CachingAllocatorModel:
 
     def _release_cached(self) -> bool:
         """Release every whole free segment; unmap every free page of expandable segments."""
-        for pool in self.pools:
+        for pool in (p for pools in self._streams.values() for p in pools):
             for block in list(pool.blocks.values()):
                 if block.segment.expandable:
                     self._unmap_free_pages(block, pool)
@@ -425,12 +434,13 @@ def replay(events: Iterable[Event], config: AllocatorConfig = AllocatorConfig(),
 
 
 def replay_steps(persistent: Sequence[Event], step: Sequence[Event], config: AllocatorConfig = AllocatorConfig(),
-                 capacity: int | None = None, steps: int = 2) -> ReplayResult:
+                 capacity: int | None = None, steps: int = 2, side_stream: frozenset[int] = frozenset()) -> ReplayResult:
     """A training run's reserved peak: the persistent allocations, then ``steps`` repeats of one step.
 
     What a step leaves alive (gradients, the loss) is freed before the next one, as ``zero_grad``
     does; the first repeat is the warm-up whose cached segments the measured step reuses (a cuda
-    measurement's reserved peak also includes the warm-up's segments).
+    measurement's reserved peak also includes the warm-up's segments). Handles in ``side_stream`` are
+    allocated on a second stream.
     """
     model = CachingAllocatorModel(config, capacity)
     live: dict[int, _Block] = {}
@@ -438,7 +448,7 @@ def replay_steps(persistent: Sequence[Event], step: Sequence[Event], config: All
     def run(events: Sequence[Event], owned: dict[int, _Block]) -> int | None:
         for handle, nbytes in events:
             if nbytes:
-                block = model.malloc(nbytes)
+                block = model.malloc(nbytes, 1 if handle in side_stream else 0)
                 if block is None:
                     return round_size(nbytes)
                 owned[handle] = block

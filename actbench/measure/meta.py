@@ -59,12 +59,14 @@ class StepTrace:
     persistent: tuple[tuple[int, int], ...]
     step: tuple[tuple[int, int], ...]
     host: tuple[tuple[int, int], ...]
+    #: handles allocated on CUDA's side stream (L4/L5's prefetched copies)
+    side_stream: frozenset[int] = frozenset()
 
     @classmethod
     def of(cls, tracker: LiveStorageTracker) -> "StepTrace":
         events = tracker.device_events or []
         return cls(tuple(events[:tracker.step_start]), tuple(events[tracker.step_start:]),
-                   tuple(tracker.host_events or ()))
+                   tuple(tracker.host_events or ()), frozenset(tracker.side_stream_serials))
 
 
 #: Traces kept for points a twin strategy may reuse (L5 replays L4's step with its own allocator setting).
@@ -208,11 +210,11 @@ def predict_reserved(point: PointConfig, result: Measurement, trace: StepTrace) 
     persistent = trace.persistent
     if gpu is not None:
         persistent = tuple((-1 - i, n) for i, n in enumerate(gpu.workspace_allocations())) + persistent
-    bounded = replay_steps(persistent, trace.step, config, capacity=point.budget_bytes)
+    bounded = replay_steps(persistent, trace.step, config, capacity=point.budget_bytes, side_stream=trace.side_stream)
     if not bounded.oom:
         result.reserved_bytes = bounded.reserved_peak
         return
-    result.reserved_bytes = replay_steps(persistent, trace.step, config).reserved_peak
+    result.reserved_bytes = replay_steps(persistent, trace.step, config, side_stream=trace.side_stream).reserved_peak
     if gpu is not None:
         raise OverBudget(f"predicted reserved {result.reserved_bytes} B > {point.budget_bytes} B usable on "
                          f"{gpu.describe()}: the caching-allocator model could not reserve a {bounded.oom_request} B "

@@ -48,6 +48,9 @@ class LiveStorageTracker(TorchDispatchMode):
         self.host_events: list[tuple[int, int]] | None = [] if record else None
         #: index of ``device_events`` where the measured step begins (before it: adopted state)
         self.step_start = 0
+        self._side_depth = 0
+        #: serials of device storages made inside ``side_stream_allocations()`` (CUDA's side stream)
+        self.side_stream_serials: set[int] = set()
         self.live_bytes = 0
         self.host_live_bytes = 0
         self.peak_bytes = 0
@@ -105,6 +108,8 @@ class LiveStorageTracker(TorchDispatchMode):
         ref = weakref.ref(storage, lambda _r, k=key: self._release(k))
         self._serial += 1
         self._entries[key] = _Entry(ref=ref, nbytes=nbytes, host=is_host, serial=self._serial)
+        if self._side_depth and not is_host:
+            self.side_stream_serials.add(self._serial)
         self._record(is_host, self._serial, nbytes)
         self._add(is_host, nbytes)
 
@@ -135,6 +140,16 @@ class LiveStorageTracker(TorchDispatchMode):
             yield
         finally:
             self._host_depth -= 1
+
+    @contextlib.contextmanager
+    def side_stream_allocations(self) -> Iterator[None]:
+        """Device storages first seen inside this block are allocated on a side stream on CUDA (L4/L5's
+        prefetched copies): the caching-allocator model keeps their blocks in that stream's pools."""
+        self._side_depth += 1
+        try:
+            yield
+        finally:
+            self._side_depth -= 1
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
