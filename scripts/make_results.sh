@@ -16,6 +16,9 @@ PY=${PYTHON:-python3}
 "$PY" -m actbench run experiments/modern_baselines.toml --out results/meta
 "$PY" -m actbench run experiments/paper_t4.toml --out results/meta
 "$PY" -m actbench report results/meta --out results/meta/report.md
+# ActNN on one model per torchvision family (issue 13), with its own report under results/meta/model_zoo/
+# (about 50 minutes on 2 loaded cores; resumes)
+"$PY" -m actbench run experiments/model_zoo.toml --out results/meta
 for exp in max_batch memory_per_level accuracy_vs_bits resnet50_throughput_vs_batch max_scale_resnet152 planned_max_batch modern_baselines; do
   "$PY" -m actbench run "experiments/$exp.toml" --quick --device cpu --out results/quick
 done
