@@ -130,3 +130,22 @@ def test_trust_csv_compares_predicted_and_measured_reserved_bytes(tmp_path: Path
     first, second = (dict(zip(names, line.split(","))) for line in lines)
     assert first["reserved_ratio"] == "0.7500" and first["meta_reserved_bytes"] == str(120 * MIB)
     assert second["reserved_ratio"] == ""  # not measured (cpu): no ratio, not zero
+
+
+def test_the_tracker_records_allocations_and_frees_in_order() -> None:
+    import torch
+
+    from actbench.measure.tracker import LiveStorageTracker
+
+    tracker = LiveStorageTracker(record=True)
+    with tracker:
+        a = torch.ones(1000)  # 4000 B
+        with tracker.side_stream_allocations():
+            b = a * 2  # a prefetched copy on CUDA's side stream
+        with tracker.host_allocations():
+            c = torch.zeros(10)  # a host copy
+        del a
+    (sa, na), (sb, nb) = tracker.device_events[:2]
+    assert (na, nb) == (4000, 4000) and tracker.device_events[2] == (sa, 0)  # a freed after b was made
+    assert tracker.side_stream_serials == {sb} and tracker.host_events == [(tracker.host_events[0][0], 40)]
+    del b, c
