@@ -7,7 +7,10 @@ still converge. This module checks that claim on a task that needs no download:
   grating at orientation ``k·180°/K``; frequency, phase, contrast and colour are random per image and
   Gaussian noise is added, so only the orientation tells the class. Deterministic per seed and
   exactly class-balanced (labels are ``arange(n) % K``, shuffled).
-- :func:`build_cifar_resnet` — a small CIFAR-style ResNet (3 stages of BasicBlocks, widths 16/32/64).
+- :func:`build_cifar_resnet` — a small CIFAR-style ResNet (3 stages of BasicBlocks, widths 16/32/64);
+  :func:`build_small_vit` — a small vision transformer (``model = "vit"``): torchvision's
+  ``VisionTransformer``, the class of ``vit_b_16``, so it trains through the same ActNN twins
+  (LayerNorm, GELU, attention) and the saved-tensor hook path (docs/design.md §3).
 - :func:`train_and_evaluate` — a fixed number of SGD steps with fixed seeds, at fp32 or with ActNN's
   per-sample/per-layer mixed precision at a target average of ``bits`` (level L3's path with a
   different target), then test accuracy on a held-out set drawn from a different seed.
@@ -116,6 +119,23 @@ class CifarResNet(nn.Module):
         return self.fc(torch.flatten(self.pool(self.stages(self.stem(x))), 1))
 
 
+#: Networks the accuracy experiment trains (``AccuracyConfig.model``).
+MODELS: tuple[str, ...] = ("resnet", "vit")
+#: Fields that only a ViT reads: left out of a ResNet's identity, so its run and keys stay as they were.
+_VIT_FIELDS: tuple[str, ...] = ("heads", "patch_size", "mlp_dim")
+
+
+def build_small_vit(layers: int, num_classes: int, width: int, heads: int, patch_size: int, mlp_dim: int,
+                    image_size: int, seed: int) -> nn.Module:
+    """torchvision's ViT with ``layers`` encoder blocks of ``width`` channels, from ``seed`` (global RNG untouched)."""
+    from torchvision.models import VisionTransformer
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return VisionTransformer(image_size=image_size, patch_size=patch_size, num_layers=layers, num_heads=heads,
+                                 hidden_dim=width, mlp_dim=mlp_dim, num_classes=num_classes)
+
+
 def build_cifar_resnet(depth: int, num_classes: int, width: int, seed: int) -> CifarResNet:
     """ResNet-``depth`` (depth = 6n+2: 8, 14, 20, ...) initialised from ``seed`` without touching torch's global RNG."""
     if depth < 8 or (depth - 2) % 6:
@@ -128,7 +148,12 @@ def build_cifar_resnet(depth: int, num_classes: int, width: int, seed: int) -> C
 # --- configuration and rows ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class AccuracyConfig:
-    """One accuracy-vs-bits experiment. ``bits``: target average bits per saved value (fp32 always added)."""
+    """One accuracy-vs-bits experiment. ``bits``: target average bits per saved value (fp32 always added).
+
+    ``model``: ``resnet`` (CIFAR ResNet-``model_depth``, base width ``width``) or ``vit`` (a ViT of
+    ``model_depth`` encoder blocks of ``width`` channels, ``heads`` attention heads, MLP of
+    ``mlp_dim``, square patches of ``patch_size`` pixels).
+    """
 
     bits: tuple[float, ...] = (8, 4, 3, 2, 1.5, 1.25)
     include_fp32: bool = True
@@ -139,6 +164,10 @@ class AccuracyConfig:
     weight_decay: float = 5e-4
     model_depth: int = 8
     width: int = 16
+    model: str = "resnet"
+    heads: int = 4
+    patch_size: int = 4
+    mlp_dim: int = 128
     num_classes: int = 8
     image_size: int = 24
     train_size: int = 4096
@@ -154,6 +183,17 @@ class AccuracyConfig:
         for b in self.bits:
             if not 1 <= b <= 8:
                 raise ValueError(f"accuracy: bits must lie in 1..8 (a mixed-precision target), got {b}")
+        if self.model not in MODELS:
+            raise ValueError(f"accuracy: model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if self.model == "vit":
+            for name in ("model_depth", "heads", "patch_size", "mlp_dim"):
+                if getattr(self, name) <= 0:
+                    raise ValueError(f"accuracy: {name} must be > 0 for a vit, got {getattr(self, name)}")
+            if self.width % self.heads:
+                raise ValueError(f"accuracy: a vit's width must be a multiple of heads, got {self.width} and {self.heads}")
+            if self.image_size % self.patch_size:
+                raise ValueError(f"accuracy: a vit's image_size must be a multiple of patch_size, got "
+                                 f"{self.image_size} and {self.patch_size}")
         for name in ("steps", "batch_size", "train_size", "test_size", "width", "threads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"accuracy: {name} must be > 0, got {getattr(self, name)}")
@@ -178,11 +218,31 @@ class AccuracyConfig:
         data = asdict(self)
         for name in ("bits", "include_fp32", "threads"):  # threads change speed, not results
             data.pop(name)
+        if self.model == "resnet":  # a ResNet keeps the identity it had before other models existed
+            for name in ("model",) + _VIT_FIELDS:
+                data.pop(name)
         return {"command": "accuracy", **data}
+
+    def model_tag(self) -> str:
+        """``resnet8``, ``vit3x64p6`` (blocks x width, patch size): in run names and descriptions."""
+        if self.model == "vit":
+            return f"vit{self.model_depth}x{self.width}p{self.patch_size}"
+        return f"resnet{self.model_depth}"
+
+    def row_model(self) -> str:
+        """The ``model`` column of its rows."""
+        return f"cifar_resnet{self.model_depth}" if self.model == "resnet" else f"small_{self.model_tag()}"
+
+    def build_model(self) -> nn.Module:
+        """The network, initialised from ``seed``."""
+        if self.model == "vit":
+            return build_small_vit(self.model_depth, self.num_classes, self.width, self.heads, self.patch_size,
+                                   self.mlp_dim, self.image_size, self.seed)
+        return build_cifar_resnet(self.model_depth, self.num_classes, self.width, self.seed)
 
     def run_name(self) -> str:
         blob = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
-        return f"accuracy_resnet{self.model_depth}_{self.image_size}px_{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+        return f"accuracy_{self.model_tag()}_{self.image_size}px_{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
 
 
 def setting_label(bits: float | None) -> str:
@@ -260,15 +320,17 @@ def _level(cfg: AccuracyConfig, bits: float):
     from actbench.actnn import level_config
 
     # L3's per-sample and per-layer mixed precision, with the target moved: 3 and 1.5 bits are not
-    # packable widths, so only the mixed-precision path reaches them (as an average).
-    return level_config("L3", conv_bits=bits, bn_bits=bits, mixed_precision=True,
+    # packable widths, so only the mixed-precision path reaches them (as an average). Every compressed
+    # tensor has the target (docs/design.md §3): conv/linear inputs, normalised inputs and the rest
+    # (activation derivatives, softmax, attention's qkv, hook-packed tensors: a ViT's bulk).
+    return level_config("L3", conv_bits=bits, bn_bits=bits, act_bits=bits, mixed_precision=True,
                         group_size=cfg.group_size).replace(name=f"L3@{bits:g}b")
 
 
 def train_and_evaluate(cfg: AccuracyConfig, bits: float | None, data: Data | None = None) -> TrainOutcome:
     """Train one setting for ``cfg.steps`` SGD steps (same init, same batches for every setting)."""
     data = make_data(cfg) if data is None else data
-    model: nn.Module = build_cifar_resnet(cfg.model_depth, cfg.num_classes, cfg.width, cfg.seed)
+    model: nn.Module = cfg.build_model()
     controller = None
     if bits is not None:
         from actbench.actnn import convert
@@ -423,7 +485,7 @@ def _run_settings(cfg: AccuracyConfig, store: AccuracyStore, done: dict[str, Acc
         t0 = time.perf_counter()
         base = dict(key=key, run_id=run_dir.name, setting=label, target_bits=bits, chance_accuracy=1 / cfg.num_classes,
                     steps=cfg.steps, batch_size=cfg.batch_size, image_size=cfg.image_size,
-                    num_classes=cfg.num_classes, model=f"cifar_resnet{cfg.model_depth}", seed=cfg.seed)
+                    num_classes=cfg.num_classes, model=cfg.row_model(), seed=cfg.seed)
         try:
             res = TrainOutcome(**executor.call(Task("accuracy-setting", {"config": dataclasses.asdict(cfg),
                                                                           "bits": bits})))
@@ -457,6 +519,7 @@ def find_accuracy_runs(results_dir: Path) -> tuple[tuple[Path, tuple[AccuracyRow
 
 
 __all__ = [
-    "AccuracyConfig", "AccuracyRow", "AccuracyStore", "CifarResNet", "TrainOutcome", "build_cifar_resnet",
+    "AccuracyConfig", "AccuracyRow", "AccuracyStore", "CifarResNet", "MODELS", "TrainOutcome", "build_cifar_resnet",
+    "build_small_vit",
     "find_accuracy_runs", "make_data", "make_gratings", "run_accuracy", "setting_label", "train_and_evaluate",
 ]

@@ -120,7 +120,7 @@ class AccuracyStep:
     def describe(self) -> str:
         c = self.config
         bits = ", ".join(f"{b:g}" for b in c.bits)
-        return (f"accuracy resnet{c.model_depth} {c.image_size}px {c.num_classes} classes, {c.steps} steps, "
+        return (f"accuracy {c.model_tag()} {c.image_size}px {c.num_classes} classes, {c.steps} steps, "
                 f"{'fp32 + ' if c.include_fp32 else ''}bits {bits} (cpu)")
 
 
