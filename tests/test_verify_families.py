@@ -1,0 +1,84 @@
+"""verify-grads on one model per torchvision family at a small size (issue 13, item 4).
+
+Heavy: about 4 minutes on 2 idle cores (under a second for squeezenet1_1, a minute for
+wide_resnet50_2), and vgg16's 138M parameters take about 11 GB of memory. Each family runs L3 with
+4 draws on a fixed batch and fixed seeds.
+
+Why the tolerance is honest: with K draws of an unbiased estimator whose n gradient entries have
+independent noise, bias_z^2 = ||mean - g||^2 / (S / K) follows F(n, n(K-1)) (S the summed sample
+variance), so bias_z is about 1 and exceeds 3 (F > 9) with probability below 1e-4 for n >= 8 at K=4.
+LayerNorm, softmax and attention recomputed from quantized Q and K are biased to second order
+(docs/design.md §3), far below one draw's noise: 4 draws cannot see it, and the bound does not try.
+64 px and batch 4 keep at least 16 values per BatchNorm channel at the last stage: at 32 px and
+batch 2, DenseNet's and EfficientNet's last BatchNorms see 2 values, their fp32 gradient is
+ill-conditioned (norms of 1e6) and no comparison means anything.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+
+from actbench.actnn.verify import VerifyConfig, verify_grads
+from actbench.models import FAMILY_REPRESENTATIVES, ModelSpec, build_model
+
+#: Input side and batch where a family needs more than 64 px (windows of 7, Inception's stem).
+SIZES = {"maxvit_t": (224, 2), "inception_v3": (299, 2)}
+
+#: Families whose compressed gradients are not finite yet, and why (a strict xfail: fixing it fails the test).
+NOT_FINITE = {
+    "swin_v2_t": "from the second step on: F.normalize in Swin V2's cosine attention keeps its input and "
+                 "its clamped norm through the hook path, and k of padded window tokens is exactly 0 "
+                 "(norm clamped to 1e-12): quantized, -g x / norm^2 overflows to NaN",
+}
+
+
+def _families():
+    for name in FAMILY_REPRESENTATIVES:
+        marks = [pytest.mark.xfail(strict=True, raises=AssertionError, reason=NOT_FINITE[name])] \
+            if name in NOT_FINITE else []
+        yield pytest.param(name, marks=marks)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", _families())
+def test_verify_grads_on_every_family(name):
+    """Every parameter fp32 trains gets a finite compressed gradient in every draw, every weight of
+    two or more dimensions varies between draws (its layer kept a compressed input), and no
+    parameter's mean is further from fp32 than 3 standard errors (median about 1)."""
+    size, batch = SIZES.get(name, (64, 4))
+    rows = verify_grads(VerifyConfig(name, "L3", batch=batch, seeds=4, image_size=size))
+    dims = {n: p.dim() for n, p in build_model(ModelSpec(name, num_classes=10), size).named_parameters()}
+    bad = [r.parameter for r in rows if not (math.isfinite(r.rel_bias) and math.isfinite(r.rel_std))]
+    assert rows and not bad, f"{len(bad)} of {len(rows)} gradients not finite, first {bad[:3]}"
+    flat = [r.parameter for r in rows if dims[r.parameter] >= 2 and r.rel_std == 0]
+    assert not flat, f"weights whose gradient never varies (nothing compressed?): {flat[:5]}"
+    noisy = sorted((r for r in rows if r.rel_std > 0), key=lambda r: r.bias_z)
+    assert noisy[-1].bias_z < 3, noisy[-1]
+    assert 0.8 < noisy[len(noisy) // 2].bias_z < 1.3, [r.bias_z for r in noisy]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name, layers", [
+    ("vit_b_16", ("encoder.layers.encoder_layer_0.self_attention.in_proj_weight",
+                  "encoder.layers.encoder_layer_0.ln_1.weight", "encoder.layers.encoder_layer_11.mlp.0.weight")),
+    ("convnext_tiny", ("features.1.0.block.0.weight", "features.1.0.block.2.weight", "features.1.0.layer_scale")),
+])
+def test_cli_verify_grads_shows_per_layer_bias_and_variance_on_transformers(tmp_path, name, layers):
+    """As for ResNet: a row per parameter with relative bias and spread; attention, LayerNorm, the
+    GELU MLP and layer scale each have a varying, finite gradient (ViT's were all zero before)."""
+    from typer.testing import CliRunner
+
+    import actbench.cli  # noqa: F401  (registers the commands)
+    from actbench.cli.app import app
+
+    result = CliRunner().invoke(app, ["verify-grads", name, "--batch", "4", "--image-size", "64", "--seeds", "2",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (path,) = tmp_path.glob(f"{name}-L3-*.csv")
+    rows = {r["parameter"]: r for r in csv.DictReader(path.open())}
+    for layer in layers:
+        assert 0 < float(rows[layer]["rel_std"]) < math.inf and math.isfinite(float(rows[layer]["rel_bias"])), rows[layer]
+    assert "rel_bias" in result.output and "rel_std" in result.output
