@@ -41,7 +41,8 @@ class PointRunner:
 
     def __init__(self, store: RunStore, device: str, timeout_s: float = DEFAULT_TIMEOUT_S,
                  on_event: Callable[[str, PointConfig, ResultRow | None], None] | None = None,
-                 executor: Executor | None = None, retry_failed: bool = True, force: bool = False) -> None:
+                 executor: Executor | None = None, retry_failed: bool = True, force: bool = False,
+                 started_at: int | None = None) -> None:
         self.store = store
         self.device = device
         self.retry_failed = retry_failed
@@ -50,8 +51,9 @@ class PointRunner:
         self.on_event = on_event or (lambda *_: None)
         self._env_id: str | None = None
         store.refresh()
-        #: rows of rows.jsonl before this offset were there when this runner started
-        self._started_at = store.end
+        #: rows of rows.jsonl before this byte offset were there when the run started; several
+        #: runners of one run (actbench/scaleout.py) pass the same ``started_at`` so they agree
+        self.started_at = store.end if started_at is None else started_at
 
     def environment_id(self) -> str:
         """Capture the environment once per run and record it in the run directory."""
@@ -61,12 +63,19 @@ class PointRunner:
             self.store.record_environment(env, self._env_id)
         return self._env_id
 
-    def _is_final(self, key: str, row: ResultRow) -> bool:
+    def is_final(self, key: str, row: ResultRow) -> bool:
         """Whether a recorded row stands: a result, or a failure this runner must not retry."""
         if not self.force and (row.status not in RETRIED_STATUSES or not self.retry_failed):
             return True
         offset = self.store.offset(key)
-        return offset is not None and offset >= self._started_at
+        return offset is not None and offset >= self.started_at
+
+    def recorded(self, point: PointConfig) -> ResultRow | None:
+        """The row that stands for ``point`` (resume, retry and force rules), or None: still to measure."""
+        key = point.key()
+        self.store.refresh()
+        row = self.store.get(key)
+        return row if row is not None and self.is_final(key, row) else None
 
     def run(self, point: PointConfig) -> ResultRow:
         key = point.key()
@@ -74,7 +83,7 @@ class PointRunner:
         while True:
             with store.locked():  # re-reads what other writers appended
                 existing = store.get(key)
-                if existing is not None and self._is_final(key, existing):
+                if existing is not None and self.is_final(key, existing):
                     self.on_event("cached", point, existing)
                     return existing
                 claim = store.try_claim(key)

@@ -282,21 +282,8 @@ def make_runner(run_dir: Path, device: str, executor: Any, on_event: Event | Non
     from actbench.results import RunStore
     from actbench.runner import PointRunner
 
-    options: dict[str, Any] = {"retry_failed": retry_failed}
-    if force:
-        options["force"] = True
-    runner = PointRunner(RunStore(run_dir), device, executor=executor, on_event=on_event, **options)
-    runner._started_at = since  # every handle of one run agrees on when it started
-    return runner
-
-
-def recorded_row(runner: Any, point: PointConfig) -> ResultRow | None:
-    """The row that stands for ``point`` under ``runner``'s rules (resume, retry, force), or None
-    when the point is still to be measured."""
-    key = point.key()
-    runner.store.refresh()
-    row = runner.store.get(key)
-    return row if row is not None and runner._is_final(key, row) else None
+    return PointRunner(RunStore(run_dir), device, executor=executor, on_event=on_event, retry_failed=retry_failed,
+                       force=force, started_at=since)
 
 
 class _Runners:
@@ -499,7 +486,7 @@ def replay(search: Callable, config: Any, runner: Any, seen: set[str] | None = N
     (``cached``)."""
 
     def run(point: PointConfig) -> ResultRow:
-        row = recorded_row(runner, point)
+        row = runner.recorded(point)
         if row is None:
             raise _Unrecorded(point)
         if seen is not None and on_event is not None and row.key not in seen:

@@ -79,3 +79,23 @@ def test_accuracy_rejects_non_finite_hyperparameters(tmp_path: Path) -> None:
     path.write_text('name = "acc"\ndescription = "x"\n[[steps]]\ncommand = "accuracy"\nlr = nan\n')
     with pytest.raises(ExperimentError, match="lr must be a finite number > 0, got nan"):
         load_experiment(path)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["memory", "resnet18", "--precision", "fp8", "--device", "meta"], "'fp8' is not one of 'fp32', 'bf16', 'fp16'"),
+    (["memory", "resnet18", "--device", "tpu"], "'tpu' is not one of 'cpu', 'cuda', 'meta'"),
+    (["memory", "resnet18", "--bogus"], "No such option: --bogus"),
+    (["memroy", "resnet18"], "No such command 'memroy'"),
+    (["plan"], "Missing argument 'model'"),
+])
+def test_usage_errors_from_the_command_line_are_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
+    """The installed command (not only the app object): choices and unknown options, one line, exit 2."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "actbench", *args, "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("actbench: error: "), done.stderr
+    assert not (tmp_path / "out").exists()

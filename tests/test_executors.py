@@ -21,6 +21,7 @@ from actbench.executors import ChildProcessExecutor, InProcessExecutor, Task, Ta
 from actbench.results import RunStore
 from actbench.runner import PointRunner
 from actbench.schema import Measurement, ModelSpec, PointConfig
+from workers import live_workers
 
 
 class RecordingExecutor:
@@ -97,19 +98,8 @@ def test_accuracy_settings_run_through_the_executor(tmp_path: Path) -> None:
 
 
 def _worker_pids(marker: str) -> list[int]:
-    """Live worker processes whose command line names ``marker`` (read from /proc: no width limits)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().split(") ", 1)[1][:1]
-        except OSError:
-            continue
-        if "actbench.worker" in cmdline and marker in cmdline and state != "Z":
-            pids.append(int(entry.name))
-    return pids
+    """Live workers whose command line names ``marker``."""
+    return live_workers(lambda p: marker in p.cmdline)
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])

@@ -27,6 +27,7 @@ from actbench.cli import harness_commands
 from actbench.cli import progress as progress_mod
 from actbench.cli.progress import EXTENSION_NOTICE, PointProgress
 from actbench.schema import ModelSpec, PointConfig, ResultRow
+from workers import live_workers
 
 REPO = Path(__file__).resolve().parent.parent
 META = ["--image-size", "16", "--device", "meta"]
@@ -382,19 +383,7 @@ def test_force_measures_again_and_no_retry_keeps_errors(tmp_path: Path) -> None:
 
 # --- issue 11 item 4: SIGTERM and SIGHUP behave like Ctrl-C --------------------------------------
 def _workers_of(parent: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        ppid = int(stat.rpartition(")")[2].split()[1])
-        if ppid == parent and "actbench.worker" in cmdline:
-            found.append(int(entry.name))
-    return found
+    return live_workers(lambda p: p.ppid == parent)
 
 
 def _alive(pid: int) -> bool:

@@ -33,6 +33,7 @@ from actbench.scaleout import (ExecutionOptions, SlurmOptions, execute, parse_ti
                                split)
 from actbench.schema import MEMORY_FAILURES, Measurement, ModelSpec, PointConfig
 from actbench.search import GridConfig, MeasureSettings, SweepConfig, run_grid, run_sweep
+from workers import live_workers
 
 FAULT_ENV = "ACTBENCH_TEST_FAULT"
 JOB_FAULT_ENV = "ACTBENCH_TEST_JOB_FAULT"
@@ -248,19 +249,7 @@ def test_a_failure_costs_one_row_and_the_next_point_gets_a_fresh_worker(monkeypa
 
 def _serving_workers(marker: str) -> list[int]:
     """Live persistent workers whose working folder is under a folder named ``marker``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(entry / "cwd")
-            state = (entry / "stat").read_text().split(") ", 1)[1][:1]
-        except OSError:
-            continue
-        if "actbench.worker --serve" in cmdline and marker in cwd and state != "Z":
-            pids.append(int(entry.name))
-    return pids
+    return live_workers(lambda p: marker in p.cwd, command="actbench.worker --serve")
 
 
 @pytest.mark.slow

@@ -10,4 +10,29 @@ from actbench.cli import experiment_commands  # noqa: F401  (registers run)
 
 
 def main() -> None:
-    app()
+    """Run the app; a usage error (unknown option, a value outside its choices) is one line on stderr.
+
+    Typer would print a usage block and a boxed message; the project's rule for bad input is one line
+    naming the value and what is allowed, exit code 2 (as ``actbench.cli.app.fail`` does).
+    """
+    import sys
+
+    import typer
+
+    # Typer may carry its own copy of click: take the exception classes from Typer's own.
+    usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+    click_exception = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+    try:
+        code = app(standalone_mode=False)
+    except usage_error as exc:
+        command = exc.ctx.command_path if exc.ctx is not None else "actbench"
+        message = " ".join(exc.format_message().replace("Value error, ", "").split())
+        typer.echo(f"actbench: error: {message} (see '{command} --help')", err=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:  # Ctrl-C outside a command's own handling
+        typer.echo("Aborted.", err=True)
+        sys.exit(1)
+    except click_exception as exc:
+        typer.echo(f"actbench: error: {' '.join(exc.format_message().split())}", err=True)
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -20,7 +20,7 @@ from rich.text import Text
 from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, Device, app, fail,
                               interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
 from actbench.cli.progress import PointProgress, ensure_extension, one_line, plural
-from actbench.commands import DEFAULT_STRATEGIES
+from actbench.commands import DEFAULT_STRATEGIES, PLAN_DEVICE
 from actbench.devices import PROFILES, profile
 from actbench.strategies import PLAIN_STRATEGIES
 from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, MIN_IMAGE_SIZE, PLAN_DIMENSIONS, PRECISIONS, RETRIED_STATUSES
@@ -134,6 +134,32 @@ def _run_spec(spec, out: Path, dry_run: bool, force: bool = False, no_retry: boo
     return store, outcome
 
 
+#: A command's parameters that steer the run, not what it measures (never in the spec nor the run's name).
+_RUN_SWITCHES = ("out", "dry_run", "force", "no_retry")
+_EXECUTION_OPTIONS = ("jobs", "gpus", "executor", "isolate", "slurm")
+
+
+def _launch(command: str, options: dict[str, Any], **fields: Any):
+    """One path from a command's parameters to a run: build its spec, then dry-run or measure it.
+
+    ``options`` is the command's parameters by name. Strategy selection (--strategies, --levels,
+    --no-baseline), the execution options and the run switches are mapped here once; every other
+    parameter is a CommandSpec field of the same name (``timeout`` is ``timeout_s``; enums give their
+    value). ``fields`` override, for options whose spec form differs (max-scale's one batch size).
+    Returns (store, outcome), or None after a dry run.
+    """
+    given = dict(options)
+    switches = {name: given.pop(name) for name in _RUN_SWITCHES if name in given}
+    execution = _execution(**{name: given.pop(name) for name in _EXECUTION_OPTIONS if name in given})
+    strategies = _strategies(given.pop("strategies"), given.pop("levels"), given.pop("no_baseline"))
+    if "timeout" in given:
+        given["timeout_s"] = given.pop("timeout")
+    values = {name: value.value if isinstance(value, enum.Enum) else value for name, value in given.items()}
+    spec = _spec(**{**values, **fields, "command": command, "strategies": strategies})
+    return spec, _run_spec(spec, switches["out"], switches["dry_run"], switches.get("force", False),
+                           switches.get("no_retry", False), execution)
+
+
 def _strategies(strategies: Optional[str], levels: Optional[str], no_baseline: bool) -> tuple[str, ...]:
     """--strategies and --levels add up (fp32 leads unless --no-baseline); neither: the default comparison."""
     from actbench.parsing import combine_strategies, parse_levels, parse_strategies
@@ -172,9 +198,6 @@ def _execute(store, plan, force: bool = False, retry_failed: bool = True, execut
 
     settings = plan.config.settings
     err = Console(stderr=True, highlight=False)
-    options: dict[str, Any] = {"retry_failed": retry_failed}
-    if force:
-        options["force"] = True
     with terminate_like_ctrl_c():
         progress = PointProgress(plan.points, exact=plan.command in _GRID_COMMANDS,
                                  predicts=profile(plan.device).predicts)
@@ -186,7 +209,7 @@ def _execute(store, plan, force: bool = False, retry_failed: bool = True, execut
                     fail(f"{problem} (strategies without ActNN levels need no extension, e.g. --strategies "
                          "fp32,swap,checkpoint)", code=1)
                 result = execute(plan, store, on_event=progress.on_event, options=execution,
-                                 timeout_s=settings.timeout_s, **options)
+                                 timeout_s=settings.timeout_s, retry_failed=retry_failed, force=force)
         except EnvironmentCaptureError as exc:
             fail(str(exc))
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (Terminated)
@@ -361,7 +384,7 @@ def sweep_batch(
     host_budget: HostBudgetOpt = None,
     out: OutOpt = DEFAULT_OUT,
     stop_after: Annotated[int, typer.Option("--stop-after", help="Stop a strategy after k consecutive failures.")] = 2,
-    find_max: Annotated[bool, typer.Option("--find-max", help="Binary search for the largest batch (multiples of 4).")] = False,
+    find_max: Annotated[bool, typer.Option("--find-max", help="Search for the largest batch (multiples of 4): fit how the peak grows, confirm around the limit.")] = False,
     extra_blocks: ExtraBlocksOpt = 0,
     width_per_group: WidthOpt = None,
     warmup_steps: WarmupOpt = None,
@@ -389,13 +412,7 @@ def sweep_batch(
       actbench sweep-batch resnet50 --levels all --strategies swap --find-max --budget 16GiB
       actbench sweep-batch resnet18 --levels L3 --batch 4:16:4 --image-size 64 --device cpu
     """
-    spec = _spec(command="sweep-batch", model=model, strategies=_strategies(strategies, levels, no_baseline),
-                 batch=batch, image_size=image_size, device=device.value, budget=budget, gpu=gpu,
-                 host_budget=host_budget, stop_after=stop_after,
-                 find_max=find_max, extra_blocks=extra_blocks, width_per_group=width_per_group,
-                 warmup_steps=warmup_steps, timed_steps=timed_steps, checkpoint_segments=checkpoint_segments, precision=precision,
-                 timeout_s=timeout)
-    ran = _run_spec(spec, out, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
+    spec, ran = _launch("sweep-batch", locals())
     if ran is not None:
         store, outcome = ran
         _render(outcome.rows, f"sweep-batch {spec.model_spec().label()} {image_size}px on {device.value} -> {store.run_dir}")
@@ -434,7 +451,10 @@ def max_scale(
     isolate: IsolateOpt = False,
     slurm: SlurmOpt = None,
 ) -> None:
-    """Binary search of the largest depth, width or resolution that fits, with throughput and FLOPs there.
+    """Search for the largest depth, width or resolution that fits, with throughput and FLOPs there.
+
+    Model-guided: small probes, a fit of how the peak grows, a jump to the predicted limit and probes
+    around it (bisection when the fit is poor); every probe is a row, summary.json says how.
 
     Without --levels/--strategies: fp32 and ActNN L3. On meta (predictions) a budget is required.
     × fp32 compares the maxima in the same unit as the figures and the report (depth: layers).
@@ -445,30 +465,13 @@ def max_scale(
       actbench max-scale --dim depth --device meta --budget 16GiB         # predicted, no GPU
       actbench max-scale --dim resolution resnet50 --levels L2,L3 --batch 32 --budget 16GiB
     """
-    spec = _spec(command="max-scale", model=model, strategies=_strategies(strategies, levels, no_baseline),
-                 batch=str(batch), image_size=image_size, device=device.value, budget=budget, gpu=gpu,
-                 host_budget=host_budget, dim=dim.value,
-                 low=low, high=high, step=step, warmup_steps=warmup_steps, timed_steps=timed_steps,
-                 checkpoint_segments=checkpoint_segments, precision=precision, timeout_s=timeout)
-    ran = _run_spec(spec, out, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
+    spec, ran = _launch("max-scale", locals(), batch=str(batch))
     if ran is not None:
         store, outcome = ran
         _render(outcome.rows, f"max-scale --dim {dim.value} {model} batch {batch} on {device.value} -> {store.run_dir}")
         label = {"depth": "extra blocks", "width": "width_per_group", "resolution": "image size"}[dim.value]
         _render_maxima(outcome, label)
         _finish(outcome, search=True)
-
-
-def _grid(precision, command: str, model: str, strategies, levels, no_baseline, batch, image_size, device, budget, out,
-          extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments, timeout, dry_run,
-          force=False, no_retry=False, execution=None, gpu=None, host_budget=None):
-    spec = _spec(command=command, model=model, strategies=_strategies(strategies, levels, no_baseline), batch=batch,
-                 image_size=image_size, device=device.value, budget=budget, gpu=gpu, host_budget=host_budget,
-                 extra_blocks=extra_blocks,
-                 width_per_group=width_per_group, warmup_steps=warmup_steps, timed_steps=timed_steps,
-                 checkpoint_segments=checkpoint_segments, precision=precision, timeout_s=timeout)
-    ran = _run_spec(spec, out, dry_run, force, no_retry, execution)
-    return (None, None) if ran is None else ran
 
 
 @app.command("throughput")
@@ -509,11 +512,9 @@ def throughput(
       actbench throughput resnet50 --levels L2,L3 --strategies swap,checkpoint --batch 64,128
       actbench throughput resnet18 --batch 8 --image-size 64 --device cpu       # no GPU: small sizes
     """
-    store, outcome = _grid(precision, "throughput", model, strategies, levels, no_baseline, batch, image_size, device, budget,
-                           out, extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments,
-                           timeout, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm), gpu,
-                           host_budget)
-    if store is not None:
+    _, ran = _launch("throughput", locals())
+    if ran is not None:
+        store, outcome = ran
         _render(outcome.rows, f"throughput {model} on {device.value} -> {store.run_dir}")
         _finish(outcome, search=False)
 
@@ -556,14 +557,12 @@ def memory(
       actbench memory resnet50 --levels L0..L5 --batch 64 --device meta     # predicted, no GPU
       actbench memory resnet18 --levels L3 --batch 8 --image-size 64 --device cpu
     """
+    _, ran = _launch("memory", locals())  # first statement: locals() holds the parameters only
+    if ran is None:
+        return
     from actbench.parsing import format_bytes
 
-    store, outcome = _grid(precision, "memory", model, strategies, levels, no_baseline, batch, image_size, device, budget, out,
-                           extra_blocks, width_per_group, warmup_steps, timed_steps, checkpoint_segments, timeout,
-                           dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm), gpu,
-                           host_budget)
-    if store is None:
-        return
+    store, outcome = ran
     table = Table(title=_cell(f"memory {model} on {device.value} -> {store.run_dir}"))
     cols = ("strategy", "batch", "status", "activation", "peak alloc", "reserved", "params", "grads",
             "optimizer state", "model total", "host (swap)", "message")
@@ -615,16 +614,11 @@ def plan(
       actbench plan resnet50 --budget 16GiB --strategies swap,checkpoint --levels L0..L5
       actbench plan resnet152 --budget 40GiB --dim depth --levels L3
     """
-    from actbench.commands import PLAN_DEVICE
-    from actbench.parsing import format_bytes
-
-    spec = _spec(command="plan", model=model, strategies=_strategies(strategies, levels, no_baseline),
-                 batch=str(batch), image_size=image_size, device=PLAN_DEVICE, budget=budget, gpu=gpu,
-                 host_budget=host_budget, dim=dim.value, low=low,
-                 high=high, step=step, checkpoint_segments=checkpoint_segments, precision=precision)
-    ran = _run_spec(spec, out, dry_run, force, no_retry, _execution(jobs, gpus, executor, isolate, slurm))
+    spec, ran = _launch("plan", locals(), batch=str(batch), device=PLAN_DEVICE)
     if ran is None:
         return
+    from actbench.parsing import format_bytes
+
     store, outcome = ran
     settings = spec.settings()
     table = Table(title=_cell(f"plan {model} {image_size}px{_precision_suffix(outcome.rows)} under {format_bytes(settings.budget_bytes)}"
