@@ -316,3 +316,29 @@ def test_scaled_dot_product_attention_through_the_hook_path_gradient_mean_conver
     x, y = _tokens()
     ratios = error_ratios(_SDPA(), level_config("L3", backend=backend, hook_min_elements=256), x, y)
     assert all(r < RATIO_BOUND for r in ratios.values()), ratios
+
+
+class _CosineAttention(nn.Module):
+    """Swin V2's cosine attention: F.normalize on q and k (rerouted: output and per-row denominator
+    kept), with padded tokens whose keys are exactly 0 (their norm is clamped to eps)."""
+
+    def __init__(self, dim=32, tokens=16, padded=4):
+        super().__init__()
+        self.embed, self.q, self.v = nn.Linear(12, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim, bias=False)  # Swin V2 zeroes the key bias
+        self.head = nn.Linear(dim * tokens, 10)
+        self.padded = padded
+
+    def forward(self, x):
+        h = self.embed(x)
+        h = torch.cat([h[:, :-self.padded], torch.zeros_like(h[:, -self.padded:])], 1)  # window padding
+        attn = F.normalize(self.q(h), dim=-1) @ F.normalize(self.k(h), dim=-1).transpose(1, 2)
+        return self.head((torch.softmax(attn * 10, -1) @ self.v(h)).flatten(1))
+
+
+def test_normalize_with_zero_rows_gradient_mean_converges(backend):
+    """Through the plain hook path the quantized keys over their clamped norm (1e-12) gave NaN."""
+    torch.manual_seed(0)
+    x, y = _tokens()
+    ratios = error_ratios(_CosineAttention(), level_config("L3", backend=backend, hook_min_elements=256), x, y)
+    assert all(r < RATIO_BOUND for r in ratios.values()), ratios

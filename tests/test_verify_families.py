@@ -27,23 +27,8 @@ from actbench.models import FAMILY_REPRESENTATIVES, ModelSpec, build_model
 #: Input side and batch where a family needs more than 64 px (windows of 7, Inception's stem).
 SIZES = {"maxvit_t": (224, 2), "inception_v3": (299, 2)}
 
-#: Families whose compressed gradients are not finite yet, and why (a strict xfail: fixing it fails the test).
-NOT_FINITE = {
-    "swin_v2_t": "from the second step on: F.normalize in Swin V2's cosine attention keeps its input and "
-                 "its clamped norm through the hook path, and k of padded window tokens is exactly 0 "
-                 "(norm clamped to 1e-12): quantized, -g x / norm^2 overflows to NaN",
-}
-
-
-def _families():
-    for name in FAMILY_REPRESENTATIVES:
-        marks = [pytest.mark.xfail(strict=True, raises=AssertionError, reason=NOT_FINITE[name])] \
-            if name in NOT_FINITE else []
-        yield pytest.param(name, marks=marks)
-
-
 @pytest.mark.heavy
-@pytest.mark.parametrize("name", _families())
+@pytest.mark.parametrize("name", FAMILY_REPRESENTATIVES)
 def test_verify_grads_on_every_family(name):
     """Every parameter fp32 trains gets a finite compressed gradient in every draw, every weight of
     two or more dimensions varies between draws (its layer kept a compressed input), and no

@@ -23,8 +23,11 @@ Functional activations get their twins' forms too: while the packer is installed
 mask, in place when asked), ``F.dropout`` (a 1-bit keep-mask), ``F.hardsigmoid`` (a 1-bit mask) and
 ``F.gelu``/``F.silu``/``torch.sigmoid``/``F.hardswish`` (their derivative, unbiased) to the twins'
 autograd functions — GoogLeNet and Inception apply every ReLU as ``F.relu(x, inplace=True)``, whose
-output the plain hook path would keep at 2 bits, lossy, where a mask is exact and smaller. Calls made
-inside a twin's own forward are left alone.
+output the plain hook path would keep at 2 bits, lossy, where a mask is exact and smaller.
+``F.normalize`` (p = 2; Swin V2's cosine attention) keeps its output, compressed, and its per-row
+denominator in full precision (:class:`NormalizeFunction`): the plain hook path kept the input and
+the clamped norm, and a quantized input over a norm clamped to 1e-12 (Swin V2's padded keys are
+exactly 0) overflowed to NaN in backward. Calls made inside a twin's own forward are left alone.
 
 A packed tensor is quantized with the same ops and slots as a twin's input (``LayerSlot.save_input``), at the
 level's ``act_bits`` (full precision at L0: nothing is packed), with the same mixed precision
@@ -53,7 +56,7 @@ from actbench import compat, ops
 from actbench.actnn.controller import ROLE_COMPRESSED, Controller, LayerSlot, PackSpec, saved_role
 from actbench.actnn.layers import ActNNModule
 from actbench.actnn.functions import (AvgPool2dFunction, ClampFunction, DerivativeFunction, DropoutFunction,
-                                      MaskScaleFunction, MaxPool2dFunction, PoolParams, kept_by_twin)
+                                      MaskScaleFunction, MaxPool2dFunction, PoolParams, kept_by_twin, save)
 
 #: Why a saved tensor was left as it is (the census files it under these reasons).
 SKIP_NOT_FLOATING = "integer or bool"
@@ -339,6 +342,45 @@ def _avg_pool2d(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs:
     )
 
 
+class NormalizeFunction(torch.autograd.Function):
+    """y = x / max(||x||_2, eps) along ``dim``, keeping y (|y| <= 1: compressed at ``act_bits``) and the
+    per-row denominator (layer statistics, full precision) instead of x and the norm.
+
+    Backward: (g - y <g, y>) / denom on rows whose norm exceeds eps, g / eps on clamped rows (there
+    the denominator is a constant), as torch's. Quadratic in y: second-order biased, like LayerNorm.
+    """
+
+    @staticmethod
+    def forward(ctx, x, dim, eps: float, slot: LayerSlot):
+        denom = torch.linalg.vector_norm(x, 2, dim, keepdim=True).clamp_min(eps)
+        y = x / denom
+        tensors, spec = slot.save_input(y)
+        save(ctx, denom, *tensors)
+        ctx.slot, ctx.spec, ctx.dim, ctx.eps = slot, spec, dim, eps
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        slot = ctx.slot
+        slot.record_grad(grad)
+        denom, *packed = ctx.saved_tensors
+        y = slot.load_input(tuple(packed), ctx.spec).to(grad.dtype)
+        inside = (denom > ctx.eps).to(grad.dtype)
+        return (grad - inside * y * (grad * y).sum(ctx.dim, keepdim=True)) / denom, None, None, None
+
+
+def _normalize(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
+    """F.normalize(x, p=2) -> its output and per-row denominator (:class:`NormalizeFunction`)."""
+    config = packer.controller.config
+    p = float(_arg(args, kwargs, 0, "p", 2.0))
+    if (p != 2.0 or _arg(args, kwargs, 3, "out", None) is not None or config.act_bits is None
+            or x.numel() < config.hook_min_elements):
+        return NotImplemented  # L0: torch's own saving (exact); small: not worth a twin
+    dim = _arg(args, kwargs, 1, "dim", 1)
+    eps = float(_arg(args, kwargs, 2, "eps", 1e-12))
+    return NormalizeFunction.apply(x, dim, eps, packer.functional_slot("normalize", "act"))
+
+
 _ROUTES: dict = {}
 
 
@@ -359,6 +401,7 @@ def _routes() -> dict:
             F.silu: _smooth("silu", inplace_at=0),
             F.hardswish: _smooth("hardswish", inplace_at=0),
             F.max_pool2d: _max_pool2d,
+            F.normalize: _normalize,
             F.avg_pool2d: _avg_pool2d, torch._C._nn.avg_pool2d: _avg_pool2d,
             torch.sigmoid: _smooth("sigmoid"), torch.Tensor.sigmoid: _smooth("sigmoid"), F.sigmoid: _smooth("sigmoid"),
         })
