@@ -123,3 +123,14 @@ def tracked_memory_step(step: TrainingStep, images: torch.Tensor, targets: torch
         del loss
     result.peak_alloc_bytes = tracker.peak_bytes
     result.reserved_bytes = None  # no caching allocator here
+
+
+def with_census(note: str | None, model: torch.nn.Module) -> str | None:
+    """``note`` plus, for an ActNN model, what its measured forward left uncompressed, by category and
+    owner, as a share of the saved bytes (``actbench.actnn.last_forward_census``; docs/design.md §3)."""
+    from actbench.actnn import last_forward_census
+
+    census = last_forward_census(model)
+    if census is None or not census.total_bytes:
+        return note
+    return "; ".join(n for n in (note, census.describe_uncompressed(top=2)) if n)[:600]

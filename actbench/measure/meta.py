@@ -28,7 +28,7 @@ import torch
 from actbench import compat, strategies
 from actbench.devices import profile
 from actbench.measure.accounting import (OverBudget, check_budget, check_host_budget, classified, count_flops,
-                                         file_offloads_as_host, model_breakdown, tracked_memory_step)
+                                         file_offloads_as_host, model_breakdown, tracked_memory_step, with_census)
 from actbench.measure.allocator import AllocatorConfig, pinned_host_peak, replay_steps
 from actbench.measure.tracker import LiveStorageTracker
 from actbench.models import build_model, real_depth
@@ -147,7 +147,7 @@ class MetaSessions:
             file_offloads_as_host(session.step.model, tracker)
             tracked_memory_step(session.step, images, targets, tracker, result)
             del images, targets
-            result.strategy_note = _with_census(session.note, session.step.model)
+            result.strategy_note = with_census(session.note, session.step.model)
             for name, value in model_breakdown(session.step).items():
                 setattr(result, name, value)
         self._key, self._session = key, session
@@ -219,17 +219,6 @@ def predict_reserved(point: PointConfig, result: Measurement, trace: StepTrace) 
         raise OverBudget(f"predicted reserved {result.reserved_bytes} B > {point.budget_bytes} B usable on "
                          f"{gpu.describe()}: the caching-allocator model could not reserve a {bounded.oom_request} B "
                          f"request ({bounded.reserved_at_oom} B reserved)")
-
-
-def _with_census(note: str | None, model: torch.nn.Module) -> str | None:
-    """``note`` plus, for an ActNN model, what its measured forward left uncompressed, by category and
-    owner, as a share of the saved bytes (``actbench.actnn.last_forward_census``; docs/design.md §3)."""
-    from actbench.actnn import last_forward_census
-
-    census = last_forward_census(model)
-    if census is None or not census.total_bytes:
-        return note
-    return "; ".join(n for n in (note, census.describe_uncompressed(top=2)) if n)[:600]
 
 
 def _build_fake_model(point: PointConfig, mode: Any) -> torch.nn.Module:

@@ -18,8 +18,7 @@ import torch
 
 from actbench.devices import DeviceProfile, profile
 from actbench.measure.accounting import (check_budget, check_host_budget, classified, count_flops, file_offloads_as_host,
-                                         model_breakdown)
-from actbench.measure.meta import _with_census
+                                         model_breakdown, with_census)
 from actbench.models import build_model, real_depth
 from actbench.schema import Measurement, PointConfig
 from actbench.strategies import StrategyOptions
@@ -124,7 +123,7 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
     step.settle_loss_scale(images, targets)  # fp16: until the gradient scaler stops skipping steps
     step.zero_grad()
     prof.memory_step(step, images, targets, device, tracker, result)
-    result.strategy_note = _with_census(note, step.model)  # what the measured forward left uncompressed, as on meta
+    result.strategy_note = with_census(note, step.model)  # what the measured forward left uncompressed, as on meta
     precision_note = step.precision_note()
     if precision_note is not None:
         result.strategy_note = "; ".join(n for n in (result.strategy_note, precision_note) if n)
