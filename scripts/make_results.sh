@@ -6,6 +6,7 @@
 #                   and today's baselines beside ActNN (experiments/modern_baselines.toml), and the
 #                   paper's maximum batch planned for the T4 profile with 64 GiB of host memory
 #                   (experiments/paper_t4.toml; meta only, so not in the --quick cpu loop below)
+#   results/zoo/    ActNN on one model per torchvision family (experiments/model_zoo.toml, meta)
 #   results/quick/  the --quick CPU version of every experiment in experiments/
 # Each command resumes, so an interrupted run can be restarted.
 set -euo pipefail
@@ -16,9 +17,9 @@ PY=${PYTHON:-python3}
 "$PY" -m actbench run experiments/modern_baselines.toml --out results/meta
 "$PY" -m actbench run experiments/paper_t4.toml --out results/meta
 "$PY" -m actbench report results/meta --out results/meta/report.md
-# ActNN on one model per torchvision family (issue 13), with its own report under results/meta/model_zoo/
-# (about 50 minutes on 2 loaded cores; resumes)
-"$PY" -m actbench run experiments/model_zoo.toml --out results/meta
+# ActNN on one model per torchvision family, with its own figures and report under results/zoo/model_zoo/
+# (apart from results/meta, whose report covers the paper's grid; about 50 minutes on 2 loaded cores; resumes)
+"$PY" -m actbench run experiments/model_zoo.toml --out results/zoo
 for exp in max_batch memory_per_level accuracy_vs_bits resnet50_throughput_vs_batch max_scale_resnet152 planned_max_batch modern_baselines; do
   "$PY" -m actbench run "experiments/$exp.toml" --quick --device cpu --out results/quick
 done
