@@ -34,6 +34,9 @@ def main(argv: list[str]) -> int:
     from actbench.measure.point import measure_point
     from actbench.schema import ModelSpec, PointConfig
 
+    if not torch.cuda.is_available():
+        print("memory_snapshot: torch sees no CUDA GPU here; nothing to record", file=sys.stderr)
+        return 2
     torch.cuda.init()
     free, total = torch.cuda.mem_get_info()
     context = total - free  # nothing allocated yet: the context and the driver's share

@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${GPU_STACK_VENV:-${HOME:?set HOME or GPU_STACK_VENV}/.cache/actbench-gpu-stack}
 PYVER=${GPU_STACK_PYTHON:-3.12}
-PACKAGES="torch==2.11.0 torchvision==0.26.0 typer rich pandas matplotlib pytest ninja pybind11"
+PACKAGES="torch==2.11.0 torchvision==0.26.0 typer rich pandas matplotlib pytest ninja pybind11 submitit"
 STAMP="$VENV/.actbench-gpu-stack"
 WANT="actbench gpu stack venv 1: python$PYVER $PACKAGES"
 

@@ -65,12 +65,22 @@ def test_measure_settings_meta_refuses_timed_steps() -> None:
 
 def test_git_commit_from_the_checkout_else_from_the_variable(tmp_path, monkeypatch) -> None:
     """A lent GPU gets the tree without .git: ACTBENCH_GIT_COMMIT names the commit there, never here."""
-    repo = Path(__file__).resolve().parent.parent
+    import subprocess
+
+    # a checkout of its own (this test may itself run from a copy without .git, as on a lent GPU)
+    repo = tmp_path / "checkout"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run([*git[:3], "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    bare = tmp_path / "copy"
+    bare.mkdir()
     monkeypatch.setenv(GIT_COMMIT_VAR, "not-this")
-    assert len(_git_commit(repo)) == 40 and _git_commit(repo) != "not-this"
-    assert _git_commit(tmp_path) == "not-this"
+    assert _git_commit(repo) == head
+    assert _git_commit(bare) == "not-this"
     monkeypatch.delenv(GIT_COMMIT_VAR)
-    assert _git_commit(tmp_path) is None
+    assert _git_commit(bare) is None
 
 
 # --- tracker ------------------------------------------------------------------------------------
