@@ -330,7 +330,7 @@ def test_slurm_path_runs_real_points_through_the_debug_executor_and_resumes(tmp_
     assert Counting.submitted == 1 and shape(again) == shape(outcome)  # all recorded: nothing submitted
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # about 25 s: a real job killed mid-point (CI runs it; the default run stays near 5 minutes)
 def test_a_killed_slurm_task_is_an_error_row_naming_job_and_log(tmp_path: Path, monkeypatch) -> None:
     """submitit's LocalExecutor runs the array task as a process; the hook kills it at batch 4."""
     import submitit

@@ -1,0 +1,39 @@
+"""Suite-wide hooks. After a test that left the process large, memory it freed goes back to the system.
+
+Without this the pytest process keeps every heap page a large model ever used (glibc holds freed
+blocks for reuse), so its resident size grows test by test towards the sum of the largest ones, above
+the 4 GB the default run promises a laptop (README, "Tests"); with it, the peak is about the largest
+test's own. A test pays for the collection only when the process grew by ``_TRIM_AFTER_GROWTH`` since
+the last one (a collection after every test would add minutes to the run).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import sys
+
+_TRIM_AFTER_GROWTH = 1 << 30  # bytes resident above what the last trim left
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_LIBC = None
+if sys.platform.startswith("linux"):
+    try:
+        _LIBC = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: nothing to trim
+        _LIBC = None
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+_floor = [0]  # resident bytes right after the last trim
+
+
+def pytest_runtest_teardown(item, nextitem) -> None:
+    if _LIBC is not None and _resident_bytes() > _floor[0] + _TRIM_AFTER_GROWTH:
+        gc.collect()
+        _LIBC.malloc_trim(0)
+        _floor[0] = _resident_bytes()
