@@ -14,7 +14,7 @@ import gc
 import os
 import sys
 
-_TRIM_AFTER_GROWTH = 1 << 30  # bytes resident above what the last trim left
+_TRIM_AFTER_GROWTH = 512 << 20  # bytes resident above what the last trim left
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _LIBC = None
 if sys.platform.startswith("linux"):
