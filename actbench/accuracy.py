@@ -322,9 +322,12 @@ def _level(cfg: AccuracyConfig, bits: float):
     # L3's per-sample and per-layer mixed precision, with the target moved: 3 and 1.5 bits are not
     # packable widths, so only the mixed-precision path reaches them (as an average). Every compressed
     # tensor has the target (docs/design.md §3): conv/linear inputs, normalised inputs and the rest
-    # (activation derivatives, softmax, attention's qkv, hook-packed tensors: a ViT's bulk).
-    return level_config("L3", conv_bits=bits, bn_bits=bits, act_bits=bits, mixed_precision=True,
-                        group_size=cfg.group_size).replace(name=f"L3@{bits:g}b")
+    # (activation derivatives, softmax, attention's V, hook-packed tensors: a ViT's bulk), except
+    # attention's Q and K, which never go below L3's qk_bits (their error biases the gradient). The
+    # row's mean_bits is the average over everything compressed, Q and K included.
+    l3 = level_config("L3")
+    return l3.replace(conv_bits=bits, bn_bits=bits, act_bits=bits, qk_bits=max(bits, l3.qk_bits),
+                      group_size=cfg.group_size, name=f"L3@{bits:g}b")
 
 
 def train_and_evaluate(cfg: AccuracyConfig, bits: float | None, data: Data | None = None) -> TrainOutcome:

@@ -140,6 +140,9 @@ class Measurement:
     samples_per_s_median: float | None = None
     samples_per_s_iqr: float | None = None
     step_time_s_median: float | None = None
+    #: training steps the point ran (warm-up, the memory step, timed steps) and their wall seconds
+    steps_run: int | None = None
+    steps_s: float | None = None
     flops_per_sample: float | None = None
     forward_flops_per_sample: float | None = None
     num_params: int | None = None
@@ -174,7 +177,7 @@ COLUMNS: tuple[str, ...] = (
     "activation_bytes", "peak_alloc_bytes", "reserved_bytes", "model_bytes", "param_bytes", "grad_bytes",
     "optimizer_state_bytes", "host_bytes", "samples_per_s_median", "samples_per_s_iqr", "step_time_s_median",
     "flops_per_sample", "forward_flops_per_sample", "num_params", "checkpoint_segments", "warmup_steps",
-    "timed_steps", "strategy_note", "alloc_conf", "elapsed_s", "finished_at",
+    "timed_steps", "steps_run", "steps_s", "strategy_note", "alloc_conf", "elapsed_s", "finished_at",
 )
 
 

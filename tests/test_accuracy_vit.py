@@ -25,15 +25,17 @@ def test_resnet_runs_keep_their_names_and_the_vit_step_is_a_vit():
 
 
 def test_a_small_vit_trains_with_every_compressed_tensor_at_the_target(tmp_path):
-    """At 8 bits the controller's network mean is 8: activation derivatives, attention's qkv and
-    hook-packed tensors follow the target too (they stayed at L3's 2 bits before: mean 6.1 here)."""
+    """At 8 bits the controller's network mean is 8: activation derivatives, attention's Q, K and V and
+    hook-packed tensors follow the target too (they stayed at L3's 2 bits before: mean 6.1 here). At
+    2 bits everything is at 2 except Q and K, kept at L3's 4 bits: mean 2.24 here (2.0 before)."""
     cfg = AccuracyConfig(model="vit", model_depth=1, width=16, heads=2, patch_size=4, mlp_dim=32, bits=(8, 2),
                          steps=3, batch_size=8, train_size=32, test_size=16, image_size=16, num_classes=4)
     run_dir, rows = run_accuracy(cfg, tmp_path)
     assert run_dir.name.startswith("accuracy_vit1x16p4_16px_")
     assert [r.status for r in rows] == ["ok"] * 3 and rows[0].model == "small_vit1x16p4"
     assert all(math.isfinite(r.test_loss) for r in rows)
-    assert rows[1].mean_bits == pytest.approx(8.0, abs=0.05) and rows[2].mean_bits == pytest.approx(2.0, abs=0.05)
+    assert rows[1].mean_bits == pytest.approx(8.0, abs=0.05)
+    assert 2.1 < rows[2].mean_bits < 2.4, rows[2].mean_bits
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -263,3 +263,33 @@ def test_activation_twins_keep_the_derivative(backend):
         x2 = x.detach().clone().requires_grad_(True)
         f(x2).backward(g)
         torch.testing.assert_close(x.grad, x2.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_attention_keeps_q_and_k_at_qk_bits_and_v_at_act_bits():
+    """Backward recomputes softmax(q k^T) from the saved Q and K: their error is not averaged out by
+    stochastic rounding, so they get ``qk_bits`` (L3: 4) while V, which enters linearly, gets
+    ``act_bits`` (2). Packed sizes say which: [N, L, 2E] at 4 bits and [N, L, E] at 2 bits."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(64, 4, batch_first=True)
+    x = torch.randn(2, 8, 64, requires_grad=True)
+    level = level_config("L3", mixed_precision=False)
+    assert (level.qk_bits, level.act_bits) == (4, 2)
+    model = convert(mha, level).model
+    seen = []
+    real = L.AttentionFunction.forward
+
+    def spy(ctx, qkv, heads, mask, causal, qk_slot, v_slot):
+        out = real(ctx, qkv, heads, mask, causal, qk_slot, v_slot)
+        seen.append(tuple((spec.kind, tuple(spec.shape), spec.bits) for spec in ctx.specs))
+        return out
+
+    L.AttentionFunction.forward = staticmethod(spy)
+    try:
+        out = model(x, x, x, need_weights=False)[0]
+    finally:
+        L.AttentionFunction.forward = staticmethod(real)
+    assert seen == [(("packed", (2, 8, 128), 4), ("packed", (2, 8, 64), 2))]
+    out.sum().backward()  # backward reassembles qkv from the two packs
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    # L0 keeps both in full precision: no qk_bits there
+    assert level_config("L0").qk_bits is None

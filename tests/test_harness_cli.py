@@ -169,11 +169,11 @@ def test_crashing_child_becomes_error_row_and_sweep_goes_on(tmp_path) -> None:
 
 
 def test_hanging_child_times_out(tmp_path) -> None:
-    result = invoke(["memory", "resnet18", *FP32, "--batch", "2", *TINY, "--timeout", "8", "--out", str(tmp_path)],
+    result = invoke(["memory", "resnet18", *FP32, "--batch", "2", *TINY, "--timeout", "2", "--out", str(tmp_path)],
                     fault="hang")
     assert result.exit_code == 1, result.output  # its only point failed to measure
     (row,) = rows(only_run_dir(tmp_path))
-    assert row["status"] == "timeout" and "8 s" in row["message"]
+    assert row["status"] == "timeout" and "2 s" in row["message"]
     assert "every point failed to measure" in result.stderr
 
 

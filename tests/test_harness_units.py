@@ -261,6 +261,18 @@ def test_throughput_fields_populated_on_cpu(fp32_measurement) -> None:
 def test_memory_only_point_has_no_throughput() -> None:
     m = measure_point(_point("fp32", timed_steps=0))
     assert m.samples_per_s_median is None and m.samples_per_s_iqr is None
+    assert m.steps_run == 2  # one warm-up step and the memory step, nothing timed
+    assert 0 < m.steps_s < m.elapsed_s
+
+
+def test_a_row_says_how_many_steps_ran_and_how_long_they_took(fp32_measurement) -> None:
+    """Timing goes on past timed_steps until the spread settles: the row counts what actually ran."""
+    m = fp32_measurement
+    assert m.steps_run >= 1 + 1 + 3  # warm-up, the memory step, at least the 3 timed steps
+    timed = m.steps_run - 2
+    # the median step time is one of the timed steps', so it bounds their sum from both sides loosely
+    assert m.steps_s >= timed * m.step_time_s_median * 0.5
+    assert m.steps_s < m.elapsed_s  # building the model and counting FLOPs come on top
 
 
 def test_flops_match_flop_counter_mode(fp32_measurement) -> None:

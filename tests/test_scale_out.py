@@ -230,9 +230,10 @@ def test_a_failure_costs_one_row_and_the_next_point_gets_a_fresh_worker(monkeypa
                                                                          fault: str) -> None:
     monkeypatch.setenv(FAULT_ENV, f"{fault}@batch=2")
     executor = ChildProcessExecutor(timeout_s=600, log_dir=tmp_path / "logs", persistent=True)
-    if fault == "hang":
-        executor.timeout_s = 20  # the hang is the first point: only start-up fits in 20 s
     with executor:
+        if fault == "hang":  # a warm worker first: the short timeout then covers the hanging point alone
+            assert next(executor.measure([cpu_point(8)])).status == "ok"
+            executor.timeout_s = 3
         bad = next(executor.measure([cpu_point(2)]))
         assert executor._states[0].worker is None  # replaced after the failure
         executor.timeout_s = 600

@@ -48,7 +48,7 @@ class LayerInfo:
     """A compressing layer known to the controller; ``cost_factor`` scales its variance estimate."""
 
     name: str
-    kind: str  # "conv" | "linear" (shared budget), "bn" | "norm" | "act" | "hook" (own budgets), "mask" | "pool"
+    kind: str  # "conv" | "linear" (shared budget), "bn" | "norm" | "act" | "qk" | "hook" (own budgets), "mask" | "pool"
     cost_factor: float
 
 
@@ -124,13 +124,15 @@ class Controller:
         """The level's bits for an input saved by a layer of ``kind`` (None: full precision).
 
         conv/linear inputs (and layer scale): ``conv_bits``; normalised inputs of BatchNorm and
-        LayerNorm: ``bn_bits``; everything else (activation derivatives, softmax outputs, attention
-        Q/K/V, the saved-tensor hook path): ``act_bits``.
+        LayerNorm: ``bn_bits``; attention's Q and K: ``qk_bits``; everything else (activation
+        derivatives, softmax outputs, attention's V, the saved-tensor hook path): ``act_bits``.
         """
         if kind in SHARED_BUDGET_KINDS:
             return self.config.conv_bits
         if kind in NORM_KINDS:
             return self.config.bn_bits
+        if kind == QK_KIND:
+            return self.config.qk_bits
         return self.config.act_bits
 
     # -- the step boundary --------------------------------------------------------------------
@@ -300,6 +302,8 @@ class Controller:
 SHARED_BUDGET_KINDS = ("conv", "linear")
 #: Normalisation layers (their normalised input, at ``bn_bits``).
 NORM_KINDS = ("bn", "norm")
+#: attention's queries and keys (``LevelConfig.qk_bits``)
+QK_KIND = "qk"
 
 
 def _positions(kind: str, x: torch.Tensor) -> int:

@@ -455,35 +455,44 @@ class AttentionFunction(torch.autograd.Function):
     """Self-attention over a packed projection qkv [N, L, 3E] (nn.MultiheadAttention's in_proj
     output): output [N, L, E] = softmax(q k^T * scale + mask) v per head, heads concatenated.
 
-    Only qkv is kept, compressed in one piece (it is contiguous): Q, K and V are all backward
-    needs, because backward recomputes the attention from them (scaled_dot_product_attention under
-    autograd) instead of keeping its output and log-sum-exp, as the fused kernels would. The
-    recompute costs one attention forward in backward and no saved bytes. Attention dropout is not
-    supported here (the layer falls back to torch's path, where the hook path compresses).
+    Only Q, K and V are kept: backward recomputes the attention from them (scaled_dot_product_attention
+    under autograd) instead of keeping its output and log-sum-exp, as the fused kernels would, which
+    costs one attention forward in backward and no saved bytes. Q and K are packed apart from V, in
+    their own slot (``qk_bits``): the recomputed softmax is not linear in them, so their rounding
+    error would bias the gradients rather than only add variance, as it does for V. Attention
+    dropout is not supported here (the layer falls back to torch's path, where the hook path
+    compresses).
     """
 
     @staticmethod
-    def forward(ctx, qkv, heads: int, attn_mask, is_causal: bool, slot: LayerSlot):
+    def forward(ctx, qkv, heads: int, attn_mask, is_causal: bool, qk_slot: LayerSlot, v_slot: LayerSlot):
         q, k, v = _split_heads(qkv, heads)
         with torch.no_grad():
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
-        tensors, spec = slot.save_input(qkv)
-        save(ctx, *tensors)
-        ctx.slot, ctx.spec, ctx.heads, ctx.is_causal = slot, spec, heads, is_causal
+        embed = qkv.shape[-1] // 3
+        qk_tensors, qk_spec = qk_slot.save_input(qkv[..., :2 * embed].contiguous())
+        v_tensors, v_spec = v_slot.save_input(qkv[..., 2 * embed:].contiguous())
+        save(ctx, *qk_tensors, *v_tensors)
+        ctx.slots, ctx.specs, ctx.split = (qk_slot, v_slot), (qk_spec, v_spec), len(qk_tensors)
+        ctx.heads, ctx.is_causal = heads, is_causal
         ctx.attn_mask = attn_mask  # a constant (no gradient flows to it)
         return _merge_heads(out)
 
     @staticmethod
     def backward(ctx, grad):
-        slot = ctx.slot
-        slot.record_grad(grad)
-        qkv = slot.load_input(tuple(ctx.saved_tensors), ctx.spec).to(grad.dtype).detach().requires_grad_(True)
+        qk_slot, v_slot = ctx.slots
+        qk_slot.record_grad(grad)
+        v_slot.record_grad(grad)
+        saved = tuple(ctx.saved_tensors)
+        qk = qk_slot.load_input(saved[:ctx.split], ctx.specs[0])
+        v = v_slot.load_input(saved[ctx.split:], ctx.specs[1])
+        qkv = torch.cat((qk, v), dim=-1).to(grad.dtype).detach().requires_grad_(True)
         with torch.enable_grad():
             q, k, v = _split_heads(qkv, ctx.heads)
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=ctx.attn_mask,
                                                                    is_causal=ctx.is_causal)
             (gqkv,) = torch.autograd.grad(_merge_heads(out), (qkv,), grad)
-        return gqkv, None, None, None, None
+        return gqkv, None, None, None, None, None
 
 
 def _split_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -39,7 +39,7 @@ from actbench.actnn.functions import (
 )
 
 KIND_CONV, KIND_LINEAR, KIND_BN, KIND_MASK, KIND_POOL = "conv", "linear", "bn", "mask", "pool"
-KIND_NORM, KIND_ACT = "norm", "act"
+KIND_NORM, KIND_ACT, KIND_QK = "norm", "act", "qk"
 
 
 class NotConvertedError(RuntimeError):
@@ -413,15 +413,15 @@ class QSoftmax(ActNNModule, nn.Softmax):
 class QMultiheadAttention(ActNNModule, nn.MultiheadAttention):
     """Self-attention (query is key is value, batch_first, packed in-projection, no attention
     dropout, masks or bias_k/v; torchvision's ViT) as three compressing pieces: the in-projection
-    (its input, a linear layer's), attention keeping only Q, K and V (:class:`AttentionFunction`)
-    and the out-projection (its input). Any other call runs torch's own path, where the
-    saved-tensor hook path compresses what it keeps."""
+    (its input, a linear layer's), attention keeping only Q, K and V (:class:`AttentionFunction`;
+    Q and K in a slot of their own, at ``qk_bits``) and the out-projection (its input). Any other
+    call runs torch's own path, where the saved-tensor hook path compresses what it keeps."""
 
     actnn_kind = KIND_ACT
     actnn_covers_children = True  # out_proj's weight is used here, as torch's F.multi_head_attention does
 
     def actnn_extra_slots(self) -> tuple[tuple[str, str, float], ...]:
-        return (("in_proj", KIND_LINEAR, 1.0), ("out_proj", KIND_LINEAR, 1.0))
+        return (("in_proj", KIND_LINEAR, 1.0), ("out_proj", KIND_LINEAR, 1.0), ("qk", KIND_QK, 1.0))
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
@@ -436,7 +436,7 @@ class QMultiheadAttention(ActNNModule, nn.MultiheadAttention):
             return super().forward(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
                                    attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)
         qkv = LinearFunction.apply(query, self.in_proj_weight, self.in_proj_bias, self.extra_slot("in_proj"))
-        out = AttentionFunction.apply(qkv, self.num_heads, None, False, self.actnn_slot)
+        out = AttentionFunction.apply(qkv, self.num_heads, None, False, self.extra_slot("qk"), self.actnn_slot)
         out = LinearFunction.apply(out, self.out_proj.weight, self.out_proj.bias, self.extra_slot("out_proj"))
         return out, None
 

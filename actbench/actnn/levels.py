@@ -28,7 +28,10 @@ class LevelConfig:
     derivatives kept by GELU/SiLU/Sigmoid/Hardswish, softmax outputs, attention's Q, K and V, and
     whatever the general saved-tensor hook path (``saved_tensor_hooks``, docs/design.md §3) packs:
     floating tensors of at least ``hook_min_elements`` values that no twin handles (parameters and
-    their views, integer and boolean tensors are never touched). With ``mixed_precision`` the bits become a target average
+    their views, integer and boolean tensors are never touched). ``qk_bits``: attention's queries and
+    keys, kept apart from V because backward recomputes the softmax from them: an error there passes
+    through ``exp`` and biases every gradient of the block, which stochastic rounding cannot undo
+    (V, like every other saved tensor, enters backward linearly). With ``mixed_precision`` the bits become a target average
     (per-sample and per-layer allocation by :class:`~actbench.actnn.controller.Controller`), any
     value in 1..8; otherwise they must be 1, 2, 4 or 8. ReLU/Dropout masks (1 bit) and MaxPool
     argmax (int8) are lossless, so they are kept compressed at every level (``masks``).
@@ -45,6 +48,7 @@ class LevelConfig:
     conv_bits: float | None = 2
     bn_bits: float | None = 2
     act_bits: float | None = 2
+    qk_bits: float | None = 4
     mixed_precision: bool = False
     group_size: int = ops.DEFAULT_GROUP_SIZE
     masks: bool = True
@@ -67,7 +71,7 @@ class LevelConfig:
             raise ValueError(f"LevelConfig: need 1 <= min_bits <= max_bits <= 8, got {self.min_bits}, {self.max_bits}")
         if self.hook_min_elements < 1:
             raise ValueError(f"LevelConfig.hook_min_elements must be >= 1, got {self.hook_min_elements}")
-        for field in ("conv_bits", "bn_bits", "act_bits"):
+        for field in ("conv_bits", "bn_bits", "act_bits", "qk_bits"):
             bits = getattr(self, field)
             if bits is None:
                 continue
@@ -95,7 +99,7 @@ class LevelConfig:
 def _presets() -> dict[str, LevelConfig]:
     l3 = LevelConfig("L3", conv_bits=2, bn_bits=2, act_bits=2, mixed_precision=True)
     return {
-        "L0": LevelConfig("L0", conv_bits=None, bn_bits=None, act_bits=None),
+        "L0": LevelConfig("L0", conv_bits=None, bn_bits=None, act_bits=None, qk_bits=None),
         "L1": LevelConfig("L1", conv_bits=4, bn_bits=None, act_bits=4),
         "L2": LevelConfig("L2", conv_bits=4, bn_bits=4, act_bits=4),
         "L3": l3,

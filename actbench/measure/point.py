@@ -71,11 +71,11 @@ def timing_done(times: list[float], timed: int, prof: DeviceProfile) -> bool:
 
 
 def _time_steps(step: TrainingStep, images: torch.Tensor, targets: torch.Tensor, device: torch.device,
-                prof: DeviceProfile, warmup: int, timed: int) -> list[float]:
+                prof: DeviceProfile, warmup: int, timed: int, clock: "StepClock") -> list[float]:
     """Seconds of each timed step: at least ``timed`` of them, more until :func:`timing_done`."""
-    for _ in range(warmup):
-        step(images, targets)
-    prof.synchronize(device)
+    with clock.steps(device, warmup):
+        for _ in range(warmup):
+            step(images, targets)
     times: list[float] = []
     while not timing_done(times, timed, prof):
         prof.synchronize(device)
@@ -83,7 +83,36 @@ def _time_steps(step: TrainingStep, images: torch.Tensor, targets: torch.Tensor,
         step(images, targets)
         prof.synchronize(device)
         times.append(time.perf_counter() - start)
+    clock.add(len(times), sum(times))
     return times
+
+
+class StepClock:
+    """Every training step a point runs and their wall seconds (rows: ``steps_run``, ``steps_s``).
+
+    Warm-up, the memory step and the timed steps all count: what a point costs beyond them (building
+    the model, counting FLOPs, a child's start) is the harness's own cost, ``elapsed_s − steps_s``.
+    """
+
+    def __init__(self, prof: DeviceProfile) -> None:
+        self.prof, self.count, self.seconds = prof, 0, 0.0
+
+    def add(self, count: int, seconds: float) -> None:
+        self.count += count
+        self.seconds += seconds
+
+    @contextlib.contextmanager
+    def steps(self, device: torch.device, count: int):
+        """Time a block of ``count`` steps; the block appends to the yielded list steps it ran beyond them."""
+        self.prof.synchronize(device)
+        start = time.perf_counter()
+        extra: list[int] = []
+        yield extra
+        self.prof.synchronize(device)
+        self.add(count + sum(extra), time.perf_counter() - start)
+
+    def record(self, result: Measurement) -> None:
+        result.steps_run, result.steps_s = self.count, round(self.seconds, 3)
 
 
 def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
@@ -118,11 +147,14 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
 
     # Warm-up first so optimizer state exists and the measured step is a steady-state step.
     warmup_before = max(1, point.warmup_steps) if prof.measures_after_all_warmup else 1
-    for _ in range(warmup_before):
-        step(images, targets)
-    step.settle_loss_scale(images, targets)  # fp16: until the gradient scaler stops skipping steps
-    step.zero_grad()
-    prof.memory_step(step, images, targets, device, tracker, result)
+    clock = StepClock(prof)
+    with clock.steps(device, warmup_before + 1) as extra:  # + the memory step
+        for _ in range(warmup_before):
+            step(images, targets)
+        extra.append(step.settle_loss_scale(images, targets))  # fp16: until the gradient scaler stops skipping steps
+        step.zero_grad()
+        prof.memory_step(step, images, targets, device, tracker, result)
+    clock.record(result)
     result.strategy_note = with_census(note, step.model)  # what the measured forward left uncompressed, as on meta
     precision_note = step.precision_note()
     if precision_note is not None:
@@ -134,7 +166,8 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
 
     if point.timed_steps > 0:
         remaining_warmup = max(0, point.warmup_steps - warmup_before)
-        times = _time_steps(step, images, targets, device, prof, remaining_warmup, point.timed_steps)
+        times = _time_steps(step, images, targets, device, prof, remaining_warmup, point.timed_steps, clock)
+        clock.record(result)
         rates = [point.batch_size / t for t in times]
         result.samples_per_s_median, result.samples_per_s_iqr = _quartiles(rates)
         result.step_time_s_median = statistics.median(times)

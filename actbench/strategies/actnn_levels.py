@@ -17,8 +17,8 @@ _DESCRIPTIONS = {
     "L1": "ActNN L1: every floating saved activation at 4 bits (conv/linear inputs, activation derivatives, "
           "softmax, attention Q/K/V, hook-packed tensors) but normalised inputs (BatchNorm, LayerNorm), kept in full",
     "L2": "ActNN L2: every floating saved activation at 4 bits, normalised inputs (BatchNorm, LayerNorm) included",
-    "L3": "ActNN L3: every floating saved activation at 2 bits on average; mixed precision per sample and "
-          "per layer for conv/linear inputs (one shared budget), per sample for the rest (twin or hook)",
+    "L3": "ActNN L3: every floating saved activation at 2 bits on average, attention Q/K at 4; mixed precision "
+          "per sample and per layer for conv/linear inputs (one shared budget), per sample for the rest (twin or hook)",
     "L4": "ActNN L4: L3, packed codes swapped to (pinned) host memory",
     "L5": "ActNN L5: L4 with expandable allocator segments (cuda)",
 }
