@@ -67,11 +67,13 @@ step nvidia_smi 30 nvidia-smi --query-gpu=name,memory.total,driver_version --for
 # without a visible GPU the CUDA tests below would all skip and pass: this step fails instead
 step cuda_visible 60 "$PY" -c "import sys, torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available()); sys.exit(0 if torch.cuda.is_available() else 1)"
 step doctor 300 "$PY" -m actbench doctor
+# (test_actnn_cuda.py includes issue 13's attention twin: Q/K and V packed apart on the device)
 step cuda_tests 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_ops_cuda.py tests/test_actnn_cuda.py tests/test_ops_opcheck.py
 step bench_kernels 150 "$PY" -m actbench bench-kernels --device cuda --sizes-mib 1,16,256,1024 --bits 2,4 \
   --repeats 20 --reference-max-mib 16 --out "$SCRATCH"
 keep "$SCRATCH/bench-kernels_cuda_*/kernels.csv" kernels_cuda.csv
 keep "$SCRATCH/bench-kernels_cuda_*/env.json" env_cuda.json
+# issue 16: its rows carry steps_run and steps_s, so elapsed_s - steps_s is the harness's cost per cuda point
 step sweep 200 "$PY" -m actbench sweep-batch resnet50 --strategies fp32 --levels L3 --batch 64:256:64 \
   --image-size 224 --device cuda --budget 16GiB --warmup-steps 2 --timed-steps 5 --out "$SCRATCH"
 keep "$SCRATCH/sweep-batch_resnet50_cuda_*/rows.jsonl" sweep_rows.jsonl

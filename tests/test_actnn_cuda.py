@@ -68,3 +68,17 @@ def test_two_levels_on_cuda_do_not_interfere():
         _grads(a.model, x, y)
         _grads(b.model, x, y)
     assert a.controller.allocation() == {} and b.controller.network_mean_bits() <= 2.0
+
+
+def test_attention_twin_on_cuda_packs_q_k_and_v_apart_and_trains():
+    """ViT's attention on the GPU at L3: the forward equals torch's (it runs in full precision), Q/K and
+    V are packed on the device, and backward through the reassembled qkv gives finite gradients."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(64, 4, batch_first=True).cuda()
+    x = torch.randn(4, 17, 64, device="cuda", requires_grad=True)
+    ref = mha(x, x, x, need_weights=False)[0]
+    model = convert(copy.deepcopy(mha), "L3").model
+    out = model(x, x, x, need_weights=False)[0]
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    out.square().mean().backward()
+    assert torch.isfinite(x.grad).all() and all(torch.isfinite(p.grad).all() for p in model.parameters())
