@@ -77,6 +77,7 @@ def test_a_failing_task_in_a_child_is_one_line_task_error() -> None:
         ChildProcessExecutor().call(Task("nope", {}))
 
 
+@pytest.mark.heavy  # a child trains; the executor's call path is also covered by verify-grads' test above
 def test_accuracy_settings_run_through_the_executor(tmp_path: Path) -> None:
     from actbench.accuracy import AccuracyConfig, run_accuracy
 

@@ -395,7 +395,8 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143),
+                                          pytest.param(signal.SIGHUP, 129, marks=pytest.mark.heavy)])  # same path
 def test_sigterm_and_sighup_end_the_run_like_ctrl_c(tmp_path: Path, signum: int, code: int) -> None:
     out = tmp_path / "X"
     env = {**os.environ, "PYTHONPATH": str(REPO), "ACTBENCH_TEST_FAULT": "hang"}

@@ -225,7 +225,8 @@ def test_a_persistent_worker_gives_the_memory_figures_of_a_fresh_child(monkeypat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["crash", "oom", "hang"])
+@pytest.mark.parametrize("fault", ["crash", pytest.param("oom", marks=pytest.mark.heavy), "hang"])  # oom rows:
+# also tests/test_harness_cli.py
 def test_a_failure_costs_one_row_and_the_next_point_gets_a_fresh_worker(monkeypatch, tmp_path: Path,
                                                                          fault: str) -> None:
     monkeypatch.setenv(FAULT_ENV, f"{fault}@batch=2")
