@@ -155,6 +155,17 @@ def _meta_sessions() -> Any:
     return _SESSIONS
 
 
+def _predicted(request: dict[str, Any]) -> bool:
+    """A predicting device's point (meta): its fake tensors hold no device memory, so there is nothing to
+    release, as in the in-process executor, whose predictions a worker's must equal. Releasing anyway
+    (a garbage collection per point) cost 0.17 s and made the next point of the session ~50 % slower:
+    resnet50 on meta, 12 points in one session, 14.6 s with a release after each, 10.0 s without."""
+    from actbench.devices import profile
+
+    point = request.get("point") if request.get("task") == "measure" else None
+    return point is not None and profile(point["device"]).predicts
+
+
 def release_point() -> bool:
     """After a point in a persistent worker: drop what it left behind; True when the device is clean.
 
@@ -218,7 +229,7 @@ def serve() -> int:
             result = {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}
             result["clean"] = False
         else:
-            result["clean"] = release_point()
+            result["clean"] = True if _predicted(request) else release_point()
         sys.stdout.flush()
         sys.stderr.flush()
         replies.write(json.dumps(result) + "\n")

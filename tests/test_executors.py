@@ -148,3 +148,17 @@ def test_task_arguments_survive_json() -> None:
     args = json.loads(json.dumps(dataclasses.asdict(config)))
     rows = InProcessExecutor().call(Task("verify-grads", args))["rows"]
     assert rows and all(r["rel_std"] >= 0 for r in rows)
+
+
+def test_a_worker_releases_after_points_that_computed_not_after_predictions() -> None:
+    """A meta point holds no device memory: releasing after it (a garbage collection) only slowed the
+    next prediction of the worker's session; cpu and cuda points are released (and checked clean)."""
+    from actbench.schema import ModelSpec, PointConfig
+    from actbench.worker import _predicted
+
+    def request(device: str) -> dict:
+        return {"task": "measure", "point": PointConfig(ModelSpec("resnet18"), "fp32", 2, 32, device).to_dict()}
+
+    assert _predicted(request("meta"))
+    assert not _predicted(request("cpu")) and not _predicted(request("cuda"))
+    assert not _predicted({"task": "call", "name": "verify_grads", "args": {}})
