@@ -328,7 +328,7 @@ class CommandSpec:
 
 
 def _validate_model(spec) -> None:
-    from actbench.models import validate_model_spec
+    from actbench.model_names import validate_model_spec
 
     validate_model_spec(spec)
 

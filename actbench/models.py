@@ -6,29 +6,16 @@ weights give the same tensors' sizes without a download.
 
 from __future__ import annotations
 
-import difflib
-import fnmatch
-import functools
 from typing import Any
 
 import torch
 from torch import nn
 
+from actbench.model_names import validate_model_spec
 from actbench.schema import GROWABLE_MODEL, ModelSpec
 
 #: ResNet-152's bottleneck stages; docs/design.md §5 grows stage 2 and 3 in upstream's 8:36 split.
 RESNET152_LAYERS: tuple[int, int, int, int] = (3, 8, 36, 3)
-
-
-@functools.cache
-def list_model_names(pattern: str | None = None) -> tuple[str, ...]:
-    """Torchvision classification model names, optionally filtered by a glob such as ``resnet*``."""
-    import torchvision
-
-    names = sorted(torchvision.models.list_models(module=torchvision.models))
-    if pattern:
-        names = [n for n in names if fnmatch.fnmatch(n, pattern)]
-    return tuple(names)
 
 
 #: Family of each torchvision classifier, by name prefix (longest first wins); see model_family().
@@ -53,23 +40,6 @@ def model_family(name: str) -> str:
     if not matches:
         raise ValueError(f"no known family for model '{name}'")
     return max(matches, key=len)
-
-
-def validate_model_spec(spec: ModelSpec) -> None:
-    """Raise ValueError naming the bad value and what is allowed."""
-    names = list_model_names()
-    if spec.name not in names:
-        close = difflib.get_close_matches(spec.name, names, n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"unknown model '{spec.name}'{hint} (`actbench models` lists all {len(names)})")
-    if (spec.extra_blocks or spec.width_per_group is not None) and spec.name != GROWABLE_MODEL:
-        raise ValueError(
-            f"extra blocks / width_per_group apply to {GROWABLE_MODEL} only, got model '{spec.name}'"
-        )
-    if spec.extra_blocks < 0:
-        raise ValueError(f"extra blocks must be >= 0, got {spec.extra_blocks}")
-    if spec.width_per_group is not None and spec.width_per_group <= 0:
-        raise ValueError(f"width_per_group must be > 0, got {spec.width_per_group}")
 
 
 def grown_resnet152_layers(extra_blocks: int) -> tuple[int, int, int, int]:

@@ -16,7 +16,8 @@ import torch
 
 from actbench import compat
 from actbench.measure.meta import MetaSessions
-from actbench.models import FAMILY_REPRESENTATIVES, build_model, list_model_names, model_family
+from actbench.model_names import list_model_names
+from actbench.models import FAMILY_REPRESENTATIVES, build_model, model_family
 from actbench.schema import LEVEL_NAMES, ModelSpec, PointConfig
 
 #: The smallest input each model accepts in training where 32 px is too small.

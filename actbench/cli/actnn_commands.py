@@ -52,7 +52,7 @@ def verify_grads_command(
     from actbench.actnn import level_config
     from actbench.actnn.verify import GradRow, VerifyConfig, write_csv
     from actbench.executors import InProcessExecutor, Task
-    from actbench.models import ModelSpec, validate_model_spec
+    from actbench.model_names import ModelSpec, validate_model_spec
 
     check_precision(precision)
     if device not in MEASURING_DEVICES:

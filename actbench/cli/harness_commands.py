@@ -361,7 +361,7 @@ def _print_plan(run_dir: Path, lines: list[str]) -> None:
 @app.command("models")
 def models_command(pattern: Annotated[Optional[str], typer.Argument(help="Glob filter, e.g. 'resnet*'.")] = None) -> None:
     """List the model names every measuring command accepts (torchvision classification models)."""
-    from actbench.models import list_model_names
+    from actbench.model_names import list_model_names
 
     names = list_model_names(pattern)
     if not names:

@@ -50,7 +50,7 @@ def trust_command(
       actbench trust --device cuda --batch 16 --image-size 224      # on a GPU
     """
     from actbench.measure.trust import compare, csv_name, write_csv
-    from actbench.models import ModelSpec, validate_model_spec
+    from actbench.model_names import ModelSpec, validate_model_spec
     from actbench.parsing import parse_strategies
     from actbench.results import check_writable
 
