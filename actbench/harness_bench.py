@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -50,13 +50,6 @@ class HarnessBenchRow:
     met: bool
     points: int
     detail: str
-
-    @staticmethod
-    def columns() -> list[str]:
-        return [f.name for f in fields(HarnessBenchRow)]
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def _run(args: tuple[str, ...], out: Path, log: Callable[[str], None]) -> float:

@@ -40,6 +40,23 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def new_bench_dir(out: Path, name: str, device: str) -> Path:
+    """``OUT/NAME_<UTC time>/`` with the environment ``device`` runs in (``env.json``): a benchmark's
+    folder. Never an existing one: a rerun writes beside earlier results, not over them."""
+    import json
+    import time
+
+    from actbench.measure.environment import capture_environment
+
+    run_dir = out / f"{name}_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=False)
+    except OSError as err:
+        fail(f"cannot create output directory {run_dir}: {err.strerror or err}")
+    (run_dir / "env.json").write_text(json.dumps(capture_environment(device), indent=2, default=str))
+    return run_dir
+
+
 #: --device choices, from the device profiles (actbench/devices.py).
 Device = enum.Enum("Device", {name: name for name in DEVICE_NAMES}, type=str)
 #: Devices that compute (not meta): bench-kernels, verify-grads, trust.

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import csv
-import json
-import time
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from actbench.cli.app import app, fail
+from actbench.cli.app import app, fail, new_bench_dir
 
 console = Console()
 err_console = Console(stderr=True)
@@ -41,7 +40,6 @@ def bench_harness(
       actbench bench-harness --quick               # a first look in under a minute
     """
     from actbench import harness_bench
-    from actbench.measure.environment import capture_environment
 
     which = tuple(dict.fromkeys(w.strip() for w in only.split(",") if w.strip()))
     bad = [w for w in which if w not in harness_bench.BENCHMARKS]
@@ -49,22 +47,17 @@ def bench_harness(
         fail(f"--only must list {', '.join(harness_bench.BENCHMARKS)}, got {only!r}")
     if jobs < 2:
         fail(f"--jobs must be >= 2 (it is compared with --jobs 1), got {jobs}")
-    run_dir = out / f"bench-harness_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-    try:
-        run_dir.mkdir(parents=True, exist_ok=False)
-    except OSError as err:
-        fail(f"cannot create output directory {run_dir}: {err.strerror or err}")
-    (run_dir / "env.json").write_text(json.dumps(capture_environment("cpu"), indent=2, default=str))
+    run_dir = new_bench_dir(out, "bench-harness", "cpu")
     try:
         rows = harness_bench.run_benchmarks(which, quick, jobs, log=lambda line: err_console.print(escape(line)))
     except RuntimeError as err:
         fail(str(err), code=1)
     csv_path = run_dir / "harness.csv"
     with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=harness_bench.HarnessBenchRow.columns())
+        writer = csv.DictWriter(fh, fieldnames=[f.name for f in dataclasses.fields(harness_bench.HarnessBenchRow)])
         writer.writeheader()
         for row in rows:
-            writer.writerow(row.as_dict())
+            writer.writerow(dataclasses.asdict(row))
     table = Table(title="bench-harness" + (" (quick: not the targets' sizes)" if quick else ""))
     for name in ("benchmark", "wall s", "reference s", "ratio", "target", "", "detail"):
         table.add_column(name)

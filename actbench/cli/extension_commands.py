@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Annotated
@@ -13,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from actbench.cli.app import app, fail, require_device
+from actbench.cli.app import app, fail, new_bench_dir, require_device
 from actbench.devices import MEASURING_DEVICES
 
 console = Console()
@@ -101,7 +100,6 @@ def bench_kernels(
     Writes kernels.csv and env.json; prints a table.
     """
     from actbench import kernel_bench
-    from actbench.measure.environment import capture_environment
 
     if device not in MEASURING_DEVICES:
         fail(f"--device must be {' or '.join(MEASURING_DEVICES)}, got {device!r}")
@@ -115,12 +113,7 @@ def bench_kernels(
         repeats=repeats,
         reference_max_mib=reference_max_mib,
     )
-    run_dir = out / f"bench-kernels_{device}_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-    try:
-        run_dir.mkdir(parents=True, exist_ok=False)
-    except OSError as err:
-        fail(f"cannot create output directory {run_dir}: {err.strerror or err}")
-    (run_dir / "env.json").write_text(json.dumps(capture_environment(device), indent=2, default=str))
+    run_dir = new_bench_dir(out, f"bench-kernels_{device}", device)
     fields = [f.name for f in dataclasses.fields(kernel_bench.KernelRow)]
     csv_path = run_dir / "kernels.csv"
     table = Table(title=f"bench-kernels on {device} (GB/s of fp32 input)")

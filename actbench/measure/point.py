@@ -12,7 +12,7 @@ import contextlib
 import logging
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -73,9 +73,10 @@ def timing_done(times: list[float], timed: int, prof: DeviceProfile) -> bool:
 def _time_steps(step: TrainingStep, images: torch.Tensor, targets: torch.Tensor, device: torch.device,
                 prof: DeviceProfile, warmup: int, timed: int, clock: "StepClock") -> list[float]:
     """Seconds of each timed step: at least ``timed`` of them, more until :func:`timing_done`."""
-    with clock.steps(device, warmup):
+    with clock.timing(device):
         for _ in range(warmup):
             step(images, targets)
+    clock.count += warmup
     times: list[float] = []
     while not timing_done(times, timed, prof):
         prof.synchronize(device)
@@ -83,7 +84,8 @@ def _time_steps(step: TrainingStep, images: torch.Tensor, targets: torch.Tensor,
         step(images, targets)
         prof.synchronize(device)
         times.append(time.perf_counter() - start)
-    clock.add(len(times), sum(times))
+    clock.count += len(times)
+    clock.seconds += sum(times)
     return times
 
 
@@ -97,19 +99,14 @@ class StepClock:
     def __init__(self, prof: DeviceProfile) -> None:
         self.prof, self.count, self.seconds = prof, 0, 0.0
 
-    def add(self, count: int, seconds: float) -> None:
-        self.count += count
-        self.seconds += seconds
-
     @contextlib.contextmanager
-    def steps(self, device: torch.device, count: int):
-        """Time a block of ``count`` steps; the block appends to the yielded list steps it ran beyond them."""
+    def timing(self, device: torch.device) -> Iterator[None]:
+        """Add the block's synchronised wall seconds (its steps are counted by the caller)."""
         self.prof.synchronize(device)
         start = time.perf_counter()
-        extra: list[int] = []
-        yield extra
+        yield
         self.prof.synchronize(device)
-        self.add(count + sum(extra), time.perf_counter() - start)
+        self.seconds += time.perf_counter() - start
 
     def record(self, result: Measurement) -> None:
         result.steps_run, result.steps_s = self.count, round(self.seconds, 3)
@@ -148,12 +145,13 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
     # Warm-up first so optimizer state exists and the measured step is a steady-state step.
     warmup_before = max(1, point.warmup_steps) if prof.measures_after_all_warmup else 1
     clock = StepClock(prof)
-    with clock.steps(device, warmup_before + 1) as extra:  # + the memory step
+    with clock.timing(device):
         for _ in range(warmup_before):
             step(images, targets)
-        extra.append(step.settle_loss_scale(images, targets))  # fp16: until the gradient scaler stops skipping steps
+        settled = step.settle_loss_scale(images, targets)  # fp16: until the gradient scaler stops skipping steps
         step.zero_grad()
         prof.memory_step(step, images, targets, device, tracker, result)
+    clock.count += warmup_before + settled + 1  # + the memory step
     clock.record(result)
     result.strategy_note = with_census(note, step.model)  # what the measured forward left uncompressed, as on meta
     precision_note = step.precision_note()
