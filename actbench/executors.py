@@ -466,6 +466,7 @@ class ChildProcessExecutor:
         self._aborted = False
         self._children: set[subprocess.Popen] = set()
         self._environments: dict[str, dict[str, Any]] = {}
+        self._last_slot = threading.local()  # .state: the slot the calling thread had last
 
     # --- slots ------------------------------------------------------------------------------------
     def _acquire(self, key: tuple) -> _SlotState:
@@ -476,9 +477,13 @@ class ChildProcessExecutor:
                 free = [s for s in self._states if not s.busy]
                 if free:
                     fitting = [s for s in free if s.worker is not None and s.worker.key == key and s.worker.alive]
+                    # A thread keeps to the worker it had when that one fits: a search's next probe
+                    # then meets the model (and, on meta, the steps) its last probe left there.
+                    fitting.sort(key=lambda s: s is not getattr(self._last_slot, "state", None))
                     empty = [s for s in free if s.worker is None]
                     state = (fitting or empty or free)[0]
                     state.busy = True
+                    self._last_slot.state = state
                     return state
                 self._cond.wait()
 

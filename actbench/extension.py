@@ -29,18 +29,18 @@ up at all. None of this defends against the current user or root, who can write 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import torch
 
 log = logging.getLogger(__name__)
 
@@ -120,31 +120,95 @@ def find_cuda_home() -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class TorchFacts:
+    """What the cache key needs to know about the installed torch.
+
+    Read from torch's own ``version.py`` without importing torch (about 2 s), so a command that
+    only checks whether the extension is built stays fast; torch is imported only when it already
+    was, or when the file cannot be read, or when a GPU may be present and its capability decides
+    the architectures.
+    """
+
+    version: str
+    cuda: str | None
+
+    @staticmethod
+    def installed() -> "TorchFacts":
+        loaded = sys.modules.get("torch")
+        if loaded is not None and hasattr(loaded, "version"):
+            return TorchFacts(loaded.__version__, loaded.version.cuda)
+        facts = _read_torch_version_file()
+        if facts is not None:
+            return facts
+        import torch
+
+        return TorchFacts(torch.__version__, torch.version.cuda)
+
+
+_VERSION_LINE = re.compile(r"^(__version__|cuda)\s*(?::[^=]*)?=\s*(.+?)\s*$", re.M)
+
+
+def _read_torch_version_file() -> TorchFacts | None:
+    """``__version__`` and ``cuda`` from torch/version.py, or None if it is not as expected."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+    except (OSError, ImportError, ValueError):
+        return None
+    found = {name: value for name, value in _VERSION_LINE.findall(text)}
+    try:
+        version = ast.literal_eval(found["__version__"])
+        cuda = ast.literal_eval(found["cuda"])
+    except (KeyError, ValueError, SyntaxError):
+        return None
+    if not isinstance(version, str) or not (cuda is None or isinstance(cuda, str)):
+        return None
+    return TorchFacts(version, cuda)
+
+
+def _gpu_capability() -> tuple[int, int] | None:
+    """The first GPU's compute capability, or None without one.
+
+    Without NVIDIA device files (Linux) no GPU can be visible, so torch is not imported to ask.
+    """
+    if sys.platform.startswith("linux") and not any(Path("/dev").glob("nvidia[0-9]*")):
+        return None
+    import torch
+
+    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+
+
 def plan(cache_dir: Path | None = None, with_cuda: bool | None = None) -> BuildPlan:
     """Decide what to build: CUDA when torch has CUDA and nvcc is found (or as ``with_cuda`` says)."""
-    cuda_home = find_cuda_home() if torch.version.cuda else None
+    facts = TorchFacts.installed()
+    cuda_home = find_cuda_home() if facts.cuda else None
     if with_cuda is None:
         with_cuda = cuda_home is not None
     elif with_cuda and cuda_home is None:
         raise ExtensionError(
             "actbench extension: CUDA build requested but no CUDA toolkit with nvcc and libcudart was found "
-            f"(torch CUDA: {torch.version.cuda}); set CUDA_HOME to the toolkit folder"
+            f"(torch CUDA: {facts.cuda}); set CUDA_HOME to the toolkit folder"
         )
     archs = None
     if with_cuda:
         archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
-        if not archs and torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            archs = f"{major}.{minor}"
+        capability = None if archs else _gpu_capability()
+        if capability is not None:
+            archs = f"{capability[0]}.{capability[1]}"
         archs = archs or DEFAULT_CUDA_ARCHS
     source_hash = _source_hash()
     key = hashlib.sha256(
-        json.dumps([source_hash, torch.__version__, with_cuda, archs, sys.version_info[:2], RECORD_FORMAT]).encode()
+        json.dumps([source_hash, facts.version, with_cuda, archs, sys.version_info[:2], RECORD_FORMAT]).encode()
     ).hexdigest()[:16]
     root = cache_dir or Path(os.environ.get("ACTBENCH_CACHE_DIR") or Path.home() / ".cache" / "actbench")
-    flavour = f"cu{torch.version.cuda.replace('.', '')}" if with_cuda else "cpu"
-    directory = root / "extension" / f"torch{torch.__version__.split('+')[0]}-{flavour}-{key}"
-    return BuildPlan(with_cuda, cuda_home if with_cuda else None, archs, torch.__version__, source_hash, directory)
+    flavour = f"cu{facts.cuda.replace('.', '')}" if with_cuda and facts.cuda else "cpu"
+    directory = root / "extension" / f"torch{facts.version.split('+')[0]}-{flavour}-{key}"
+    return BuildPlan(with_cuda, cuda_home if with_cuda else None, archs, facts.version, source_hash, directory)
 
 
 def _gencode_flags(archs: str) -> list[str]:
@@ -256,6 +320,8 @@ def _write_record(p: BuildPlan) -> None:
 
 
 def _load_library(p: BuildPlan) -> None:
+    import torch
+
     try:
         torch.ops.load_library(str(p.library))
     except OSError as err:
@@ -266,7 +332,8 @@ def _load_library(p: BuildPlan) -> None:
 
 
 def _is_loaded() -> bool:
-    return hasattr(torch.ops, "actbench") and hasattr(torch.ops.actbench, "quantize")
+    torch = sys.modules.get("torch")
+    return torch is not None and hasattr(torch.ops, "actbench") and hasattr(torch.ops.actbench, "quantize")
 
 
 def build(p: BuildPlan, force: bool = False, verbose: bool = False) -> None:

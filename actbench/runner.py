@@ -19,9 +19,12 @@ or, when another writer holds the claim, waits for that writer's row instead of 
 from __future__ import annotations
 
 import logging
-from typing import Callable
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
 
-from actbench.executors import EnvironmentCaptureError, Executor, executor_for
+from actbench.devices import profile
+from actbench.executors import EnvironmentCaptureError, Executor, InProcessExecutor, executor_for
 from actbench.measure.environment import environment_id
 from actbench.results import RunStore
 from actbench.schema import DEFAULT_TIMEOUT_S, RETRIED_STATUSES, PointConfig, ResultRow
@@ -50,6 +53,8 @@ class PointRunner:
         self.executor = executor or executor_for(device, timeout_s, store.run_dir / "logs")
         self.on_event = on_event or (lambda *_: None)
         self._env_id: str | None = None
+        self._env_lock = threading.Lock()
+        self._env_future: Future[dict[str, Any]] | None = None
         store.refresh()
         #: rows of rows.jsonl before this byte offset were there when the run started; several
         #: runners of one run (actbench/scaleout.py) pass the same ``started_at`` so they agree
@@ -57,11 +62,40 @@ class PointRunner:
 
     def environment_id(self) -> str:
         """Capture the environment once per run and record it in the run directory."""
-        if self._env_id is None:
-            env = self.executor.environment(self.device)
-            self._env_id = environment_id(env)
-            self.store.record_environment(env, self._env_id)
+        with self._env_lock:
+            if self._env_id is None:
+                self._start_environment()
+                assert self._env_future is not None
+                try:
+                    env = self._env_future.result()
+                except BaseException:
+                    self._env_future = None  # the next point tries again
+                    raise
+                self._env_id = environment_id(env)
+                self.store.record_environment(env, self._env_id)
         return self._env_id
+
+    def _start_environment(self) -> None:
+        """Begin the capture; beside a point measured in a child, in a thread of its own.
+
+        Capturing imports torch here (about 1.5 s of one core); run beside the first point's worker
+        start it costs no wall time on a machine with a core to spare (docs/design.md §7). Points
+        measured in this process (meta with one job) capture it first, as before: their step needs
+        this interpreter. So do devices captured in a child of their own (cuda): that child's
+        device context must not hold device memory while a point is measured.
+        """
+        if self._env_future is not None:
+            return
+        if isinstance(self.executor, InProcessExecutor) or profile(self.device).environment_in_child:
+            self._env_future = Future()
+            try:
+                self._env_future.set_result(self.executor.environment(self.device))
+            except Exception as exc:  # noqa: BLE001 - re-raised by result()
+                self._env_future.set_exception(exc)
+            return
+        pool = ThreadPoolExecutor(1, thread_name_prefix="actbench-environment")
+        self._env_future = pool.submit(_at_lowest_priority, self.executor.environment, self.device)
+        pool.shutdown(wait=False)
 
     def is_final(self, key: str, row: ResultRow) -> bool:
         """Whether a recorded row stands: a result, or a failure this runner must not retry."""
@@ -95,9 +129,11 @@ class PointRunner:
         try:
             if existing is not None:
                 log.info("%s: measuring again (recorded %s: %s)", point.describe(), existing.status, existing.message)
-            env_id = self.environment_id()
+            with self._env_lock:
+                self._start_environment()
             self.on_event("start", point, None)
             measurement = next(iter(self.executor.measure([point])))
+            env_id = self.environment_id()
             row = ResultRow.build(point, measurement, store.run_id, env_id)
             store.append(row)
         finally:
@@ -106,3 +142,15 @@ class PointRunner:
         log.info("%s -> %s %s", point.describe(), row.status, row.message)
         self.on_event("done", point, row)
         return row
+
+
+def _at_lowest_priority(function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` with this thread at the lowest scheduling priority (Linux: nice 19 applies
+    to one thread), so it uses a core the points leave idle and barely slows one that runs."""
+    import os
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
+    return function(*args)

@@ -228,8 +228,12 @@ def split(config: Any) -> list[Any]:
     """Configs of the parts a run's search splits into, in the order their rows would come.
 
     A grid (``throughput``, ``memory``): one part per point. A search: one part per strategy (each
-    strategy's search depends only on its own rows). Anything else: itself.
+    strategy's search depends only on its own rows), except that on a predicting device a strategy
+    whose step is another's there (``Strategy.same_on_meta_as``: L5 is L4 on meta) joins that
+    strategy's part, so one worker predicts both and the second reuses the first's step instead of
+    stepping it again. Anything else: itself.
     """
+    from actbench.devices import profile
     from actbench.search import GridConfig
 
     strategies = getattr(config, "strategies", None)
@@ -238,7 +242,22 @@ def split(config: Any) -> list[Any]:
                 for s in config.strategies for b in config.batches]
     if not dataclasses.is_dataclass(config) or not strategies or len(strategies) == 1:
         return [config]
-    return [dataclasses.replace(config, strategies=(s,)) for s in strategies]
+    groups: dict[str, list[str]] = {}
+    predicts = profile(config.settings.device).predicts
+    for strategy in strategies:
+        twin = _meta_twin(strategy) if predicts else strategy
+        groups.setdefault(twin if twin in strategies else strategy, []).append(strategy)
+    return [dataclasses.replace(config, strategies=tuple(group)) for group in groups.values()]
+
+
+def _meta_twin(strategy: str) -> str:
+    """The strategy whose step ``strategy``'s is on a predicting device (itself when none, or unknown)."""
+    from actbench import strategies
+
+    try:
+        return strategies.get(strategy).same_on_meta_as or strategy
+    except ValueError:
+        return strategy
 
 
 def merge(outcomes: Sequence[Any]) -> Any:

@@ -21,6 +21,36 @@ def test_plan_key_depends_on_torch_version_and_cuda(tmp_path):
         assert b.directory != a.directory and b.cuda_archs
 
 
+def test_plan_without_importing_torch_is_the_same_plan(tmp_path):
+    """The CLI checks whether the extension is built before any point: torch's version is read from
+    its version.py there (no 2 s import), and must give the very folder a process with torch gets."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from pathlib import Path; from actbench import extension\n"
+        f"p = extension.plan(cache_dir=Path({str(tmp_path)!r}))\n"
+        "print(p.directory); print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [str(extension.plan(cache_dir=tmp_path).directory), "False"]
+    facts = extension._read_torch_version_file()
+    assert facts == extension.TorchFacts(torch.__version__, torch.version.cuda)
+
+
+def test_unreadable_torch_version_file_falls_back_to_importing_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "from actbench import extension\n"
+        "extension._read_torch_version_file = lambda: None\n"
+        "f = extension.TorchFacts.installed(); print(f.version, f.cuda)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [torch.__version__, str(torch.version.cuda)]
+
+
 def test_gencode_flags():
     assert extension._gencode_flags("8.0;9.0+PTX") == [
         "-gencode=arch=compute_80,code=sm_80",

@@ -17,6 +17,7 @@ cpu with no timed steps (memory only), or meta.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import threading
@@ -152,6 +153,21 @@ def test_guided_searches_and_grids_in_parallel_give_the_serial_answers(tmp_path:
     parallel = run_local(run_grid, grid, tmp_path / "g", options=ExecutionOptions(jobs=6), executor=ex)
     assert shape(parallel) == [(s, b, "oom" if (s, b) == ("L3", 4) else "ok") for s in ("fp32", "L3") for b in (2, 4, 6)]
     assert ex.most == 6
+
+
+def test_a_strategy_predicted_as_another_searches_in_that_strategys_part() -> None:
+    """On meta L5's step is L4's: one part (one thread, one worker) searches both, so L5 reuses L4's
+    steps; on a measuring device every strategy is a part of its own."""
+    from actbench.search import PlanConfig
+
+    def plan(device: str) -> PlanConfig:
+        return PlanConfig("batch", "resnet50", ("fp32", "L4", "L3", "L5"), 64, 224, 4, 64, 4,
+                          MeasureSettings(device=device, budget_bytes=2**34))
+
+    assert [p.strategies for p in split(plan("meta"))] == [("fp32",), ("L4", "L5"), ("L3",)]
+    assert [p.strategies for p in split(plan("cpu"))] == [("fp32",), ("L4",), ("L3",), ("L5",)]
+    only_l5 = dataclasses.replace(plan("meta"), strategies=("fp32", "L5"))
+    assert [p.strategies for p in split(only_l5)] == [("fp32",), ("L5",)]
 
 
 def test_several_writers_keep_the_run_directory_consistent(tmp_path: Path) -> None:
