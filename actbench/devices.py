@@ -9,6 +9,7 @@ tensors import it when called.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -18,6 +19,19 @@ if TYPE_CHECKING:
     from actbench.measure.step import TrainingStep
     from actbench.measure.tracker import LiveStorageTracker
     from actbench.schema import Measurement
+
+#: ``ACTBENCH_EXACT_STEPS=1`` times exactly the ``--timed-steps`` asked for: no minimum time, no
+#: waiting for the spread to settle (docs/design.md §4). For quick checks where the numbers do not
+#: matter, such as the test suite; a run's env.json records it, and each row's ``steps_run`` shows it.
+EXACT_STEPS_ENV = "ACTBENCH_EXACT_STEPS"
+
+
+def exact_steps() -> bool:
+    """Whether :data:`EXACT_STEPS_ENV` asks for exactly the timed steps (ValueError for a bad value)."""
+    value = os.environ.get(EXACT_STEPS_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{EXACT_STEPS_ENV} must be 0 or 1 (or unset), got {value!r}")
+    return value == "1"
 
 
 @dataclass(frozen=True)

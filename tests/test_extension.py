@@ -73,7 +73,9 @@ def test_failed_build_gives_clear_error(tmp_path, monkeypatch):
     """A compile error surfaces as one ExtensionError naming the compiler's error line and the log."""
     csrc = tmp_path / "csrc"
     shutil.copytree(extension.CSRC, csrc)
-    (csrc / "cpu" / "ops_cpu.cpp").write_text("#include <torch/library.h>\nthis is not C++;\n")
+    # Both sources broken before any header: the compiler stops at once (torch's headers take seconds).
+    for source in extension.CPU_SOURCES:
+        (csrc / source).write_text("this is not C++;\n")
     monkeypatch.setattr(extension, "CSRC", csrc)
     p = extension.plan(cache_dir=tmp_path / "cache", with_cuda=False)
     with pytest.raises(extension.ExtensionError, match=r"failed to build.*error:.*Full log: .*build\.log"):

@@ -300,6 +300,23 @@ def test_a_row_says_how_many_steps_ran_and_how_long_they_took(fp32_measurement) 
     assert m.steps_s < m.elapsed_s  # building the model and counting FLOPs come on top
 
 
+def test_timing_goes_to_the_minimum_time_unless_exact_steps_are_asked_for(monkeypatch) -> None:
+    """By default a cpu point times at least the profile's minimum time (the suite's own points,
+    with ACTBENCH_EXACT_STEPS=1 from conftest, time exactly the steps asked for)."""
+    from actbench.devices import EXACT_STEPS_ENV, PROFILES
+
+    monkeypatch.setenv(EXACT_STEPS_ENV, "1")
+    exact = measure_point(_point("fp32", batch_size=2, timed_steps=2))
+    assert exact.steps_run == 1 + 1 + 2
+    monkeypatch.delenv(EXACT_STEPS_ENV)
+    default = measure_point(_point("fp32", batch_size=2, timed_steps=2))
+    timed_s = default.steps_s - 2 * default.step_time_s_median  # roughly: less the warm-up and memory steps
+    assert default.steps_run > exact.steps_run and timed_s >= 0.5 * PROFILES["cpu"].min_timed_seconds
+    monkeypatch.setenv(EXACT_STEPS_ENV, "yes")
+    with pytest.raises(ValueError, match="ACTBENCH_EXACT_STEPS must be 0 or 1.*'yes'"):
+        measure_point(_point("fp32", batch_size=2, timed_steps=2))
+
+
 def test_flops_match_flop_counter_mode(fp32_measurement) -> None:
     m = fp32_measurement
     model = build_model(ModelSpec("resnet18"), 32)

@@ -200,7 +200,7 @@ def test_meta_with_jobs_predicts_in_workers_what_one_process_predicts(tmp_path: 
     """--jobs 2 on meta: predictions in two worker children, same keys, statuses and bytes as in process."""
     from actbench.commands import CommandSpec
 
-    spec = CommandSpec(command="sweep-batch", model="resnet18", strategies=("fp32", "L3"), batch="8:96:8",
+    spec = CommandSpec(command="sweep-batch", model="resnet18", strategies=("fp32", "L3"), batch="8:48:8",
                        image_size=32, device="meta", budget="150MiB")
     plan = spec.plan()
     serial = execute(plan, RunStore(tmp_path / "s" / plan.name))

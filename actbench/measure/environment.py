@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from actbench.devices import profile
+from actbench.devices import EXACT_STEPS_ENV, exact_steps, profile
 
 
 def _cpu_model() -> str:
@@ -63,6 +63,8 @@ def capture_environment(device: str, alloc_conf: str | None = None) -> dict[str,
         "cudnn": None,
     }
     env.update(profile(device).hardware())
+    if exact_steps():  # only when set, so the environments of runs timed as usual keep their ids
+        env["timing"] = f"exactly the timed steps asked for ({EXACT_STEPS_ENV}=1)"
     return env
 
 

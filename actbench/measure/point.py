@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from actbench.devices import DeviceProfile, profile
+from actbench.devices import DeviceProfile, exact_steps, profile
 from actbench.measure.accounting import (check_budget, check_host_budget, classified, count_flops, file_offloads_as_host,
                                          model_breakdown, with_census)
 from actbench.models import build_model, real_depth
@@ -54,13 +54,16 @@ def spread(values: list[float]) -> float | None:
     return None if iqr is None or not median else iqr / median
 
 
-def timing_done(times: list[float], timed: int, prof: DeviceProfile) -> bool:
+def timing_done(times: list[float], timed: int, prof: DeviceProfile, exact: bool = False) -> bool:
     """Whether timing may stop: at least ``timed`` steps, then the profile's minimum time and a settled
-    spread (IQR within ``settle_iqr_fraction`` of the median), or one of its bounds reached."""
+    spread (IQR within ``settle_iqr_fraction`` of the median), or one of its bounds reached.
+    ``exact`` (``ACTBENCH_EXACT_STEPS=1``): after exactly ``timed`` steps."""
     if timed <= 0:
         return True
     if len(times) < timed:
         return False
+    if exact:
+        return True
     total = sum(times)
     if len(times) >= max(timed, prof.max_timed_steps) or total >= prof.max_timed_seconds:
         return True
@@ -78,7 +81,8 @@ def _time_steps(step: TrainingStep, images: torch.Tensor, targets: torch.Tensor,
             step(images, targets)
     clock.count += warmup
     times: list[float] = []
-    while not timing_done(times, timed, prof):
+    exact = exact_steps()
+    while not timing_done(times, timed, prof, exact):
         prof.synchronize(device)
         start = time.perf_counter()
         step(images, targets)
