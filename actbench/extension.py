@@ -352,7 +352,7 @@ def build(p: BuildPlan, force: bool = False, verbose: bool = False) -> None:
         cpp_extension.CUDA_HOME = p.cuda_home
     sources = [str(CSRC / s) for s in CPU_SOURCES + (CUDA_SOURCES if p.with_cuda else ())]
     log.warning(
-        "building actbench's extension (%s) in %s; the first build takes a few minutes",
+        "building actbench's extension (%s) in %s; a first build takes up to a minute or two on 2 cores",
         "CPU + CUDA " + (p.cuda_archs or "") if p.with_cuda else "CPU only",
         p.directory,
     )

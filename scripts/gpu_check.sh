@@ -67,6 +67,9 @@ step nvidia_smi 30 nvidia-smi --query-gpu=name,memory.total,driver_version --for
 # without a visible GPU the CUDA tests below would all skip and pass: this step fails instead
 step cuda_visible 60 "$PY" -c "import sys, torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available()); sys.exit(0 if torch.cuda.is_available() else 1)"
 step doctor 300 "$PY" -m actbench doctor
+# the CLI finds the extension's build without importing torch: with a GPU it must pick the same
+# folder (the GPU's own architecture) as a process that imported torch
+step build_key 60 "$PY" -c "import sys; from actbench import extension as e; a = e.plan(); import torch; b = e.plan(); print(a.cuda_archs, b.cuda_archs, a.directory); sys.exit(0 if a == b else 1)"
 # (test_actnn_cuda.py includes issue 13's attention twin: Q/K and V packed apart on the device)
 step cuda_tests 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_ops_cuda.py tests/test_actnn_cuda.py tests/test_ops_opcheck.py
 step bench_kernels 150 "$PY" -m actbench bench-kernels --device cuda --sizes-mib 1,16,256,1024 --bits 2,4 \
