@@ -66,7 +66,7 @@ class ExecutorClosed(RuntimeError):
 
 #: Work an executor runs by name: "module:function", a function taking and returning JSON-able dicts.
 #: (Declared beside the worker, which runs it in a child; the worker never imports this module.)
-from actbench.worker import TASKS, task_function  # noqa: E402
+from actbench.worker import SPARE_ENV, TASKS, task_function  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -320,8 +320,11 @@ class WorkerProcess:
     strategy, device, budget and allocator setting): anything else gets a new worker.
     """
 
-    def __init__(self, key: tuple, alloc_conf: str | None, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, key: tuple | None, alloc_conf: str | None, extra_env: dict[str, str] | None = None,
+                 spare: bool = False) -> None:
         self.key = key
+        self.alloc_conf = alloc_conf
+        self.extra_env = dict(extra_env or {})
         self.points = 0
         self._dir = Path(tempfile.mkdtemp(prefix="actbench-worker-"))
         self._startup_log = self._dir / "startup.txt"
@@ -329,7 +332,8 @@ class WorkerProcess:
             self.proc = _SPAWNER.popen(
                 [sys.executable, "-P", "-m", "actbench.worker", "--serve"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                env=_child_env(alloc_conf, extra_env), start_new_session=True, cwd=self._dir,
+                env={**_child_env(alloc_conf, extra_env), **({SPARE_ENV: "1"} if spare else {})},
+                start_new_session=True, cwd=self._dir,
             )
         self._buffer = b""
         self._finalizer = weakref.finalize(self, _reap, self.proc, self._dir)
@@ -440,6 +444,8 @@ class _SlotState:
         self.slot = slot
         self.busy = False
         self.worker: WorkerProcess | None = None
+        #: a worker started ahead of need, with torch and the models imported, for the next key
+        self.spare: WorkerProcess | None = None
 
 
 class ChildProcessExecutor:
@@ -456,11 +462,14 @@ class ChildProcessExecutor:
     """
 
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, log_dir: Path | None = None,
-                 slots: Sequence[Slot] | None = None, persistent: bool = False) -> None:
+                 slots: Sequence[Slot] | None = None, persistent: bool = False, spares: int = 0) -> None:
         self.timeout_s = timeout_s
         self.log_dir = log_dir
         self.slots = tuple(slots or (Slot("job 1"),))
         self.persistent = persistent
+        #: workers still to start ahead of need (persistent only): how many more keys the run will
+        #: need beyond each slot's first (:meth:`_next_worker`)
+        self.spares = spares if persistent else 0
         self._states = [_SlotState(s) for s in self.slots]
         self._cond = threading.Condition()
         self._aborted = False
@@ -530,11 +539,9 @@ class ChildProcessExecutor:
                 if worker is None or worker.key != key or not worker.alive:
                     if worker is not None:
                         worker.close()
-                    worker = state.worker = WorkerProcess(key, alloc_conf, state.slot.env_dict())
-                    with self._cond:
-                        self._children.add(worker.proc)
-                        if self._aborted:
-                            _kill_quietly(worker.proc)
+                        with self._cond:
+                            self._children.discard(worker.proc)
+                    worker = state.worker = self._next_worker(state, key, alloc_conf)
                 measurement, keep = worker.measure(point, self.timeout_s, log_path)
                 if not keep:
                     worker.close()
@@ -546,6 +553,44 @@ class ChildProcessExecutor:
             return measurement
         finally:
             self._release(state)
+
+    def _next_worker(self, state: _SlotState, key: tuple, alloc_conf: str | None) -> WorkerProcess:
+        """A worker for ``key`` in ``state``'s slot: its spare when that one suits, else a new one;
+        then, while the run expects more keys (``spares``), the slot's next spare.
+
+        A spare is a worker started before it is needed, whose start (a Python, torch and
+        torchvision: about 4 s on 2 cores) runs at the lowest priority in a core the points leave
+        idle (actbench/worker.py). It has measured nothing; taking it is taking a fresh worker. It is
+        started without an allocator setting, so it serves only keys without one.
+        """
+        spare, state.spare = state.spare, None
+        if spare is not None and (spare.alloc_conf != alloc_conf or not spare.alive):
+            self._forget(spare)
+            spare = None
+        if spare is not None:
+            spare.key = key
+            worker = spare
+        else:
+            worker = self._started(WorkerProcess(key, alloc_conf, state.slot.env_dict()))
+        with self._cond:
+            more = self.spares > 0 and not self._aborted
+            if more:
+                self.spares -= 1
+        if more:
+            state.spare = self._started(WorkerProcess(None, None, state.slot.env_dict(), spare=True))
+        return worker
+
+    def _started(self, worker: WorkerProcess) -> WorkerProcess:
+        with self._cond:
+            self._children.add(worker.proc)
+            if self._aborted:
+                _kill_quietly(worker.proc)
+        return worker
+
+    def _forget(self, worker: WorkerProcess) -> None:
+        worker.close()
+        with self._cond:
+            self._children.discard(worker.proc)
 
     def call(self, task: Task) -> dict[str, Any]:
         """Run ``task`` in a fresh child; its failure (or death, or timeout) raises :class:`TaskError`."""
@@ -591,10 +636,10 @@ class ChildProcessExecutor:
     def close(self) -> None:
         """End every idle worker (the executor stays usable: later points start new ones)."""
         with self._cond:
-            states = [s for s in self._states if s.worker is not None and not s.busy]
-            workers = [s.worker for s in states]
+            states = [s for s in self._states if not s.busy]
+            workers = [w for s in states for w in (s.worker, s.spare) if w is not None]
             for s in states:
-                s.worker = None
+                s.worker = s.spare = None
             for worker in workers:
                 self._children.discard(worker.proc)
         for worker in workers:
@@ -677,7 +722,8 @@ class InProcessExecutor:
 
 
 def executor_for(device: str, timeout_s: float = DEFAULT_TIMEOUT_S, log_dir: Path | None = None,
-                 jobs: int = 1, gpus: Sequence[int] | None = None, isolate: bool = False) -> Executor:
+                 jobs: int = 1, gpus: Sequence[int] | None = None, isolate: bool = False,
+                 worker_keys: int = 1) -> Executor:
     """The executor a device's profile asks for, with the parallelism asked for.
 
     A device measured in this process (meta) stays here with one job; with ``jobs`` > 1 its points
@@ -687,4 +733,9 @@ def executor_for(device: str, timeout_s: float = DEFAULT_TIMEOUT_S, log_dir: Pat
     """
     if profile(device).in_process and jobs <= 1 and not gpus:
         return InProcessExecutor()
-    return ChildProcessExecutor(timeout_s, log_dir, slots=local_slots(jobs, gpus), persistent=not isolate)
+    slots = local_slots(jobs, gpus)
+    # ``worker_keys``: how many keys (strategies) the run will need; each slot's first worker is
+    # started when needed, and the workers for the other keys ahead of need. Meta's workers take
+    # any of its points, so they need no spares.
+    spares = 0 if profile(device).in_process else max(0, worker_keys - len(slots))
+    return ChildProcessExecutor(timeout_s, log_dir, slots=slots, persistent=not isolate, spares=spares)

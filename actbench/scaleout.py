@@ -375,7 +375,7 @@ def run_local(search: Callable, config: Any, run_dir: Path, *, on_event: Event |
     own = executor is None
     if own:
         executor = executor_for(device, timeout_s, Path(run_dir) / "logs", jobs=options.jobs, gpus=options.gpus,
-                                isolate=options.isolate)
+                                isolate=options.isolate, worker_keys=len(getattr(config, "strategies", ()) or (1,)))
     if since is None:
         since = _end(RunStore(Path(run_dir)))
     runners = _Runners(Path(run_dir), device, executor, _locked(on_event), retry_failed, force, since)

@@ -33,6 +33,11 @@ if TYPE_CHECKING:
     from actbench.schema import Measurement, PointConfig
 
 FAULT_ENV = "ACTBENCH_TEST_FAULT"
+#: Set for a spare worker (actbench/executors.py): one started before it is needed, which does its
+#: imports at the lowest priority while the points of another worker run.
+SPARE_ENV = "ACTBENCH_WORKER_SPARE"
+#: What a point imports: a worker imports it before its first request.
+_WARM_MODULES = ("actbench.measure.point", "actbench.models", "torchvision")
 
 #: Work an executor runs by name (``actbench.executors.Task``): "module:function", a function taking
 #: and returning JSON-able dicts.
@@ -212,14 +217,23 @@ def serve() -> int:
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # nothing but replies reaches the reply channel
     fault_spec = os.environ.get(FAULT_ENV)
-    # Import while the parent prepares the first request; a broken install fails the first point.
-    try:
-        import actbench.measure.point  # noqa: F401
-    except Exception:  # noqa: BLE001
-        traceback.print_exc(file=sys.stderr)
+    # Import before the first request; a broken install fails the first point. A spare imports in a
+    # thread at the lowest priority (Linux: one thread's nice value), so that while another worker's
+    # point runs it takes only what that point leaves idle; its first request then waits for it.
+    warming = None
+    if os.environ.get(SPARE_ENV) == "1":
+        import threading
+
+        warming = threading.Thread(target=_warm_up, args=(True,), name="actbench-warm-up", daemon=True)
+        warming.start()
+    else:
+        _warm_up(False)
     for line in sys.stdin:
         if not line.strip():
             continue
+        if warming is not None:  # one import at a time: the request waits for the warm-up to end
+            warming.join()
+            warming = None
         request = json.loads(line)
         _point_output_to(request.get("log"))
         try:
@@ -236,6 +250,23 @@ def serve() -> int:
         if not result["clean"]:
             return 0
     return 0
+
+
+def _warm_up(lowest_priority: bool) -> None:
+    import importlib
+    import threading
+
+    if lowest_priority:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
+    for name in _WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the point that needs it fails with the cause
+            traceback.print_exc(file=sys.stderr)
+            return
 
 
 def die_with_parent() -> None:

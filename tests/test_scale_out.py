@@ -222,23 +222,38 @@ MEMORY = ("status", "activation_bytes", "peak_alloc_bytes", "model_bytes", "host
 
 @pytest.mark.slow
 def test_a_persistent_worker_gives_the_memory_figures_of_a_fresh_child(monkeypatch) -> None:
+    """Also: with a spare (one more strategy than slots), the next strategy's first point goes to a
+    worker started while the last one measured; a strategy with an allocator setting (L5) gets a new
+    worker instead; closing the executor ends every worker, the spare too."""
     monkeypatch.delenv(FAULT_ENV, raising=False)
     points = [cpu_point(2), cpu_point(4, "L3"), cpu_point(2, "L3")]
     # Only the last point follows another in its worker: the first two are each their worker's first,
     # measured as in a fresh child by construction, so one fresh child (for the last) is the reference.
     with ChildProcessExecutor(timeout_s=600, persistent=False) as isolated:
         fresh = list(isolated.measure(points[2:]))
-    with ChildProcessExecutor(timeout_s=600, persistent=True) as persistent:
+    with ChildProcessExecutor(timeout_s=600, persistent=True, spares=2) as persistent:
+        state = persistent._states[0]
         # fp32 b2 first, then two L3 points in one L3 worker, the second after the first left its state;
         # the L3 worker is started from a thread that ends before the worker's next point (it must live on)
         kept = [next(persistent.measure(points[:1]))]
+        spare = state.spare
+        assert spare is not None and spare.key is None and persistent.spares == 1
         thread = threading.Thread(target=lambda: kept.append(next(persistent.measure(points[1:2]))))
         thread.start()
         thread.join(600)
+        assert state.worker is spare and state.spare is not None and persistent.spares == 0  # L3 took the spare
         kept.append(next(persistent.measure(points[2:])))
-        assert persistent._states[0].worker.points == 2
+        assert state.worker.points == 2
+        second = state.spare
+        assert next(persistent.measure([cpu_point(2, "L5")])).status == "ok"
+        assert state.worker is not second and state.worker.alloc_conf and state.spare is None
+        pids = [spare.proc.pid, second.proc.pid, state.worker.proc.pid]
     assert [getattr(fresh[0], f) for f in MEMORY] == [getattr(kept[2], f) for f in MEMORY], (fresh[0], kept[2])
     assert all(m.status == "ok" for m in kept)
+    deadline = time.time() + 20
+    while any(pid in live_workers() for pid in pids) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(pid in live_workers() for pid in pids)
 
 
 @pytest.mark.slow
