@@ -267,6 +267,12 @@ def _warm_up(lowest_priority: bool) -> None:
         except Exception:  # noqa: BLE001 - the point that needs it fails with the cause
             traceback.print_exc(file=sys.stderr)
             return
+    # What the imports made lives as long as the worker: out of the collector's sight, the collection
+    # after each point (release_point) looks at the point's objects only: 0.15 s -> 5 ms on 2 cores.
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 def die_with_parent() -> None:
