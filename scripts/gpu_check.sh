@@ -77,6 +77,7 @@ step bench_kernels 150 "$PY" -m actbench bench-kernels --device cuda --sizes-mib
 keep "$SCRATCH/bench-kernels_cuda_*/kernels.csv" kernels_cuda.csv
 keep "$SCRATCH/bench-kernels_cuda_*/env.json" env_cuda.json
 # issue 16: its rows carry steps_run and steps_s, so elapsed_s - steps_s is the harness's cost per cuda point
+# (two strategies: L3's first point is taken by a spare worker started while fp32 was measured)
 step sweep 200 "$PY" -m actbench sweep-batch resnet50 --strategies fp32 --levels L3 --batch 64:256:64 \
   --image-size 224 --device cuda --budget 16GiB --warmup-steps 2 --timed-steps 5 --out "$SCRATCH"
 keep "$SCRATCH/sweep-batch_resnet50_cuda_*/rows.jsonl" sweep_rows.jsonl
