@@ -324,7 +324,6 @@ class WorkerProcess:
                  spare: bool = False) -> None:
         self.key = key
         self.alloc_conf = alloc_conf
-        self.extra_env = dict(extra_env or {})
         self.points = 0
         self._dir = Path(tempfile.mkdtemp(prefix="actbench-worker-"))
         self._startup_log = self._dir / "startup.txt"
@@ -538,16 +537,12 @@ class ChildProcessExecutor:
                 worker = state.worker
                 if worker is None or worker.key != key or not worker.alive:
                     if worker is not None:
-                        worker.close()
-                        with self._cond:
-                            self._children.discard(worker.proc)
+                        self._forget(worker)
                     worker = state.worker = self._next_worker(state, key, alloc_conf)
                 measurement, keep = worker.measure(point, self.timeout_s, log_path)
                 if not keep:
-                    worker.close()
                     state.worker = None
-                    with self._cond:
-                        self._children.discard(worker.proc)
+                    self._forget(worker)
             if self._aborted:
                 raise ExecutorClosed(f"{point.describe()}: interrupted")
             return measurement

@@ -28,6 +28,7 @@ from actbench.executors import EnvironmentCaptureError, Executor, InProcessExecu
 from actbench.measure.environment import environment_id
 from actbench.results import RunStore
 from actbench.schema import DEFAULT_TIMEOUT_S, RETRIED_STATUSES, PointConfig, ResultRow
+from actbench.worker import lowest_priority_for_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -64,38 +65,30 @@ class PointRunner:
         """Capture the environment once per run and record it in the run directory."""
         with self._env_lock:
             if self._env_id is None:
-                self._start_environment()
-                assert self._env_future is not None
-                try:
-                    env = self._env_future.result()
-                except BaseException:
-                    self._env_future = None  # the next point tries again
-                    raise
+                started, self._env_future = self._env_future, None  # a failed capture is tried again
+                env = started.result() if started is not None else self.executor.environment(self.device)
                 self._env_id = environment_id(env)
                 self.store.record_environment(env, self._env_id)
         return self._env_id
 
     def _start_environment(self) -> None:
-        """Begin the capture; beside a point measured in a child, in a thread of its own.
+        """Begin the capture before a point: beside it, in a thread of its own, when it is measured in
+        a child.
 
         Capturing imports torch here (about 1.5 s of one core); run beside the first point's worker
         start it costs no wall time on a machine with a core to spare (docs/design.md §7). Points
         measured in this process (meta with one job) capture it first, as before: their step needs
-        this interpreter. So do devices captured in a child of their own (cuda): that child's
-        device context must not hold device memory while a point is measured.
+        this interpreter. So do devices captured in a child of their own (cuda): that child's device
+        context must not hold device memory while a point is measured.
         """
-        if self._env_future is not None:
-            return
         if isinstance(self.executor, InProcessExecutor) or profile(self.device).environment_in_child:
-            self._env_future = Future()
-            try:
-                self._env_future.set_result(self.executor.environment(self.device))
-            except Exception as exc:  # noqa: BLE001 - re-raised by result()
-                self._env_future.set_exception(exc)
+            self.environment_id()
             return
-        pool = ThreadPoolExecutor(1, thread_name_prefix="actbench-environment")
-        self._env_future = pool.submit(_at_lowest_priority, self.executor.environment, self.device)
-        pool.shutdown(wait=False)
+        with self._env_lock:
+            if self._env_id is None and self._env_future is None:
+                pool = ThreadPoolExecutor(1, thread_name_prefix="actbench-environment")
+                self._env_future = pool.submit(_at_lowest_priority, self.executor.environment, self.device)
+                pool.shutdown(wait=False)
 
     def is_final(self, key: str, row: ResultRow) -> bool:
         """Whether a recorded row stands: a result, or a failure this runner must not retry."""
@@ -129,8 +122,7 @@ class PointRunner:
         try:
             if existing is not None:
                 log.info("%s: measuring again (recorded %s: %s)", point.describe(), existing.status, existing.message)
-            with self._env_lock:
-                self._start_environment()
+            self._start_environment()
             self.on_event("start", point, None)
             measurement = next(iter(self.executor.measure([point])))
             env_id = self.environment_id()
@@ -145,12 +137,6 @@ class PointRunner:
 
 
 def _at_lowest_priority(function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)`` with this thread at the lowest scheduling priority (Linux: nice 19 applies
-    to one thread), so it uses a core the points leave idle and barely slows one that runs."""
-    import os
-
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):
-        pass
+    """``function(*args)`` in this thread at the lowest priority (:func:`lowest_priority_for_this_thread`)."""
+    lowest_priority_for_this_thread()
     return function(*args)

@@ -252,15 +252,23 @@ def serve() -> int:
     return 0
 
 
-def _warm_up(lowest_priority: bool) -> None:
-    import importlib
+def lowest_priority_for_this_thread() -> None:
+    """Put the calling thread alone at the lowest scheduling priority (Linux: a thread's own nice
+    value, 19), so it runs on a core others leave idle and takes about 1 % of a busy one. Where a
+    thread's priority cannot be set, nothing changes."""
     import threading
 
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
+
+
+def _warm_up(lowest_priority: bool) -> None:
+    import importlib
+
     if lowest_priority:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):
-            pass
+        lowest_priority_for_this_thread()
     for name in _WARM_MODULES:
         try:
             importlib.import_module(name)
