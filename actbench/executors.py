@@ -200,6 +200,14 @@ class _Spawner:
 
 _SPAWNER = _Spawner()
 
+#: How every child starts: in a process group of its own, so a timeout kills the child and all it
+#: started (``killpg``), and the terminal's Ctrl-C (sent to the foreground group) reaches only this
+#: process, which ends its children. Not in a session of its own: Linux divides the CPU between
+#: sessions first (autogroups) and only then by nice value, so a child in its own session got an
+#: equal share beside the measured point whatever its threads' priority. In this process's session a
+#: spare's lowest-priority imports give way to the point (docs/design.md §7, "Spare workers").
+CHILD_GROUP: dict[str, Any] = {"process_group": 0}
+
 
 def run_child(request: dict[str, Any], timeout_s: float, alloc_conf: str | None = None,
               log_path: Path | None = None, extra_env: dict[str, str] | None = None,
@@ -218,13 +226,13 @@ def run_child(request: dict[str, Any], timeout_s: float, alloc_conf: str | None 
         err_path = Path(tmp) / "stderr.txt"
         with err_path.open("wb") as err:
             # Hold Ctrl-C while the child starts: an interrupt inside Popen() would leave a child in
-            # its own session that nobody kills. A pending SIGINT fires on unblock, inside the try.
+            # its own process group that nobody kills. A pending SIGINT fires on unblock, inside the try.
             blocked = _block_signals()
             try:
                 proc = subprocess.Popen(
                     [sys.executable, "-P", "-m", "actbench.worker", str(req_path), str(res_path)],
                     stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=_child_env(alloc_conf, extra_env),
-                    start_new_session=True, cwd=tmp,
+                    cwd=tmp, **CHILD_GROUP,
                 )
             except BaseException:
                 _unblock_signals(blocked)
@@ -332,7 +340,7 @@ class WorkerProcess:
                 [sys.executable, "-P", "-m", "actbench.worker", "--serve"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                 env={**_child_env(alloc_conf, extra_env), **({SPARE_ENV: "1"} if spare else {})},
-                start_new_session=True, cwd=self._dir,
+                cwd=self._dir, **CHILD_GROUP,
             )
         self._buffer = b""
         self._finalizer = weakref.finalize(self, _reap, self.proc, self._dir)

@@ -286,8 +286,8 @@ def _warm_up(lowest_priority: bool) -> None:
 def die_with_parent() -> None:
     """Exit when the process that started this worker goes away, however it went (even ``kill -9``).
 
-    The worker runs in its own session (so a timeout can kill its whole group), which also means no
-    terminal signal reaches it: without this, a killed CLI would leave it running, holding GPU
+    The worker runs in its own process group (so a timeout can kill its whole group), which also means
+    no terminal signal reaches it: without this, a killed CLI would leave it running, holding GPU
     memory. Linux delivers SIGKILL on the parent's death (``PR_SET_PDEATHSIG``); a watchdog thread
     covers other systems and the window before the request was made.
     """

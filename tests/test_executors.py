@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from actbench.executors import ChildProcessExecutor, InProcessExecutor, Task, TaskError, executor_for
+from actbench.executors import (ChildProcessExecutor, InProcessExecutor, Task, TaskError, WorkerProcess, executor_for,
+                                run_child)
 from actbench.results import RunStore
 from actbench.runner import PointRunner
 from actbench.schema import Measurement, ModelSpec, PointConfig
@@ -135,6 +136,27 @@ def test_a_worker_dies_with_its_parent(tmp_path: Path, how: signal.Signals) -> N
         parent.kill()
         for pid in _worker_pids(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_children_lead_a_process_group_of_their_own_in_this_session() -> None:
+    """A group of their own: a timeout kills the group, the terminal's Ctrl-C does not reach them.
+    This session, not one of their own: Linux shares the CPU between sessions before it looks at nice
+    values, so a spare worker in its own session took an equal share beside the measured point."""
+    seen: list[tuple[int, int, int]] = []
+
+    def track(proc: subprocess.Popen | None) -> None:
+        if proc is not None:
+            seen.append((os.getsid(proc.pid), os.getpgid(proc.pid), proc.pid))
+
+    outcome = run_child({"task": "call", "name": "no-such-task", "args": {}}, timeout_s=60, track=track)
+    assert outcome.result is not None and "no-such-task" in outcome.result["error"]
+    worker = WorkerProcess(None, None)
+    try:
+        seen.append((os.getsid(worker.proc.pid), os.getpgid(worker.proc.pid), worker.proc.pid))
+    finally:
+        worker.close()
+    assert len(seen) == 2
+    assert all(sid == os.getsid(0) and pgid == pid != os.getpgid(0) for sid, pgid, pid in seen), seen
 
 
 def test_task_arguments_survive_json() -> None:
