@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from actbench.compat import TorchDispatchMode, dispatch_modes_disabled, storage_identity, tree_flatten
+from actbench.compat import TorchDispatchMode, storage_identity, tree_flatten
 
 
 @dataclass
@@ -153,10 +153,11 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        with dispatch_modes_disabled():
-            for leaf in tree_flatten(out)[0]:
-                if isinstance(leaf, torch.Tensor):
-                    self._see(leaf)
+        # What _see reads (storage, size, layout) is metadata, not an op: no mode needs switching off
+        # around it, and switching them off per op cost 8 % of an L3 meta step and 18 % of fp32's.
+        for leaf in tree_flatten(out)[0]:
+            if isinstance(leaf, torch.Tensor):
+                self._see(leaf)
         return out
 
 
