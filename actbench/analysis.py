@@ -46,8 +46,11 @@ class Run:
         return self.path.name
 
     def scale_dimension(self) -> str | None:
-        """The max-scale dimension: from config.json when the harness wrote it, else from what varies."""
-        if self.config.get("command") == "max-scale" and self.config.get("dim") in DIMENSIONS:
+        """The max-scale dimension: from config.json when the harness wrote it, else from what varies.
+
+        A ``plan`` over depth, width or resolution is a max-scale search too (predicted): its figure
+        is the maxima per strategy, not a memory chart per model it probed."""
+        if self.config.get("command") in ("max-scale", "plan") and self.config.get("dim") in DIMENSIONS:
             return str(self.config["dim"])
         if self.config.get("command") not in (None, "max-scale"):
             return None

@@ -21,8 +21,8 @@ from actbench.accuracy import AccuracyRow, AccuracyStore
 from actbench.analysis import (BatchGroup, batch_groups, find_runs, infer_scale_dimension, max_batch_table,
                                memory_table, scale_groups)
 from actbench.cli import app
-from actbench.plots import (PALETTE, PREDICTED_HATCH, plot_activation_vs_batch, plot_max_batch, plot_max_scale,
-                            plot_memory, plot_throughput_vs_batch, write_figures)
+from actbench.plots import (PALETTE, PREDICTED_HATCH, figures_for, plot_activation_vs_batch, plot_max_batch,
+                            plot_max_scale, plot_memory, plot_throughput_vs_batch, write_figures)
 from actbench.report import build_report, write_report
 from actbench.schema import ResultRow
 
@@ -148,6 +148,23 @@ def test_scale_dimension_from_config_and_inferred(results: Path) -> None:
                     "max-scale-width_resnet152_cpu_64px_eeee": "width"}
     # a batch sweep varies the batch, so it is not a max-scale run
     assert infer_scale_dimension(resnet50_rows()) is None
+
+
+@pytest.mark.parametrize("dim, scale", [("depth", True), ("resolution", True), ("batch", False)])
+def test_a_plan_over_a_scale_dimension_draws_its_maxima_not_a_chart_per_probe(tmp_path: Path, dim: str,
+                                                                              scale: bool) -> None:
+    """The planned twin of max-scale (``plan --dim depth``, on meta) is a scale group with one max figure;
+    a batch plan stays a batch group."""
+    rows = depth_rows() if dim == "depth" else [row("fp32", 64, model="resnet152", image=v) for v in (224, 256)]
+    if dim == "batch":
+        rows = resnet50_rows()
+    write_run(tmp_path, f"plan-{dim}_x_meta_224px_ffff", rows, config={"command": "plan", "dim": dim, "batch": 64})
+    runs = find_runs(tmp_path)
+    assert [g.dim for g in scale_groups(runs)] == ([dim] if scale else [])
+    names = [f.name for f in figures_for(runs)]
+    assert [n for n in names if n.startswith(("max_depth_", "max_width_", "max_resolution_"))] == \
+        ([f"max_{dim}_plan-{dim}_x_meta_224px_ffff"] if scale else [])
+    assert any(n.startswith("memory__") for n in names) != scale
 
 
 @pytest.mark.parametrize("field, values, dim", [("extra", (0, 8), "depth"), ("width", (64, 128), "width"),
