@@ -257,27 +257,32 @@ def plot_activation_vs_batch(group: BatchGroup) -> Figure | None:
 
 # --- max-scale figures -------------------------------------------------------------------------
 def plot_max_scale(group: ScaleGroup) -> Figure | None:
-    """Left: the largest depth/width/resolution that fits per strategy; right: throughput at that maximum."""
+    """Left: the largest depth/width/resolution that fits per strategy; right: throughput at that maximum
+    (only where a row measured one: predictions on meta have none, so their figure is the maxima alone)."""
     entries = [e for e in group.table() if e.max_value is not None]
     if not entries:
         return None
+    with_ips = any(e.samples_per_s is not None for e in entries)
     fig = _figure(9.0, 4.5)
-    ax_max, ax_ips = fig.subplots(1, 2)
+    axes = fig.subplots(1, 2) if with_ips else (fig.subplots(1, 1),)
+    ax_max = axes[0]
     names = {"depth": "maximum depth", "width": "maximum width", "resolution": "maximum resolution"}
     for i, e in enumerate(entries):
         bars = ax_max.bar([i], [e.max_value], label=e.label, **_bar_style(e.series))
-        text = e.max_label + (f"\n{e.multiple_text}× fp32" if e.multiple_text else "")
+        # value, then what it adds ("(+680 blocks)"), then the multiple: one short line each, so the
+        # labels of neighbouring bars of equal height do not run into each other
+        text = e.max_label.replace(" (", "\n(", 1) + (f"\n{e.multiple_text}× fp32" if e.multiple_text else "")
         ax_max.bar_label(bars, labels=[text], fontsize=7, padding=2)
-        ips = e.samples_per_s or 0.0
-        bars = ax_ips.bar([i], [ips], **_bar_style(e.series))
-        ax_ips.bar_label(bars, labels=["-" if e.samples_per_s is None else f"{e.samples_per_s:.3g}"], fontsize=7,
-                         padding=2)
-    for ax in (ax_max, ax_ips):
+        if with_ips:
+            bars = axes[1].bar([i], [e.samples_per_s or 0.0], **_bar_style(e.series))
+            axes[1].bar_label(bars, labels=["-" if e.samples_per_s is None else f"{e.samples_per_s:.3g}"],
+                              fontsize=7, padding=2)
+    for ax in axes:  # the tick labels name each bar (the legend would only repeat them over the bars)
         ax.set_xticks(range(len(entries)), [e.label for e in entries], rotation=30, ha="right", fontsize=8)
-        ax.margins(y=0.2)
+        ax.margins(y=0.25)
     ax_max.set_ylabel(f"{names[group.dim]} ({group.unit()})")
-    ax_ips.set_ylabel("throughput at the maximum (images/s)")
-    ax_max.legend(fontsize=7)
+    if with_ips:
+        axes[1].set_ylabel("throughput at the maximum (images/s)")
     notes = [group.definition()]
     if any(not e.bounded for e in entries):
         notes.append("≥: a lower bound, nothing larger was seen failing")

@@ -270,6 +270,16 @@ def test_max_scale_figure_real_depth_and_throughput(results: Path) -> None:
     assert "resnet152" in title and "cpu" in title and "budget 2 GiB" in title and "batch 64" in title
 
 
+def test_a_max_scale_figure_of_predictions_has_no_throughput_panel(results: Path) -> None:
+    """meta rows carry no throughput: their figure is the maxima alone, not an empty second panel."""
+    group = next(g for g in scale_groups(find_runs(results)) if g.dim == "depth")
+    predicted = replace(group, rows=tuple(replace(r, device="meta", samples_per_s_median=None) for r in group.rows))
+    fig = plot_max_scale(predicted)
+    assert len(fig.axes) == 1 and "layers" in fig.axes[0].get_ylabel()
+    heights = {c.get_label(): c.patches[0].get_height() for c in fig.axes[0].containers}
+    assert heights == {"fp32 (predicted)": 164, "L3 (predicted)": 272}
+
+
 def test_write_figures_png_and_pdf_with_deterministic_names(results: Path, tmp_path: Path) -> None:
     out = tmp_path / "figs"
     written = write_figures(results, out)
@@ -463,7 +473,7 @@ def test_lower_bounds_read_ge_in_figures_and_the_multiple_is_defined(results: Pa
     fig = plot_max_scale(depth)
     texts = [t.get_text() for t in fig.axes[0].texts]
     # L3: 272 layers, fp32 164 layers, both bounded by an over_budget row: 272 / 164 = 1.66
-    assert any("272 (+40 blocks)" in t and "1.66× fp32" in t for t in texts)
+    assert "272\n(+40 blocks)\n1.66× fp32" in texts  # one short line each: neighbouring labels stay apart
     assert "in layers" in fig.get_supxlabel()
     entry = next(e for e in depth.table() if e.series.strategy == "L3")
     assert entry.multiple_text == "1.66" and entry.bounded
