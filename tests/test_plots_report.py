@@ -155,9 +155,8 @@ def test_a_plan_over_a_scale_dimension_draws_its_maxima_not_a_chart_per_probe(tm
                                                                               scale: bool) -> None:
     """The planned twin of max-scale (``plan --dim depth``, on meta) is a scale group with one max figure;
     a batch plan stays a batch group."""
-    rows = depth_rows() if dim == "depth" else [row("fp32", 64, model="resnet152", image=v) for v in (224, 256)]
-    if dim == "batch":
-        rows = resnet50_rows()
+    rows = {"depth": depth_rows, "batch": resnet50_rows,
+            "resolution": lambda: [row("fp32", 64, model="resnet152", image=v) for v in (224, 256)]}[dim]()
     write_run(tmp_path, f"plan-{dim}_x_meta_224px_ffff", rows, config={"command": "plan", "dim": dim, "batch": 64})
     runs = find_runs(tmp_path)
     assert [g.dim for g in scale_groups(runs)] == ([dim] if scale else [])
