@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten
 
 __all__ = ["TorchDispatchMode", "tree_flatten", "dispatch_modes_disabled", "memtracker_class", "tensor_version",
-           "fake_tensor_mode", "fake_copy_mode", "is_fake", "storage_identity", "parameters_on_meta", "fake_module"]
+           "fake_tensor_mode", "is_fake", "storage_identity", "parameters_on_meta", "fake_module"]
 
 
 def tensor_version(tensor: "torch.Tensor") -> int:
@@ -56,13 +56,6 @@ def fake_tensor_mode() -> "contextlib.AbstractContextManager":
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     return FakeTensorMode()
-
-
-def fake_copy_mode(mode: object) -> "contextlib.AbstractContextManager":
-    """Makes ``copy.deepcopy`` of modules with fake parameters work (ActNN's convert copies the model)."""
-    from torch._subclasses.fake_tensor import FakeCopyMode
-
-    return FakeCopyMode(mode)
 
 
 def is_fake(tensor: object) -> bool:

@@ -428,3 +428,15 @@ def test_pinned_host_bytes_without_the_api_is_unknown(monkeypatch) -> None:
         raise RuntimeError("no CUDA host allocator")
     monkeypatch.setattr(torch.cuda, "host_memory_stats", missing)
     assert pinned_host_bytes() is None
+
+
+@pytest.mark.parametrize("strategy", ["L3", "checkpoint+L2"])
+def test_actnn_strategies_convert_the_handed_model_in_place(strategy: str) -> None:
+    """A strategy's model is the point's own (Strategy.prepare): ActNN converts it rather than a copy,
+    so no second set of parameters exists (on cuda the caller's original would be counted)."""
+    torch.manual_seed(0)
+    model = build_model(ModelSpec("resnet18"), 32)
+    params = {id(p) for p in model.parameters()}
+    step, _ = build_training_step(strategy, model, torch.device("cpu"))
+    assert {id(p) for p in step.model.parameters()} == params
+    assert any(type(m).__name__ == "QConv2d" for m in model.modules())  # converted where it was handed over

@@ -179,3 +179,38 @@ def test_failing_model_on_meta_is_a_row_and_the_run_goes_on(tmp_path):
     by = {r["strategy"]: r for r in rows}
     assert by["fp32"]["status"] == "error" and "injected error" in by["fp32"]["message"]
     assert by["L2"]["status"] == "ok"
+
+
+def test_deep_grown_resnet_flops_are_derived_exactly_from_a_few_counts(monkeypatch):
+    """A grown ResNet-152 past FLOP_BASIS gets its FLOPs from the basis counts, equal to a direct count.
+
+    At 56 px a stage-2 block (7x7) and a stage-3 block (4x4) differ in FLOPs, so a wrong split
+    between the stages would show.
+    """
+    from actbench import compat
+    from actbench.measure import meta
+    from actbench.measure.accounting import count_flops
+    from actbench.models import build_model, real_depth
+    from actbench.schema import ModelSpec, PointConfig
+    from actbench.training.step import synthetic_batch
+
+    counted: list[int] = []
+    real_count = meta.count_flops
+
+    def recording(model, images, targets):
+        counted.append(real_depth(model))
+        return real_count(model, images, targets)
+
+    monkeypatch.setattr(meta, "count_flops", recording)
+    sessions = meta.MetaSessions()
+    spec = ModelSpec("resnet152", extra_blocks=12)  # 2 blocks to stage 2, 10 to stage 3
+    point = PointConfig(spec, "fp32", 2, 56, "meta")
+    mode = compat.fake_tensor_mode()
+    with mode:
+        derived = sessions._count_flops(point, mode)
+    assert sorted(counted) == [152, 155, 161]  # the basis (0, 1 and 3 extra blocks), never the +12 model itself
+
+    model = build_model(spec, 56)
+    images, targets = synthetic_batch(2, 56, 1000, torch.device("cpu"), 0)
+    fwd, total = count_flops(model, images, targets)
+    assert derived == (fwd / 2, total / 2)

@@ -31,8 +31,8 @@ from actbench.measure.accounting import (OverBudget, check_budget, check_host_bu
                                          file_offloads_as_host, model_breakdown, tracked_memory_step, with_census)
 from actbench.measure.allocator import AllocatorConfig, pinned_host_peak, replay_steps
 from actbench.measure.tracker import LiveStorageTracker
-from actbench.models import build_model, real_depth
-from actbench.schema import Measurement, PointConfig
+from actbench.models import build_model, grown_resnet152_layers, real_depth
+from actbench.schema import GROWABLE_MODEL, Measurement, PointConfig
 from actbench.strategies import StrategyOptions
 from actbench.training.step import TrainingStep, build_training_step, synthetic_batch
 
@@ -90,7 +90,7 @@ class MetaSessions:
         self._key: PointConfig | None = None
         self._session: _Session | None = None
         self._flops: dict[tuple, tuple[float, float]] = {}
-        self._trained: dict[tuple, frozenset[str]] = {}  # parameters a training step gives gradients
+        self._trained: dict[tuple, frozenset[str] | None] = {}  # parameters a step gives gradients (None: all)
         self._done: dict[PointConfig, Measurement] = {}  # sizes of points already stepped
         self._traces: dict[PointConfig, StepTrace] = {}  # their allocation traces, the latest few
 
@@ -164,14 +164,25 @@ class MetaSessions:
             self._count_flops(point, mode, model)
             options = StrategyOptions(checkpoint_segments=point.checkpoint_segments)
             host_scope = _CurrentHostScope()
-            with compat.fake_copy_mode(mode):  # ActNN's convert deep-copies the (fake) model
-                step, note = build_training_step(point.strategy, model, META_FAKE_DEVICE, options, host_scope,
-                                                 precision=point.precision)
+            step, note = build_training_step(point.strategy, model, META_FAKE_DEVICE, options, host_scope,
+                                             precision=point.precision)
         return _Session(mode, step, host_scope, note, num_params, depth)
 
     def _count_flops(self, point: PointConfig, mode: Any, model: torch.nn.Module | None = None) -> tuple[float, float]:
-        """Per-sample (forward, forward+backward) FLOPs of the unmodified model, once per model and size."""
+        """Per-sample (forward, forward+backward) FLOPs of the unmodified model, once per model and size.
+
+        A grown ResNet-152 past :data:`FLOP_BASIS` gets them from the counts at those few extra blocks
+        (:func:`grown_flops`, exact): a depth search's probes of thousands of layers skip a fake step
+        that cost about a sixth of each probe.
+        """
         key = (point.model, point.image_size, point.seed)
+        if key not in self._flops and point.model.name == GROWABLE_MODEL and point.model.extra_blocks > max(FLOP_BASIS):
+            basis = [dataclasses.replace(point, model=dataclasses.replace(point.model, extra_blocks=k)) for k in FLOP_BASIS]
+            counts = [self._count_flops(p, mode) for p in basis]
+            trained = [self._trained[(p.model, p.image_size, p.seed)] for p in basis]
+            if all(t is None for t in trained):  # every parameter trains: so it does at any depth
+                self._flops[key] = grown_flops(point.model.extra_blocks, counts)
+                self._trained[key] = None
         if key not in self._flops:
             if model is None:
                 model = _build_fake_model(point, mode)
@@ -188,8 +199,37 @@ class MetaSessions:
                 for handle in handles:
                     handle.remove()
             self._flops[key] = (fwd / 2, total / 2)
-            self._trained[key] = frozenset(_plain_name(n) for n, p in model.named_parameters() if id(p) in reached)
+            named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+            self._trained[key] = (None if all(id(p) in reached for _, p in named)
+                                  else frozenset(_plain_name(n) for n, p in named if id(p) in reached))
         return self._flops[key]
+
+
+#: Extra blocks at which a grown ResNet-152's FLOPs are counted; beyond them they are derived (grown_flops).
+FLOP_BASIS: tuple[int, ...] = (0, 1, 3)
+
+
+def grown_flops(extra_blocks: int, basis_counts: list[tuple[float, float]]) -> tuple[float, float]:
+    """FLOPs of ResNet-152 grown by ``extra_blocks``, from its counts at :data:`FLOP_BASIS`.
+
+    Extra blocks are plain Bottlenecks appended to stages 2 and 3 (``models.grown_resnet152_layers``),
+    all alike within a stage, so FLOPs are affine in the two stage sizes: F = F0 + a·Δs2 + b·Δs3. The
+    counts at 1 and 3 extra blocks (stage growth (0, 1) and (1, 2)) give a and b exactly; a test holds
+    the result to a direct count.
+    """
+    base = grown_resnet152_layers(0)
+    growth = [tuple(s - b for s, b in zip(grown_resnet152_layers(k), base)) for k in FLOP_BASIS]
+    (u2, u3), (v2, v3) = growth[1][1:3], growth[2][1:3]
+    det = u2 * v3 - u3 * v2
+    if growth[0] != (0, 0, 0, 0) or det == 0 or any(g[0] or g[3] for g in growth):
+        raise ValueError(f"FLOP_BASIS {FLOP_BASIS} does not determine the per-block FLOPs of stages 2 and 3")
+    s2, s3 = (s - b for s, b in zip(grown_resnet152_layers(extra_blocks)[1:3], base[1:3]))
+    result = []
+    for f0, f1, f3 in zip(*basis_counts):
+        d1, d3 = f1 - f0, f3 - f0
+        a, b = (d1 * v3 - d3 * u3) / det, (u2 * d3 - v2 * d1) / det  # per block of stage 2, of stage 3
+        result.append(f0 + a * s2 + b * s3)
+    return result[0], result[1]
 
 
 def predict_reserved(point: PointConfig, result: Measurement, trace: StepTrace) -> None:
@@ -234,7 +274,8 @@ def _build_fake_model(point: PointConfig, mode: Any) -> torch.nn.Module:
     """
     with compat.dispatch_modes_disabled(), compat.parameters_on_meta(), META_FAKE_DEVICE:
         model = build_model(point.model, point.image_size)  # outside any fake mode, also when called in one
-    return compat.fake_module(model, mode, META_FAKE_DEVICE)
+    with compat.dispatch_modes_disabled():  # its buffers are real tensors until converted
+        return compat.fake_module(model, mode, META_FAKE_DEVICE)
 
 
 def _plain_name(name: str) -> str:

@@ -142,6 +142,7 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
         precision=point.precision,
     )
     result.strategy_note = note
+    del model  # handed over (Strategy.prepare): on cuda every live tensor counts, so keep only step.model
     if tracker is not None:
         file_offloads_as_host(step.model, tracker)
     images, targets = synthetic_batch(point.batch_size, point.image_size, point.model.num_classes, device, point.seed + 1)

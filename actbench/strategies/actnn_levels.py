@@ -43,7 +43,9 @@ class ActNNLevel(Strategy):
     def prepare(self, model, device, options, host_scope) -> PreparedModel:
         from actbench.actnn import convert
 
-        conversion = convert(model, self.name)
+        # In place: the model is the point's own (Strategy.prepare); a converted copy would leave the
+        # caller's fp32 original alive on the device, counted in every cuda row of the level.
+        conversion = convert(model, self.name, inplace=True)
         note = " ".join(conversion.report.summary().split())[:300]
         return PreparedModel(model=conversion.model, note=note)
 

@@ -70,6 +70,9 @@ class Strategy:
 
     def prepare(self, model: "nn.Module", device: "torch.device", options: StrategyOptions,
                 host_scope: HostScope) -> PreparedModel:
+        """``model`` ready to train with this strategy. The model is handed over: it was built for
+        this point and the caller keeps no reference, so a strategy changes it in place rather than
+        copying it (a copy's original would be a second set of parameters on the device)."""
         raise NotImplementedError(f"strategy '{self.name}' does not say how to prepare a model")
 
 
