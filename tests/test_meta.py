@@ -214,3 +214,18 @@ def test_deep_grown_resnet_flops_are_derived_exactly_from_a_few_counts(monkeypat
     images, targets = synthetic_batch(2, 56, 1000, torch.device("cpu"), 0)
     fwd, total = count_flops(model, images, targets)
     assert derived == (fwd / 2, total / 2)
+
+
+@pytest.mark.parametrize("strategy", ["checkpoint", "sac"])
+def test_meta_warm_up_gives_wrapped_parameters_their_momentum(strategy):
+    """Wrappers rename parameters (``layer1.inner.0...``); meta's warm-up must still give each one the
+    momentum a real warm-up step gives, so meta's peak equals cpu's to the byte. It once matched the
+    renamed parameters against the FLOP count's names and left the wrapped blocks without momentum."""
+    from actbench.measure.meta import MetaSessions
+    from actbench.measure.point import measure_point
+    from actbench.schema import ModelSpec, PointConfig
+
+    meta = MetaSessions().measure_point(PointConfig(ModelSpec("resnet18"), strategy, 4, 32, "meta"))
+    cpu = measure_point(PointConfig(ModelSpec("resnet18"), strategy, 4, 32, "cpu", timed_steps=0))
+    assert meta.status == cpu.status == "ok"
+    assert meta.peak_alloc_bytes == cpu.peak_alloc_bytes
