@@ -81,6 +81,8 @@ class _Session:
     note: str | None
     num_params: int
     depth: int | None
+    #: the parameters a real step trains (None: all), for the warm-up (:func:`_warm_optimizer_state`)
+    trained: tuple[torch.Tensor, ...] | None = None
 
 
 class MetaSessions:
@@ -90,7 +92,7 @@ class MetaSessions:
         self._key: PointConfig | None = None
         self._session: _Session | None = None
         self._flops: dict[tuple, tuple[float, float]] = {}
-        self._trained: dict[tuple, frozenset[str] | None] = {}  # parameters a step gives gradients (None: all)
+        self._trained: dict[tuple, frozenset[str] | None] = {}  # names of parameters a step trains (None: all)
         self._done: dict[PointConfig, Measurement] = {}  # sizes of points already stepped
         self._traces: dict[PointConfig, StepTrace] = {}  # their allocation traces, the latest few
 
@@ -140,7 +142,7 @@ class MetaSessions:
             images, targets = synthetic_batch(point.batch_size, point.image_size, point.model.num_classes,
                                               META_FAKE_DEVICE, point.seed + 1)
             if key != self._key:
-                _warm_optimizer_state(session.step, self._trained.get((point.model, point.image_size, point.seed)))
+                _warm_optimizer_state(session.step, session.trained)
             session.step.zero_grad()
             tracker = LiveStorageTracker(record=True)
             session.host_scope.tracker = tracker
@@ -162,11 +164,13 @@ class MetaSessions:
             if fault is not None:
                 fault()
             self._count_flops(point, mode, model)
+            names = self._trained[(point.model, point.image_size, point.seed)]
+            trained = None if names is None else tuple(p for n, p in model.named_parameters() if n in names)
             options = StrategyOptions(checkpoint_segments=point.checkpoint_segments)
             host_scope = _CurrentHostScope()
             step, note = build_training_step(point.strategy, model, META_FAKE_DEVICE, options, host_scope,
                                              precision=point.precision)
-        return _Session(mode, step, host_scope, note, num_params, depth)
+        return _Session(mode, step, host_scope, note, num_params, depth, trained)
 
     def _count_flops(self, point: PointConfig, mode: Any, model: torch.nn.Module | None = None) -> tuple[float, float]:
         """Per-sample (forward, forward+backward) FLOPs of the unmodified model, once per model and size.
@@ -201,7 +205,7 @@ class MetaSessions:
             self._flops[key] = (fwd / 2, total / 2)
             named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
             self._trained[key] = (None if all(id(p) in reached for _, p in named)
-                                  else frozenset(_plain_name(n) for n, p in named if id(p) in reached))
+                                  else frozenset(n for n, p in named if id(p) in reached))
         return self._flops[key]
 
 
@@ -278,26 +282,27 @@ def _build_fake_model(point: PointConfig, mode: Any) -> torch.nn.Module:
         return compat.fake_module(model, mode, META_FAKE_DEVICE)
 
 
-def _plain_name(name: str) -> str:
-    """A parameter's name without wrapper components (``_checkpoint_wrapped_module``, ``_orig_mod``)."""
-    return ".".join(part for part in name.split(".") if not part.startswith("_"))
-
-
-def _warm_optimizer_state(step: TrainingStep, trained: frozenset[str] | None = None) -> None:
+def _warm_optimizer_state(step: TrainingStep, trained: tuple[torch.Tensor, ...] | None = None) -> None:
     """What a warm-up step leaves behind, without its forward and backward (a fake step costs ~1 s).
 
     An optimizer step on zero gradients creates the optimizer state (SGD's momentum buffers) with
     the shapes a real step gives; gradients are then dropped, as before every measured step. Only
-    the parameters a real backward reaches (``trained``, names seen in the FLOP count's backward; all
-    when None or when none of the names match) get a gradient: a parameter outside the loss (an
-    auxiliary head) gets no momentum in a real warm-up either. The ActNN controller's per-step
-    statistics (a few floats per layer and sample) are not created: a bounded, tiny difference from
-    the cpu protocol, inside the tolerance tests hold meta to.
+    the parameters a real backward reaches (``trained``: those the FLOP count's backward reached on
+    the unmodified model; None: all) get a gradient: a parameter outside the loss (an auxiliary
+    head) gets no momentum in a real warm-up either. They are matched by identity: a strategy
+    changes the model it is handed in place (``Strategy.prepare``), so the unmodified model's
+    parameters are the step's, whatever names a wrapper gives them (checkpoint's ``inner``). The
+    ActNN controller's per-step statistics (a few floats per layer and sample) are not created: a
+    bounded, tiny difference from the cpu protocol, inside the tolerance tests hold meta to.
     """
-    params = [(n, p) for n, p in step.model.named_parameters() if p.requires_grad]
-    if trained is not None and any(_plain_name(n) in trained for n, _ in params):
-        params = [(n, p) for n, p in params if _plain_name(n) in trained]
-    for _, param in params:
+    params = [p for p in step.model.parameters() if p.requires_grad]
+    if trained is not None:
+        chosen = {id(p) for p in trained}
+        params = [p for p in params if id(p) in chosen]
+        if not params:
+            raise RuntimeError("the prepared model has none of the parameters it was built with: a strategy "
+                               "must change the model it is handed in place (Strategy.prepare), not copy it")
+    for param in params:
         param.grad = torch.zeros_like(param)
     step.optimizer.step()
     step.zero_grad()
