@@ -407,7 +407,7 @@ def _run_parts(search: Callable, parts: list[Any], runners: _Runners, width: int
         try:
             if _is_linear_scan(config):
                 return _windowed_scan(search, config, runner, runners, share)
-            return search(config, runner.run)
+            return search(config, _PartRun(runner, runners, share))
         finally:
             runners.give(runner)
             with lock:
@@ -452,6 +452,23 @@ def _windowed_scan(search: Callable, config: Any, runner: Any, runners: _Runners
         if failures >= config.stop_after:
             break
     return search(config, lambda point: rows.get(point.key()) or runner.run(point))
+
+
+class _PartRun:
+    """A part's ``run``: one point at a time, or (``together``) several at once while the run has
+    slots to spare, which a model-guided search uses to certify its answer in one probe's time."""
+
+    def __init__(self, runner: Any, runners: _Runners, share: Callable[[], int]) -> None:
+        self.runner, self.runners, self.share = runner, runners, share
+
+    def __call__(self, point: PointConfig) -> ResultRow:
+        return self.runner.run(point)
+
+    def together(self, points: Sequence[PointConfig]) -> list[ResultRow] | None:
+        """Rows of ``points`` measured side by side; None (nothing measured) without the slots."""
+        if self.share() < len(points):
+            return None
+        return _run_together(points, self.runner, self.runners)
 
 
 def _run_together(points: Sequence[PointConfig], runner: Any, runners: _Runners) -> list[ResultRow]:

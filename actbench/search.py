@@ -315,7 +315,9 @@ def guided_search_largest(candidates: Sequence[int], probe: Probe, budget: int |
                           feature: Callable[[int], float] = float, degree: int = 1, first: int | None = None,
                           anchor: Callable[[], "tuple[float, float] | None"] = lambda: None, fit: str | None = None,
                           scout: float = 1.0, max_probes: int = MAX_GUIDED_PROBES,
-                          tolerance: float = POOR_FIT_TOLERANCE) -> tuple[int | None, SearchTrace]:
+                          tolerance: float = POOR_FIT_TOLERANCE,
+                          together: "Callable[[Sequence[int]], list[tuple[bool, int | None]] | None] | None" = None,
+                          ) -> tuple[int | None, SearchTrace]:
     """Largest candidate whose probe fits, from a curve fitted to the peaks seen -> (answer, trace).
 
     ``probe(value)`` -> (fits, peak bytes or None); each value is probed at most once. Peak memory
@@ -334,18 +336,43 @@ def guided_search_largest(candidates: Sequence[int], probe: Probe, budget: int |
     whatever the function; twice a peak off the prediction by more than ``tolerance`` x budget (a
     step change), or no certified answer after ``max_probes`` probes -> bisection of the open
     bracket left. Without a budget there is nothing to aim at: plain bisection.
+
+    ``together(values)``: probes several values side by side, or None when no slot is spare. Then
+    the first curve fitted through probes alone (two for a line, three for a parabola) has its
+    predicted answer probed with the neighbour that
+    would certify it (the one below when the crossing lies in the lower half of the step, where the
+    answer may well be one less; else the one above), so certifying costs one probe's time instead
+    of two. Once per search: when the side is guessed wrong, the extra probe is a row like any other
+    and the search goes on one probe at a time; the answer is the same.
     """
     n = len(candidates)
     fits_at: dict[int, bool] = {}
     peaks: dict[int, int] = {}
 
+    def note(i: int, ok: bool, peak: int | None) -> None:
+        fits_at[i] = ok
+        if peak is not None:
+            peaks[i] = peak
+
     def run(i: int) -> bool:
         if i not in fits_at:
-            ok, peak = probe(candidates[i])
-            fits_at[i] = ok
-            if peak is not None:
-                peaks[i] = peak
+            note(i, *probe(candidates[i]))
         return fits_at[i]
+
+    paired: list[list[int]] = []  # once per search: a wrong guess of side costs one probe, not one per refit
+
+    def run_with_neighbour(i: int, crossing: float, lo: int, hi: int) -> None:
+        """Probe ``i`` and the neighbour that would certify it at once, if a slot is spare."""
+        upper = i + 1 < n and (crossing - xs[i]) >= 0.5 * (xs[i + 1] - xs[i])
+        j = i + 1 if upper else i - 1
+        if together is None or paired or not lo < j < hi or j in fits_at or i in fits_at:
+            return
+        pair = sorted((i, j))
+        outcomes = together([candidates[k] for k in pair])
+        if outcomes is not None:
+            paired.append(pair)
+            for k, outcome in zip(pair, outcomes):
+                note(k, *outcome)
 
     def bracket() -> tuple[int, int]:
         lo = max((i for i, ok in fits_at.items() if ok), default=-1)
@@ -396,6 +423,8 @@ def guided_search_largest(candidates: Sequence[int], probe: Probe, budget: int |
             # The predicted answer, or the neighbour that certifies it, always inside the open bracket.
             i, expect = (a, True) if lo < a < hi else ((lo + 1, False) if a <= lo else (hi - 1, True))
             predicted = line.at(xs[i]) if line.probes >= 2 else None
+            if i == a and line.probes > degree:  # a curve through probes only (degree 2's first ones fall short)
+                run_with_neighbour(i, crossing, lo, hi)
         ok = run(i)
         if expect and not ok and i not in peaks and line is not None and line.probes >= 2 and a == i:
             near_misses.add(i)  # most likely one past the answer: the next guess steps just below it
@@ -651,22 +680,39 @@ def _search_strategy(outcome: SearchOutcome, strategy: str, candidates: Sequence
     found: dict[int, ResultRow] = {}
     first_probe: list[tuple[int, ResultRow]] = []
 
-    def probe(value: int) -> tuple[bool, int | None]:
-        row = run(point_for(value))
+    def record(value: int, row: ResultRow) -> None:
         outcome.rows.append(row)
         found[value] = row
         if not first_probe:
             first_probe.append((value, row))
+
+    def result(row: ResultRow) -> tuple[bool, int | None]:
         if stop_on_error and not row.ok and row.status not in MEMORY_FAILURES:
             raise _SearchFailed(row.message)
         return row.ok, (deciding_bytes(row) if row.ok or row.status in MEMORY_FAILURES else None)
+
+    def probe(value: int) -> tuple[bool, int | None]:
+        row = run(point_for(value))
+        record(value, row)
+        return result(row)
+
+    side_by_side = getattr(run, "together", None)  # scale-out's run: points at once while slots are spare
+
+    def together(values: Sequence[int]) -> list[tuple[bool, int | None]] | None:
+        rows = side_by_side([point_for(v) for v in values])
+        if rows is None:
+            return None
+        for value, row in zip(values, rows):
+            record(value, row)
+        return [result(row) for row in rows]
 
     def anchor() -> tuple[float, float] | None:
         return growth.anchor(*first_probe[0]) if first_probe else None
 
     try:
         best, trace = guided_search_largest(candidates, probe, budget, feature=growth.feature, degree=growth.degree,
-                                            first=first, anchor=anchor, fit=growth.fit, scout=growth.scout)
+                                            first=first, anchor=anchor, fit=growth.fit, scout=growth.scout,
+                                            together=together if side_by_side is not None else None)
     except _SearchFailed:
         best, trace = None, SearchTrace("model-guided", len(found), growth.fit)
     row = found.get(best) if best is not None else None

@@ -212,6 +212,33 @@ def test_meta_with_jobs_predicts_in_workers_what_one_process_predicts(tmp_path: 
     assert env["points_at_once"] == 2
 
 
+@pytest.mark.slow
+def test_a_plan_with_a_spare_slot_certifies_side_by_side_and_finds_the_same_maxima(tmp_path: Path) -> None:
+    """One strategy, two jobs: the guided search probes its predicted answer with the neighbour that
+    certifies it at once (two points in flight together); same maximum as one job, at most one
+    probe more."""
+    from actbench.commands import CommandSpec
+
+    spec = CommandSpec(command="plan", model="resnet18", strategies=("fp32",), image_size=32, device="meta",
+                       budget="300MiB", dim="batch", batch="8")
+    plan = spec.plan()
+    serial = execute(plan, RunStore(tmp_path / "s" / plan.name))
+    in_flight, most = [0], [0]
+    lock = threading.Lock()
+
+    def on_event(kind: str, point: Any, row: Any) -> None:
+        with lock:
+            in_flight[0] += {"start": 1, "done": -1}.get(kind, 0)
+            most[0] = max(most[0], in_flight[0])
+
+    parallel = execute(plan, RunStore(tmp_path / "p" / plan.name), options=ExecutionOptions(jobs=2),
+                       on_event=on_event)
+    assert parallel.maxima == serial.maxima and serial.maxima["fp32"] is not None
+    assert len(serial.rows) <= len(parallel.rows) <= len(serial.rows) + 1
+    assert {r.key for r in serial.rows[:-2]} <= {r.key for r in parallel.rows}
+    assert most[0] == 2, "the certifying pair never ran side by side"
+
+
 # --- persistent workers -----------------------------------------------------------------------------
 def cpu_point(batch: int, strategy: str = "fp32") -> PointConfig:
     return PointConfig(ModelSpec("resnet18"), strategy, batch, 16, "cpu", warmup_steps=1, timed_steps=0)
