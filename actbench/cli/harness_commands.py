@@ -607,12 +607,14 @@ def plan(
 
     Searches on the meta device (fake tensors): peak = device bytes over one training step, model
     included; swap's and L4/L5's host copies are reported apart (host column), not counted.
-    Without --levels/--strategies: fp32 and ActNN L3.
+    Without --levels/--strategies: fp32 and ActNN L3. --jobs 2 (or more) searches strategies side
+    by side in worker processes and certifies each answer with two probes at once when a slot is
+    spare: worth its few seconds of start-up for long searches (depth, or many strategies).
 
     \b
     Examples:
       actbench plan resnet50 --budget 16GiB --strategies swap,checkpoint --levels L0..L5
-      actbench plan resnet152 --budget 40GiB --dim depth --levels L3
+      actbench plan resnet152 --budget 16GiB --dim depth --levels L3 --batch 64 --jobs 2
     """
     spec, ran = _launch("plan", locals(), batch=str(batch), device=PLAN_DEVICE)
     if ran is None:
