@@ -83,6 +83,9 @@ step sweep 200 "$PY" -m actbench sweep-batch resnet50 --strategies fp32 --levels
 keep "$SCRATCH/sweep-batch_resnet50_cuda_*/rows.jsonl" sweep_rows.jsonl
 keep "$SCRATCH/sweep-batch_resnet50_cuda_*/table.csv" sweep_table.csv
 # meta predictions vs cuda measurements of the same small points: the gap the caching allocator adds.
+# (ActNN levels now convert the point's model in place: no second fp32 copy of the parameters stays
+# alive on cuda, so their peak_ratio should sit beside fp32's; checkpoint's and sac's meta warm-up
+# now gives every wrapped parameter its momentum, as the real warm-up on cuda does.)
 step meta_vs_cuda 180 "$PY" -m actbench trust --device cuda --batch 16 --image-size 224 --out "$OUT"
 # issue 14: one point's caching-allocator history and segments (memory_snapshot.pickle, no stack traces)
 # and the CUDA context, beside meta's caching-allocator model of the same point (memory_snapshot.json)
