@@ -339,11 +339,11 @@ def guided_search_largest(candidates: Sequence[int], probe: Probe, budget: int |
 
     ``together(values)``: probes several values side by side, or None when no slot is spare. Then
     the first curve fitted through probes alone (two for a line, three for a parabola) has its
-    predicted answer probed with the neighbour that
-    would certify it (the one below when the crossing lies in the lower half of the step, where the
-    answer may well be one less; else the one above), so certifying costs one probe's time instead
-    of two. Once per search: when the side is guessed wrong, the extra probe is a row like any other
-    and the search goes on one probe at a time; the answer is the same.
+    predicted answer probed with the neighbour that would certify it (the one below when the
+    crossing lies in the lower half of the step, where the answer may well be one less; else the
+    one above), so certifying costs one probe's time instead of two. Once per search: when the side
+    is guessed wrong, the extra probe is a row like any other and the search goes on one probe at a
+    time; the answer is the same.
     """
     n = len(candidates)
     fits_at: dict[int, bool] = {}
@@ -359,10 +359,11 @@ def guided_search_largest(candidates: Sequence[int], probe: Probe, budget: int |
             note(i, *probe(candidates[i]))
         return fits_at[i]
 
-    paired: list[list[int]] = []  # once per search: a wrong guess of side costs one probe, not one per refit
+    paired = False  # once per search: a wrong guess of side costs one probe, not one per refit
 
     def run_with_neighbour(i: int, crossing: float, lo: int, hi: int) -> None:
         """Probe ``i`` and the neighbour that would certify it at once, if a slot is spare."""
+        nonlocal paired
         upper = i + 1 < n and (crossing - xs[i]) >= 0.5 * (xs[i + 1] - xs[i])
         j = i + 1 if upper else i - 1
         if together is None or paired or not lo < j < hi or j in fits_at or i in fits_at:
@@ -370,7 +371,7 @@ def guided_search_largest(candidates: Sequence[int], probe: Probe, budget: int |
         pair = sorted((i, j))
         outcomes = together([candidates[k] for k in pair])
         if outcomes is not None:
-            paired.append(pair)
+            paired = True
             for k, outcome in zip(pair, outcomes):
                 note(k, *outcome)
 
