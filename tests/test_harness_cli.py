@@ -294,3 +294,19 @@ def test_every_command_has_help(command: str) -> None:
     assert "Usage: actbench " + command in " ".join(result.output.split())
     if command in TEACHING_COMMANDS:  # the commands users compose: --help shows a runnable example
         assert "Example" in result.output and f"actbench {command} " in result.output
+
+
+def test_plan_predicts_with_one_job_per_core_unless_told(monkeypatch) -> None:
+    """plan's default --jobs: one per core, at most PLAN_MAX_DEFAULT_JOBS; as given otherwise; 1 where the
+    points' placement is another option's (--gpus, --executor slurm)."""
+    from actbench import executors
+    from actbench.cli import harness_commands as hc
+
+    monkeypatch.setattr(executors, "cpu_count", lambda: 2)
+    assert hc.plan_jobs(None, None, "local") == 2
+    monkeypatch.setattr(executors, "cpu_count", lambda: 64)
+    assert hc.plan_jobs(None, None, "local") == hc.PLAN_MAX_DEFAULT_JOBS == 4
+    monkeypatch.setattr(executors, "cpu_count", lambda: 1)
+    assert hc.plan_jobs(None, None, "local") == 1
+    assert hc.plan_jobs(3, None, "local") == 3
+    assert hc.plan_jobs(None, "0,1", "local") == 1 and hc.plan_jobs(None, None, "slurm") == 1

@@ -76,6 +76,11 @@ TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds before a p
 ExecutorChoice = enum.Enum("ExecutorChoice", {"local": "local", "slurm": "slurm"}, type=str)
 JobsOpt = Annotated[int, typer.Option("--jobs", help=(
     "cpu and meta: points measured at once (strategies side by side; each cpu child gets cores/N threads)."))]
+PlanJobsOpt = Annotated[Optional[int], typer.Option("--jobs", show_default=False, help=(
+    "Predictions at once, in worker processes: strategies side by side, and an answer's two certifying probes "
+    "together. Default: one per core, at most 4; --jobs 1 predicts in this process."))]
+#: plan's default --jobs at most: a prediction is single-threaded Python (a core each), and each job is a process
+PLAN_MAX_DEFAULT_JOBS = 4
 GpusOpt = Annotated[Optional[str], typer.Option("--gpus", help=(
     "cuda: GPU indices, e.g. 0,1,2,3: one point per GPU at a time, each child pinned with CUDA_VISIBLE_DEVICES."))]
 ExecutorOpt = Annotated[ExecutorChoice, typer.Option("--executor", help=(
@@ -87,6 +92,18 @@ SlurmOpt = Annotated[Optional[list[str]], typer.Option("--slurm", metavar="KEY=V
     "cpus-per-job, array-parallelism; any other key goes to sbatch as --KEY=VALUE (e.g. --slurm qos=high)."))]
 ExtraBlocksOpt = Annotated[int, typer.Option("--extra-blocks", help="resnet152 only: bottleneck blocks added to stages 2/3 (8:36).")]
 WidthOpt = Annotated[Optional[int], typer.Option("--width-per-group", help="resnet152 only: width_per_group (default 64).")]
+
+
+def plan_jobs(jobs: Optional[int], gpus: Optional[str], executor: Any) -> int:
+    """plan's --jobs: as given; otherwise one per core (at most PLAN_MAX_DEFAULT_JOBS) on this machine,
+    and 1 with --gpus or another executor (whose options say where points run)."""
+    if jobs is not None:
+        return jobs
+    if gpus or getattr(executor, "value", executor) != "local":
+        return 1
+    from actbench.executors import cpu_count
+
+    return max(1, min(PLAN_MAX_DEFAULT_JOBS, cpu_count()))
 
 
 def _checked(fn: Callable[[], Any]) -> Any:
@@ -597,7 +614,7 @@ def plan(
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
     no_retry: NoRetryOpt = False,
-    jobs: JobsOpt = 1,
+    jobs: PlanJobsOpt = None,
     gpus: GpusOpt = None,
     executor: ExecutorOpt = ExecutorChoice.local,
     isolate: IsolateOpt = False,
@@ -607,15 +624,16 @@ def plan(
 
     Searches on the meta device (fake tensors): peak = device bytes over one training step, model
     included; swap's and L4/L5's host copies are reported apart (host column), not counted.
-    Without --levels/--strategies: fp32 and ActNN L3. --jobs 2 (or more) searches strategies side
-    by side in worker processes and certifies each answer with two probes at once when a slot is
-    spare: worth its few seconds of start-up for long searches (depth, or many strategies).
+    Without --levels/--strategies: fp32 and ActNN L3. Predictions run in worker processes, one per
+    core (at most 4; --jobs sets it): strategies side by side, and an answer's two certifying probes
+    at once when a slot is spare. The maxima do not depend on --jobs.
 
     \b
     Examples:
       actbench plan resnet50 --budget 16GiB --strategies swap,checkpoint --levels L0..L5
-      actbench plan resnet152 --budget 16GiB --dim depth --levels L3 --batch 64 --jobs 2
+      actbench plan resnet152 --budget 16GiB --dim depth --levels L3 --batch 64
     """
+    jobs = plan_jobs(jobs, gpus, executor)
     spec, ran = _launch("plan", locals(), batch=str(batch), device=PLAN_DEVICE)
     if ran is None:
         return
