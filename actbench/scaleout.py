@@ -9,7 +9,9 @@ directory's name, so a run started on a laptop resumes on eight GPUs or on a clu
   threads, each part's points going to one shared executor whose slots bound how many points run at
   once (``--jobs N`` on cpu and meta, one per GPU of ``--gpus``). Inside a linear batch scan the next
   points run together only while the scan's stopping rule cannot skip them (:func:`scan_window`), so
-  a parallel run records exactly the points, keys and statuses a serial one does. Every thread has
+  a parallel run records exactly the points, keys and statuses a serial one does. A model-guided
+  search with a slot to spare (:class:`_PartRun`) probes its predicted answer with the neighbour that
+  certifies it at once: the same maxima, and at most one row a serial run would not make. Every thread has
   its own :class:`~actbench.runner.PointRunner` (and run-store handle): the run directory's lock and
   claims keep several writers consistent (docs/design.md §9).
 - **slurm** (through submitit): the parts become one job array; each array task runs its part's
