@@ -7,6 +7,7 @@ batch and throughput) budget match the paper's set-up; everything that still dif
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -294,7 +295,65 @@ def build_accuracy_report(accuracy_runs: Sequence[tuple[Path, Sequence[Any]]], r
         for p in figures:
             if p.suffix == ".png" and p.stem == f"accuracy_vs_bits__{run_dir.name}":
                 lines += [f"![accuracy vs bits]({Path(os.path.relpath(p, report_dir)).as_posix()})", ""]
+    lines += _accuracy_over_seeds(accuracy_runs, head)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _points(fraction: float) -> str:
+    """An accuracy difference in points, signed, one decimal (never "-0.0")."""
+    text = f"{100 * fraction:+.1f}"
+    return "+0.0" if text == "-0.0" else text
+
+
+def _accuracy_over_seeds(accuracy_runs: Sequence[tuple[Path, Sequence[Any]]], head: str) -> list[str]:
+    """Runs that differ only in their seed, averaged: one seed's test accuracy moves by a few points
+    between settings (a thousand test images, another training trajectory), so a claim of "within a
+    point of fp32" is read on the mean."""
+    groups: dict[str, list[tuple[int, Sequence[Any]]]] = {}
+    for run_dir, rows in accuracy_runs:
+        cfg = dict(read_json(run_dir / "config.json") or {})
+        if "seed" not in cfg:
+            continue
+        seed = cfg.pop("seed")
+        cfg.pop("bits", None), cfg.pop("include_fp32", None)  # the settings a run holds; rows carry them
+        groups.setdefault(json.dumps(cfg, sort_keys=True), []).append((seed, rows))
+    lines: list[str] = []
+    for key, members in groups.items():
+        if len(members) < 2:
+            continue
+        members.sort(key=lambda m: m[0])
+        seeds = [m[0] for m in members]
+        by_setting: dict[str, dict[int, float]] = {}
+        order: dict[str, tuple] = {}
+        for seed, rows in members:
+            for r in rows:
+                if r.ok and r.test_accuracy is not None:
+                    by_setting.setdefault(r.setting, {})[seed] = r.test_accuracy
+                    order[r.setting] = (r.target_bits is not None, -(r.target_bits or 0))
+        fp32 = by_setting.get("fp32", {})
+        cfg = json.loads(key)
+        name = (f"vit{cfg.get('model_depth')}x{cfg.get('width')}p{cfg.get('patch_size')}" if cfg.get("model") == "vit"
+                else f"resnet{cfg.get('model_depth')}")
+        lines += [f"{head}# Mean over seeds: {name}, {cfg.get('steps')} steps (seeds {', '.join(map(str, seeds))})", "",
+                  "A setting's mean counts only the seeds where it and fp32 both finished; Δ is against fp32's "
+                  "mean over the same seeds.", ""]
+        table = []
+        for setting in sorted(by_setting, key=order.__getitem__):
+            acc = by_setting[setting]
+            common = [s for s in seeds if s in acc and (s in fp32 or setting == "fp32")]
+            if not common:
+                continue
+            mean = sum(acc[s] for s in common) / len(common)
+            if setting == "fp32":
+                delta = worst = "–"
+            else:
+                delta = _points(mean - sum(fp32[s] for s in common) / len(common))
+                worst = _points(min(acc[s] - fp32[s] for s in common))
+            table.append((setting, str(len(common)), f"{mean:.3f}", " / ".join(f"{acc[s]:.3f}" for s in common),
+                          delta, worst))
+        lines += _table(("setting", "seeds", "mean test accuracy", "per seed", "Δ of the means vs fp32 (points)",
+                         "worst seed's Δ (points)"), table)
+    return lines
 
 
 def write_report(results_dir: Path, out_file: Path | None = None, figures_dir: Path | None = None,

@@ -9,6 +9,8 @@
 #                   ResNet-152's largest depth, width and resolution at batch 64 per strategy
 #                   (experiments/max_scale_resnet152_meta.toml: about 20 minutes with 2 jobs on 2 cores)
 #   results/zoo/    ActNN on one model per torchvision family (experiments/model_zoo.toml, meta)
+#   results/cpu/    the full accuracy-vs-bits run (experiments/accuracy_vs_bits.toml: ResNet-8 and a
+#                   small ViT from three seeds, about 11 CPU-minutes)
 #   results/quick/  the --quick CPU version of every experiment in experiments/
 # Each command resumes, so an interrupted run can be restarted.
 set -euo pipefail
@@ -23,6 +25,7 @@ PY=${PYTHON:-python3}
 # ActNN on one model per torchvision family, with its own figures and report under results/zoo/model_zoo/
 # (apart from results/meta, whose report covers the paper's grid; about 50 minutes on 2 loaded cores; resumes)
 "$PY" -m actbench run experiments/model_zoo.toml --out results/zoo
+"$PY" -m actbench run experiments/accuracy_vs_bits.toml --device cpu --out results/cpu
 for exp in max_batch memory_per_level accuracy_vs_bits resnet50_throughput_vs_batch max_scale_resnet152 planned_max_batch modern_baselines; do
   "$PY" -m actbench run "experiments/$exp.toml" --quick --device cpu --out results/quick
 done

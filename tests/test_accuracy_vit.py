@@ -3,6 +3,7 @@ ResNet's runs keep their names, and that every compressed tensor of the ViT gets
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -17,11 +18,14 @@ REPO = Path(__file__).resolve().parents[1]
 def test_resnet_runs_keep_their_names_and_the_vit_step_is_a_vit():
     """ViT-only fields stay out of a ResNet's identity, so the committed quick run still resumes."""
     steps = load_experiment(REPO / "experiments" / "accuracy_vs_bits.toml", quick=True).steps
-    resnet, vit = (s.config for s in steps)
+    resnet, vit, *seeds = (s.config for s in steps)
     assert resnet.model == "resnet" and "model" not in resnet.identity() and "heads" not in resnet.identity()
     assert (REPO / "results" / "quick" / "accuracy_vs_bits-quick" / resnet.run_name()).is_dir()
     assert vit.model == "vit" and vit.run_name().startswith("accuracy_vit3x64p6_24px_")
     assert vit.identity()["patch_size"] == 6 and "vit3x64p6" in steps[1].describe()
+    # the same ViT from seeds 1 and 2 (the 1-point claim is read on the mean of three seeds)
+    assert [c.seed for c in seeds] == [1, 2]
+    assert all(dataclasses.replace(c, seed=0) == vit for c in seeds)
 
 
 def test_a_small_vit_trains_with_every_compressed_tensor_at_the_target(tmp_path):

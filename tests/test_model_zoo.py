@@ -197,15 +197,24 @@ def test_meta_memory_row_says_what_stays_uncompressed():
 
 
 def test_cpu_memory_row_carries_the_census_meta_predicts():
-    """A measured (cpu) ActNN row's note says what its memory step left uncompressed, word for word
-    the census of the meta prediction: the same forward saves the same tensors on both devices."""
+    """A measured (cpu) ActNN row's note says what its memory step left uncompressed: the census of
+    the meta prediction, word for word but for the shares. The same forward saves the same tensors on
+    both devices; only L3's allocation differs (meta has no statistics and splits each target evenly,
+    docs/design.md §4), which moves the compressed total and so each share by a little."""
+    import re
+
     from actbench.measure.point import measure_point
 
     point = meta_point("mobilenet_v3_large", "L3", size=64)
     cpu = measure_point(dataclasses.replace(point, device="cpu"))
+    meta = MetaSessions().measure_point(point)
     assert cpu.status == "ok", cpu.message
     assert "uncompressed " in cpu.strategy_note and "% of " in cpu.strategy_note, cpu.strategy_note
-    assert cpu.strategy_note == MetaSessions().measure_point(point).strategy_note
+    share = re.compile(r"\d+\.\d%")
+    assert share.sub("x%", cpu.strategy_note) == share.sub("x%", meta.strategy_note)
+    for a, b in zip(share.findall(cpu.strategy_note), share.findall(meta.strategy_note), strict=True):
+        assert abs(float(a[:-1]) - float(b[:-1])) <= 0.15, (cpu.strategy_note, meta.strategy_note)  # one rounding step
+    assert abs(cpu.activation_bytes - meta.activation_bytes) <= 0.005 * meta.activation_bytes
 
 
 def test_meta_warm_up_gives_no_momentum_to_parameters_outside_the_loss():

@@ -23,7 +23,7 @@ from actbench.analysis import (BatchGroup, batch_groups, find_runs, infer_scale_
 from actbench.cli import app
 from actbench.plots import (PALETTE, PREDICTED_HATCH, figures_for, plot_activation_vs_batch, plot_max_batch,
                             plot_max_scale, plot_memory, plot_throughput_vs_batch, write_figures)
-from actbench.report import build_report, write_report
+from actbench.report import build_accuracy_report, build_report, write_report
 from actbench.schema import ResultRow
 
 GIB = 1 << 30
@@ -519,3 +519,27 @@ def test_cli_plot_draws_each_folder_on_its_own_and_says_where(results: Path) -> 
 def test_report_names_the_folders_it_pools(results: Path, tmp_path: Path) -> None:
     text = build_report(find_runs(results), results, tmp_path, ())
     assert "Runs from 2 folders, pooled by setting: `.`, `nested`." in text
+
+
+def test_report_averages_runs_that_differ_only_in_their_seed(tmp_path: Path) -> None:
+    """Three seeds of one configuration get a mean table (Δ of the means and the worst seed's Δ);
+    a run of another configuration, alone, gets none."""
+    import json
+
+    accs = {0: (0.60, 0.59), 1: (0.62, 0.64), 2: (0.70, 0.69)}  # seed: (fp32, 2 bits)
+    for seed, (fp32, two) in accs.items():
+        store = AccuracyStore(tmp_path / "acc" / f"accuracy_vit3x64p6_24px_s{seed}")
+        store.append(acc_row("fp32", None, fp32))
+        store.append(acc_row("2 bits", 2.0, two))
+        (store.run_dir / "config.json").write_text(json.dumps(
+            {"command": "accuracy", "model": "vit", "model_depth": 3, "width": 64, "patch_size": 6, "steps": 300,
+             "seed": seed, "bits": [2.0], "include_fp32": True}))
+    other = write_accuracy_run(tmp_path / "acc")
+    (other / "config.json").write_text(json.dumps({"command": "accuracy", "model_depth": 8, "steps": 100, "seed": 0}))
+    text = build_accuracy_report(
+        [(d, AccuracyStore(d).read_rows()) for d in sorted((tmp_path / "acc").iterdir())], tmp_path)
+    assert text.count("Mean over seeds") == 1
+    assert "\n## Mean over seeds: vit3x64p6, 300 steps (seeds 0, 1, 2)\n" in text
+    assert "| fp32 | 3 | 0.640 | 0.600 / 0.620 / 0.700 | – | – |" in text
+    # 2 bits: mean 0.640 against fp32's 0.640 -> +0.0 (never -0.0); worst seed 0.69 - 0.70 -> -1.0
+    assert "| 2 bits | 3 | 0.640 | 0.590 / 0.640 / 0.690 | +0.0 | -1.0 |" in text

@@ -11,16 +11,21 @@ one small host round trip per step:
   quantizing forward the per-sample sum of squared group ranges of its input (on the device);
 * at the first quantizing forward after a backward, the controller reads all of last step's
   statistics in one transfer and runs the greedy ``ops.allocate_bits`` over all conv/linear
-  (layer, sample) pairs with cost ``factor_l * ||g_{l,n}||^2 * range^2_{l,n}`` (factor: see
+  (layer, sample) pairs with cost ``factor_l * mean_n ||g_{l,n}||^2 * range^2_{l,n}`` (factor: see
   ``_cost_factor``) and weight = elements per sample, so their *network* average meets the target
-  while sensitive layers get more bits. Each BatchNorm keeps its own budget (target * N) and
+  while sensitive layers get more bits. The gradient norm enters as the layer's batch mean: the
+  current samples' bits are set in forward, before their gradients exist, and last step's
+  per-sample norms belong to other samples (with them, the multiset spread by gradient norm was
+  handed out by range, in effect at random: a small ViT's gradient noise was 11x that of the
+  mean-norm cost, docs/design.md §2). Each BatchNorm keeps its own budget (target * N) and
   varies bits only across samples: its input error also reaches every earlier layer's gradient
   through BN's input gradient, which a local cost cannot see (measured: sharing one budget with the
   convs made ResNet-18's gradient noise 10x worse than uniform 2 bits; separate, it is below);
 * that gives each layer a multiset of per-sample widths; in the current step a layer hands the
   widest of them to the samples with the largest *current* group ranges (a rank match on the
   device: by the rearrangement inequality it is the best assignment of a fixed multiset when
-  costs scale with range^2), so per-sample choices follow the current activation without a sync.
+  costs scale with range^2, which they do once the gradient norm is the layer's mean), so
+  per-sample choices follow the current activation without a sync.
 
 The first step, or a layer whose batch size changed, gets the uniform allocation of its target
 (``max(N, floor(target * N))`` sample-bits spread as evenly as possible): upstream's all-zero
@@ -196,16 +201,17 @@ class Controller:
             return
         order = [i for key in sorted(groups) for i in groups[key]]
         if compat.is_fake(self._grad_sq[order[0]]):
-            # Meta sizing (fake tensors, no data): keep the uniform allocation of each target. The
-            # greedy lands on exactly max(N, floor(target * N)) sample-bits per budget, so packed
-            # sizes equal what real statistics would give (docs/design.md §2); only the split differs.
+            # Meta sizing (fake tensors, no data): keep the uniform allocation of each target. With
+            # unit weights the greedy lands on exactly max(N, floor(target * N)) sample-bits per
+            # budget; with real statistics the split between layers differs and the total moves
+            # slightly (about 0.2% of activation bytes, docs/design.md §4).
             return
         stacked = torch.cat([torch.stack([self._grad_sq[i], self._range_sq[i].to(self._grad_sq[i].device)]).reshape(-1) for i in order])
         try:
             host_values = stacked.to("cpu", torch.float64).tolist()  # the one device -> host transfer per step
         except RuntimeError as exc:
-            # Fake tensors (the harness's meta sizing) carry no data: keep the uniform allocation,
-            # which has exactly the same packed sizes (docs/design.md §2).
+            # Fake tensors (the harness's meta sizing) carry no data: keep the uniform allocation
+            # (its packed sizes: see above).
             log.info("actnn: statistics have no data (%s); uniform allocation this step", type(exc).__name__)
             return
         with compat.dispatch_modes_disabled():  # plain CPU bookkeeping, also inside a FakeTensorMode
@@ -221,7 +227,10 @@ class Controller:
             stats[i] = (host[pos : pos + n], host[pos + n : pos + 2 * n])
             pos += 2 * n
         for (target, _), indices in groups.items():
-            cost = torch.cat([self._cost_factor(i) * stats[i][0] * stats[i][1] for i in indices])
+            # A sample's bits are chosen in forward, before its own gradient exists: last step's
+            # per-sample norms belong to other samples, so each layer's cost uses their mean and
+            # the split across samples follows the range, which the rank match does see.
+            cost = torch.cat([self._cost_factor(i) * stats[i][0].mean() * stats[i][1] for i in indices])
             weight = torch.cat([torch.full((stats[i][0].numel(),), float(self._elements[i]), dtype=torch.float64) for i in indices])
             budget = target * float(weight.sum())
             bits = ops.allocate_bits(cost, weight, budget, self.config.min_bits, self.config.max_bits)

@@ -1,0 +1,79 @@
+"""Gradient noise of ActNN's bit allocation against SGD's own noise (docs/design.md §2, cost model).
+
+Trains the accuracy experiment's network (``experiments/accuracy_vs_bits.toml``: the ResNet-8 or the
+small ViT) at fp32 for ``--pre-steps`` SGD steps, then measures, on one batch of 64:
+
+* the SGD variance: sum over parameters of the variance of batch-64 gradients around the gradient
+  of 2048 training images;
+* the compression variance: sum over parameters of the variance of the compressed gradient across
+  ``--draws`` rounding draws of the same batch, at L3 (mixed precision, 2 bits average; Q and K at
+  4) and at uniform 2 bits.
+
+It prints each variance divided by the SGD variance. Usage::
+
+    python scripts/allocation_noise.py --model vit      # about 1 minute on one core
+    python scripts/allocation_noise.py --model resnet
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from actbench.accuracy import AccuracyConfig, _level, make_data
+from actbench.actnn import convert
+
+CONFIGS = {
+    "vit": AccuracyConfig(model="vit", model_depth=3, width=64, heads=4, patch_size=6, mlp_dim=128, num_classes=10,
+                          image_size=24, noise_std=0.8, steps=300, lr=0.1),
+    "resnet": AccuracyConfig(model_depth=8, width=16, num_classes=10, image_size=24, noise_std=0.8, steps=400, lr=0.05),
+}
+
+
+def _gradient(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    return torch.cat([p.grad.reshape(-1).double() for p in model.parameters()])
+
+
+def compression_variance(model: torch.nn.Module, level, x: torch.Tensor, y: torch.Tensor, draws: int) -> float:
+    """Sum over parameters of the compressed gradient's variance across rounding draws."""
+    conv = convert(copy.deepcopy(model), level, generator=torch.Generator().manual_seed(0))
+    _gradient(conv.model, x, y)  # L3 allocates from the second step on
+    grads = torch.stack([_gradient(conv.model, x, y) for _ in range(draws)])
+    return float(grads.var(0).sum())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(CONFIGS), default="vit")
+    parser.add_argument("--pre-steps", type=int, default=150, help="fp32 SGD steps before measuring")
+    parser.add_argument("--draws", type=int, default=12, help="rounding draws per level")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    cfg = CONFIGS[args.model]
+    data = make_data(cfg)
+    model = cfg.build_model()
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr * 0.5, momentum=0.9)
+    order = torch.Generator().manual_seed(5)
+    for _ in range(args.pre_steps):
+        idx = torch.randint(0, data.train_x.shape[0], (64,), generator=order)
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(data.train_x[idx]), data.train_y[idx]).backward()
+        opt.step()
+    full = _gradient(model, data.train_x[:2048], data.train_y[:2048])
+    batches = [_gradient(model, data.train_x[i:i + 64], data.train_y[i:i + 64]) for i in range(0, 2048, 64)]
+    sgd = float(sum(((g - full) ** 2).sum() for g in batches) / len(batches))
+    x, y = data.train_x[:64], data.train_y[:64]
+    l3 = _level(cfg, 2.0)
+    print(f"{cfg.row_model()} after {args.pre_steps} fp32 steps: SGD variance (batch 64) {sgd:.4g}")
+    for name, level in (("L3 (2 bits average)", l3), ("uniform 2 bits", l3.replace(mixed_precision=False))):
+        var = compression_variance(model, level, x, y, args.draws)
+        print(f"  {name:20s} compression variance {var:.4g} = {var / sgd:.3f} x SGD")
+
+
+if __name__ == "__main__":
+    main()
