@@ -315,11 +315,12 @@ def _accuracy_over_seeds(accuracy_runs: Sequence[tuple[Path, Sequence[Any]]], he
         if "seed" not in cfg:
             continue
         seed = cfg.pop("seed")
-        cfg.pop("bits", None), cfg.pop("include_fp32", None)  # the settings a run holds; rows carry them
+        for name in ("bits", "include_fp32"):  # the settings a run holds; its rows carry them
+            cfg.pop(name, None)
         groups.setdefault(json.dumps(cfg, sort_keys=True), []).append((seed, rows))
     lines: list[str] = []
-    for key, members in groups.items():
-        if len(members) < 2:
+    for members in groups.values():
+        if len(members) < 2 or not any(rows for _, rows in members):
             continue
         members.sort(key=lambda m: m[0])
         seeds = [m[0] for m in members]
@@ -331,10 +332,8 @@ def _accuracy_over_seeds(accuracy_runs: Sequence[tuple[Path, Sequence[Any]]], he
                     by_setting.setdefault(r.setting, {})[seed] = r.test_accuracy
                     order[r.setting] = (r.target_bits is not None, -(r.target_bits or 0))
         fp32 = by_setting.get("fp32", {})
-        cfg = json.loads(key)
-        name = (f"vit{cfg.get('model_depth')}x{cfg.get('width')}p{cfg.get('patch_size')}" if cfg.get("model") == "vit"
-                else f"resnet{cfg.get('model_depth')}")
-        lines += [f"{head}# Mean over seeds: {name}, {cfg.get('steps')} steps (seeds {', '.join(map(str, seeds))})", "",
+        first = next(rows[0] for _, rows in members if rows)  # the model column and steps every seed shares
+        lines += [f"{head}# Mean over seeds: {first.model}, {first.steps} steps (seeds {', '.join(map(str, seeds))})", "",
                   "A setting's mean counts only the seeds where it and fp32 both finished; Δ is against fp32's "
                   "mean over the same seeds.", ""]
         table = []

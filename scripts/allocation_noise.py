@@ -18,13 +18,12 @@ It prints each variance divided by the SGD variance. Usage::
 from __future__ import annotations
 
 import argparse
-import copy
 
 import torch
 import torch.nn.functional as F
 
 from actbench.accuracy import AccuracyConfig, _level, make_data
-from actbench.actnn import convert
+from actbench.actnn.verify import compare_gradients
 
 CONFIGS = {
     "vit": AccuracyConfig(model="vit", model_depth=3, width=64, heads=4, patch_size=6, mlp_dim=128, num_classes=10,
@@ -40,11 +39,10 @@ def _gradient(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch
 
 
 def compression_variance(model: torch.nn.Module, level, x: torch.Tensor, y: torch.Tensor, draws: int) -> float:
-    """Sum over parameters of the compressed gradient's variance across rounding draws."""
-    conv = convert(copy.deepcopy(model), level, generator=torch.Generator().manual_seed(0))
-    _gradient(conv.model, x, y)  # L3 allocates from the second step on
-    grads = torch.stack([_gradient(conv.model, x, y) for _ in range(draws)])
-    return float(grads.var(0).sum())
+    """Sum over parameters of the compressed gradient's variance across rounding draws: verify-grads'
+    per-parameter spread (``rel_std`` times the fp32 gradient's norm), squared and summed."""
+    rows = compare_gradients(model, level, x, y, draws)
+    return sum((r.rel_std * r.fp32_norm) ** 2 for r in rows)
 
 
 def main() -> None:

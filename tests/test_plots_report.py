@@ -529,8 +529,8 @@ def test_report_averages_runs_that_differ_only_in_their_seed(tmp_path: Path) -> 
     accs = {0: (0.60, 0.59), 1: (0.62, 0.64), 2: (0.70, 0.69)}  # seed: (fp32, 2 bits)
     for seed, (fp32, two) in accs.items():
         store = AccuracyStore(tmp_path / "acc" / f"accuracy_vit3x64p6_24px_s{seed}")
-        store.append(acc_row("fp32", None, fp32))
-        store.append(acc_row("2 bits", 2.0, two))
+        for row in (acc_row("fp32", None, fp32), acc_row("2 bits", 2.0, two)):
+            store.append(replace(row, model="small_vit3x64p6", steps=300, seed=seed))
         (store.run_dir / "config.json").write_text(json.dumps(
             {"command": "accuracy", "model": "vit", "model_depth": 3, "width": 64, "patch_size": 6, "steps": 300,
              "seed": seed, "bits": [2.0], "include_fp32": True}))
@@ -539,7 +539,7 @@ def test_report_averages_runs_that_differ_only_in_their_seed(tmp_path: Path) -> 
     text = build_accuracy_report(
         [(d, AccuracyStore(d).read_rows()) for d in sorted((tmp_path / "acc").iterdir())], tmp_path)
     assert text.count("Mean over seeds") == 1
-    assert "\n## Mean over seeds: vit3x64p6, 300 steps (seeds 0, 1, 2)\n" in text
+    assert "\n## Mean over seeds: small_vit3x64p6, 300 steps (seeds 0, 1, 2)\n" in text
     assert "| fp32 | 3 | 0.640 | 0.600 / 0.620 / 0.700 | – | – |" in text
     # 2 bits: mean 0.640 against fp32's 0.640 -> +0.0 (never -0.0); worst seed 0.69 - 0.70 -> -1.0
     assert "| 2 bits | 3 | 0.640 | 0.590 / 0.640 / 0.690 | +0.0 | -1.0 |" in text

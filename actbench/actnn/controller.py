@@ -16,7 +16,7 @@ one small host round trip per step:
   while sensitive layers get more bits. The gradient norm enters as the layer's batch mean: the
   current samples' bits are set in forward, before their gradients exist, and last step's
   per-sample norms belong to other samples (with them, the multiset spread by gradient norm was
-  handed out by range, in effect at random: a small ViT's gradient noise was 11x that of the
+  handed out by range, in effect at random: a small ViT's gradient noise was 12x that of the
   mean-norm cost, docs/design.md §2). Each BatchNorm keeps its own budget (target * N) and
   varies bits only across samples: its input error also reaches every earlier layer's gradient
   through BN's input gradient, which a local cost cannot see (measured: sharing one budget with the
