@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     import torch
 
-    from actbench.measure.step import TrainingStep
-    from actbench.measure.tracker import LiveStorageTracker
     from actbench.schema import Measurement
+    from actbench.training.step import TrainingStep
 
 #: ``ACTBENCH_EXACT_STEPS=1`` times exactly the ``--timed-steps`` asked for: no minimum time, no
 #: waiting for the spread to settle (docs/design.md §4). For quick checks where the numbers do not
@@ -96,18 +95,12 @@ class DeviceProfile:
     def synchronize(self, device: "torch.device") -> None:
         """Wait for queued work, so a clock read after it measures the work."""
 
-    def tracker(self) -> "LiveStorageTracker | None":
-        """The live-storage tracker that measures memory here, or None where the allocator does."""
-        from actbench.measure.tracker import LiveStorageTracker
-
-        return LiveStorageTracker()
-
-    def memory_step(self, step: "TrainingStep", images: Any, targets: Any, device: "torch.device",
-                    tracker: "LiveStorageTracker | None", result: "Measurement") -> None:
-        """One training step, filling activation, peak (and reserved, host) bytes of ``result``."""
-        from actbench.measure.accounting import tracked_memory_step
-
-        tracked_memory_step(step, images, targets, tracker, result)
+    def allocator_memory_step(self, step: "TrainingStep", images: Any, targets: Any, device: "torch.device",
+                              result: "Measurement") -> None:
+        """One training step measured by the device's caching allocator (``has_caching_allocator``),
+        filling activation, peak, reserved and host bytes of ``result``. Devices without one are
+        measured by the live-storage tracker instead (``actbench.measure.accounting``)."""
+        raise TypeError(f"device {self.name} has no caching allocator to measure a step with")
 
 
 @dataclass(frozen=True)
@@ -173,11 +166,8 @@ class CudaProfile(DeviceProfile):
 
         torch.cuda.synchronize(device)
 
-    def tracker(self) -> None:
-        return None
-
-    def memory_step(self, step: "TrainingStep", images: Any, targets: Any, device: "torch.device",
-                    tracker: "LiveStorageTracker | None", result: "Measurement") -> None:
+    def allocator_memory_step(self, step: "TrainingStep", images: Any, targets: Any, device: "torch.device",
+                              result: "Measurement") -> None:
         import torch
 
         torch.cuda.synchronize(device)

@@ -90,8 +90,18 @@ def test_no_device_name_branching_outside_the_device_profiles() -> None:
     assert not offenders, "device branching outside actbench/devices.py:\n" + "\n".join(offenders)
 
 
-def _module_imports(path: Path) -> set[str]:
-    """actbench modules imported anywhere in a module, lazily inside functions too (TYPE_CHECKING aside)."""
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        modules[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    return modules
+
+
+def _module_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """actbench modules a module imports anywhere, lazily inside functions too (TYPE_CHECKING aside).
+
+    ``from pkg import sub`` depends on the submodule ``sub`` when it is one, on ``pkg`` otherwise."""
     tree = ast.parse(path.read_text())
     typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
                    and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
@@ -100,27 +110,79 @@ def _module_imports(path: Path) -> set[str]:
         if id(node) in typing_only:
             continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("actbench"):
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("actbench"))
     return found
 
 
-def test_no_import_cycles_between_modules() -> None:
-    modules = {}
-    for path in PACKAGE.rglob("*.py"):
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
-        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
-        modules[name] = path
-    graph = {name: {m for m in _module_imports(path) if m in modules and m != name} for name, path in modules.items()}
-    # a package imports its own submodules to re-export them; that is not a cycle between peers
-    cycles = []
-    for a, deps in graph.items():
-        for b in deps:
-            if a in graph.get(b, ()) and not (b.startswith(a + ".") or a.startswith(b + ".")):
-                cycles.append(tuple(sorted((a, b))))
-    assert not sorted(set(cycles)), f"import cycles: {sorted(set(cycles))}"
+def _import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: {m for m in _module_imports(path, modules) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan): every import cycle, any length."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_cycle_finder_sees_long_cycles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"d"}, "d": {"a"}, "e": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c", "d"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles_of_any_length() -> None:
+    """Lazy imports count: a module imported inside a function still has to be importable first."""
+    cycles = _cycles(_import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_type_checking_imports_name_existing_modules() -> None:
+    modules = _modules()
+    missing = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                for inner in ast.walk(node):
+                    if (isinstance(inner, ast.ImportFrom) and inner.module and inner.module.startswith("actbench")
+                            and inner.module not in modules):
+                        missing.append(f"{name}: {inner.module}")
+    assert not missing, f"TYPE_CHECKING imports of modules that do not exist: {missing}"
 
 
 def test_code_cites_only_files_in_the_repository() -> None:

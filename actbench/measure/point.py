@@ -18,7 +18,8 @@ import torch
 
 from actbench.devices import DeviceProfile, exact_steps, profile
 from actbench.measure.accounting import (check_budget, check_host_budget, classified, count_flops, file_offloads_as_host,
-                                         model_breakdown, with_census)
+                                         model_breakdown, tracked_memory_step, with_census)
+from actbench.measure.tracker import LiveStorageTracker
 from actbench.models import build_model, real_depth
 from actbench.schema import Measurement, PointConfig
 from actbench.strategies import StrategyOptions
@@ -135,7 +136,7 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
     result.forward_flops_per_sample, result.flops_per_sample = fwd / 2, total / 2
     del f_images, f_targets
 
-    tracker = prof.tracker()
+    tracker = None if prof.has_caching_allocator else LiveStorageTracker()
     host_scope = tracker.host_allocations if tracker is not None else contextlib.nullcontext
     step, note = build_training_step(
         point.strategy, model, device, StrategyOptions(checkpoint_segments=point.checkpoint_segments), host_scope,
@@ -155,7 +156,10 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
             step(images, targets)
         settled = step.settle_loss_scale(images, targets)  # fp16: until the gradient scaler stops skipping steps
         step.zero_grad()
-        prof.memory_step(step, images, targets, device, tracker, result)
+        if tracker is None:
+            prof.allocator_memory_step(step, images, targets, device, result)
+        else:
+            tracked_memory_step(step, images, targets, tracker, result)
     clock.count += warmup_before + settled + 1  # + the memory step
     clock.record(result)
     result.strategy_note = with_census(note, step.model)  # what the measured forward left uncompressed, as on meta
