@@ -19,7 +19,9 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten
 
 __all__ = ["TorchDispatchMode", "tree_flatten", "dispatch_modes_disabled", "memtracker_class", "tensor_version",
-           "fake_tensor_mode", "is_fake", "storage_identity", "parameters_on_meta", "fake_module"]
+           "fake_tensor_mode", "is_fake", "storage_identity", "parameters_on_meta", "fake_module",
+           "forget_compiled_graphs", "clear_cublas_workspaces", "softmax_backward", "builtin_avg_pool2d",
+           "has_dispatch_kernel"]
 
 
 def tensor_version(tensor: "torch.Tensor") -> int:
@@ -178,3 +180,41 @@ def reset_compiler(recompile_limit: int = 64) -> None:
     torch._dynamo.reset()
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, recompile_limit)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
+
+
+def forget_compiled_graphs() -> None:
+    """Drop dynamo's compiled graphs, if dynamo was ever loaded (a worker between points)."""
+    import sys
+
+    if "torch._dynamo" in sys.modules:
+        sys.modules["torch._dynamo"].reset()
+
+
+def clear_cublas_workspaces() -> None:
+    """Free cuBLAS's per-stream workspaces, which ``empty_cache`` keeps (no public equivalent)."""
+    import torch
+
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
+def softmax_backward(grad: "torch.Tensor", output: "torch.Tensor", dim: int, dtype: "torch.dtype") -> "torch.Tensor":
+    """Softmax's gradient from its output (ATen's ``_softmax_backward_data``: no public form)."""
+    import torch
+
+    return torch.ops.aten._softmax_backward_data(grad, output, dim, dtype)
+
+
+def builtin_avg_pool2d() -> object:
+    """The C function ``F.avg_pool2d`` is bound to, which modules may call directly."""
+    import torch
+
+    return torch._C._nn.avg_pool2d
+
+
+def has_dispatch_kernel(qualified_op: str, dispatch_key: str) -> bool:
+    """Whether ``qualified_op`` (``ns::name``) has a kernel registered for ``dispatch_key`` (e.g. CUDA)."""
+    import torch
+
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(qualified_op, dispatch_key))

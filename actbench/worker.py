@@ -185,14 +185,13 @@ def release_point() -> bool:
     torch = sys.modules.get("torch")
     if torch is None:
         return True
-    if "torch._dynamo" in sys.modules:
-        torch._dynamo.reset()
+    from actbench import compat
+
+    compat.forget_compiled_graphs()
     if not torch.cuda.is_initialized():
         return True
     torch.cuda.synchronize()
-    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear_workspaces is not None:
-        clear_workspaces()
+    compat.clear_cublas_workspaces()
     gc.collect()
     torch.cuda.empty_cache()
     return torch.cuda.memory_allocated() == 0

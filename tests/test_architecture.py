@@ -200,3 +200,44 @@ def test_results_readme_lists_the_registered_strategies() -> None:
     text = (PACKAGE.parent / "results" / "README.md").read_text()
     block = text.split("<!-- strategies:begin -->\n", 1)[1].split("\n<!-- strategies:end -->", 1)[0]
     assert block == strategies.markdown_table(), "regenerate with actbench.strategies.markdown_table()"
+
+
+#: private names that PyTorch documents for use (the fake kernels' shape checks)
+_DOCUMENTED_PRIVATE = re.compile(r"_check(_\w+)?$")
+
+
+def _private_torch_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, dotted name) of every private torch name a module reaches: imports and attribute chains."""
+    uses = []
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}  # report whole chains once
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "torch":
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.split(".")[0] == "torch"]
+        elif isinstance(node, ast.Attribute) and id(node) not in inner:
+            dotted = ast.unparse(node)
+            if dotted.split(".")[0] == "torch" and re.fullmatch(r"[\w.]+", dotted):
+                names = [dotted]
+        private = [n for n in names if any(p.startswith("_") and not p.endswith("__")
+                                           and not _DOCUMENTED_PRIVATE.fullmatch(p) for p in n.split(".")[1:])]
+        if private:
+            uses.append((node.lineno, private[-1]))
+    return uses
+
+
+def test_private_torch_finder_sees_imports_and_attributes() -> None:
+    code = ("import torch._dynamo\nfrom torch.utils._pytree import tree_map\nx = torch._C._nn.avg_pool2d\n"
+            "y = torch.ops.aten._softmax_backward_data\ntorch._check(True)\nz = torch.nn.functional.relu\n")
+    assert [line for line, _ in _private_torch_uses(ast.parse(code))] == [1, 2, 3, 4]
+
+
+def test_no_private_torch_api_outside_compat() -> None:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "compat.py":
+            continue
+        for lineno, name in _private_torch_uses(ast.parse(path.read_text())):
+            offenders.append(f"{path.relative_to(PACKAGE.parent)}:{lineno}: {name}")
+    assert not offenders, "private torch API outside actbench/compat.py:\n" + "\n".join(sorted(set(offenders)))
