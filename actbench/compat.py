@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
+from actbench.devices import holds_data
+
 __all__ = ["TorchDispatchMode", "tree_flatten", "dispatch_modes_disabled", "memtracker_class", "tensor_version",
            "fake_tensor_mode", "is_fake", "storage_identity", "parameters_on_meta", "fake_module",
            "forget_compiled_graphs", "clear_cublas_workspaces", "softmax_backward", "builtin_avg_pool2d",
@@ -94,7 +96,7 @@ def parameters_on_meta() -> Iterator[None]:
     original = nn.Module.register_parameter
 
     def register(self, name, param):
-        if param is not None and not param.is_meta:
+        if param is not None and holds_data(param):
             param = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)
         original(self, name, param)
 
@@ -122,7 +124,7 @@ def fake_module(model: "torch.nn.Module", mode: object, device: "torch.device") 
         if is_fake(t):
             return t
         if id(t) not in memo:
-            if t.is_meta:
+            if not holds_data(t):
                 with mode:
                     fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
             else:

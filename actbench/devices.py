@@ -243,6 +243,11 @@ def is_prediction(device: str) -> bool:
     return kind is not None and kind.predicts
 
 
+def holds_data(tensor: "torch.Tensor") -> bool:
+    """Whether a tensor has storage behind it (a tensor on the meta device has only shape and dtype)."""
+    return not tensor.is_meta
+
+
 def profile_of(device: "torch.device") -> DeviceProfile:
     """The profile of a torch device (by its type)."""
     return profile(device.type)

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from actbench.compat import TorchDispatchMode, storage_identity, tree_flatten
+from actbench.devices import holds_data
 
 
 @dataclass
@@ -84,7 +85,7 @@ class LiveStorageTracker(TorchDispatchMode):
             self.live_bytes -= entry.nbytes
 
     def _see(self, tensor: torch.Tensor, host: bool | None = None) -> None:
-        if tensor.is_meta or tensor.layout != torch.strided:
+        if not holds_data(tensor) or tensor.layout != torch.strided:
             return
         try:
             storage = tensor.untyped_storage()
@@ -166,7 +167,7 @@ def unique_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     seen: set[tuple[str, int]] = set()
     total = 0
     for tensor in tensors:
-        if tensor is None or tensor.is_meta:
+        if tensor is None or not holds_data(tensor):
             continue
         key = (str(tensor.device), storage_identity(tensor))  # not data_ptr(): 0 on every fake tensor
         if key in seen:
