@@ -272,3 +272,41 @@ def test_no_private_torch_api_outside_compat() -> None:
         for lineno, name in _private_torch_uses(ast.parse(path.read_text())):
             offenders.append(f"{path.relative_to(PACKAGE.parent)}:{lineno}: {name}")
     assert not offenders, "private torch API outside actbench/compat.py:\n" + "\n".join(sorted(set(offenders)))
+
+
+def _option_types() -> list[tuple[str, str, type]]:
+    """(command, parameter, its type without Annotated/Optional) of every CLI command."""
+    import enum
+    import types
+    import typing
+
+    from actbench.cli import app
+
+    found = []
+    for info in app.registered_commands:
+        hints = typing.get_type_hints(info.callback, include_extras=True)
+        for name, hint in hints.items():
+            if name == "return":
+                continue
+            if typing.get_origin(hint) is typing.Annotated:
+                hint = typing.get_args(hint)[0]
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+                hint = args[0]
+            command = info.name or info.callback.__name__.replace("_", "-")
+            found.append((command, name, hint if isinstance(hint, type) else object))
+    assert any(isinstance(t, type) and issubclass(t, enum.Enum) for _, _, t in found)
+    return found
+
+
+def test_an_option_that_is_a_choice_anywhere_is_a_choice_everywhere() -> None:
+    """``--device`` (and every other option offered as a fixed set somewhere) is an enum in every command,
+    so ``--help`` lists the values and a wrong one gets a one-line error naming them."""
+    import enum
+
+    options = _option_types()
+    choices = {name for _, name, t in options if issubclass(t, enum.Enum)}
+    plain = sorted(f"{command} --{name.replace('_', '-')}" for command, name, t in options
+                   if name in choices and not issubclass(t, enum.Enum))
+    assert "device" in choices
+    assert not plain, f"options that are a fixed set elsewhere but plain strings here: {plain}"
