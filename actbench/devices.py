@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     import torch
 
     from actbench.schema import Measurement
-    from actbench.training.step import TrainingStep
 
 #: ``ACTBENCH_EXACT_STEPS=1`` times exactly the ``--timed-steps`` asked for: no minimum time, no
 #: waiting for the spread to settle (docs/design.md §4). For quick checks where the numbers do not
@@ -31,6 +30,14 @@ def exact_steps() -> bool:
     if value not in ("", "0", "1"):
         raise ValueError(f"{EXACT_STEPS_ENV} must be 0 or 1 (or unset), got {value!r}")
     return value == "1"
+
+
+class SteppedModel(Protocol):
+    """What a profile needs of a training step to measure one: forward with the loss, then the rest."""
+
+    def forward_loss(self, images: Any, targets: Any) -> Any: ...
+
+    def backward_and_update(self, loss: Any) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,7 @@ class DeviceProfile:
     def synchronize(self, device: "torch.device") -> None:
         """Wait for queued work, so a clock read after it measures the work."""
 
-    def allocator_memory_step(self, step: "TrainingStep", images: Any, targets: Any, device: "torch.device",
+    def allocator_memory_step(self, step: SteppedModel, images: Any, targets: Any, device: "torch.device",
                               result: "Measurement") -> None:
         """One training step measured by the device's caching allocator (``has_caching_allocator``),
         filling activation, peak, reserved and host bytes of ``result``. Devices without one are
@@ -166,7 +173,7 @@ class CudaProfile(DeviceProfile):
 
         torch.cuda.synchronize(device)
 
-    def allocator_memory_step(self, step: "TrainingStep", images: Any, targets: Any, device: "torch.device",
+    def allocator_memory_step(self, step: SteppedModel, images: Any, targets: Any, device: "torch.device",
                               result: "Measurement") -> None:
         import torch
 
