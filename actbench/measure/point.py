@@ -27,9 +27,6 @@ from actbench.training.step import TrainingStep, build_training_step, synthetic_
 
 log = logging.getLogger(__name__)
 
-NOISY_IQR_FRACTION = 0.10
-
-
 def measure_point(point: PointConfig, alloc_conf: str | None = None,
                   fault: Callable[[], None] | None = None) -> Measurement:
     """Measure ``point`` in this process; OOM and over-budget become statuses, other errors raise."""
@@ -178,7 +175,7 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
         rates = [point.batch_size / t for t in times]
         result.samples_per_s_median, result.samples_per_s_iqr = _quartiles(rates)
         result.step_time_s_median = statistics.median(times)
-        if result.samples_per_s_iqr is not None and result.samples_per_s_iqr > NOISY_IQR_FRACTION * result.samples_per_s_median:
+        if result.samples_per_s_iqr is not None and result.samples_per_s_iqr > prof.settle_iqr_fraction * result.samples_per_s_median:
             result.message = (f"noisy: IQR {result.samples_per_s_iqr / result.samples_per_s_median:.0%} of median "
                               f"over {len(times)} steps ({sum(times):.1f} s)")
             log.warning("%s", result.message)
