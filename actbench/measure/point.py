@@ -27,6 +27,7 @@ from actbench.training.step import TrainingStep, build_training_step, synthetic_
 
 log = logging.getLogger(__name__)
 
+
 def measure_point(point: PointConfig, alloc_conf: str | None = None,
                   fault: Callable[[], None] | None = None) -> Measurement:
     """Measure ``point`` in this process; OOM and over-budget become statuses, other errors raise."""
