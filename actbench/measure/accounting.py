@@ -20,9 +20,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from actbench.measure.tracker import LiveStorageTracker, unique_storage_bytes
-from actbench.models import logits_of
 from actbench.schema import Measurement
-from actbench.training.step import TrainingStep
+from actbench.training.step import TrainingStep, training_loss
 
 
 class OverBudget(Exception):
@@ -80,9 +79,8 @@ def classified(fill: Callable[[Measurement], None], alloc_conf: str | None = Non
 
 def count_flops(model: torch.nn.Module, images: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
     """(forward, forward+backward) FLOPs of one step of ``model`` on this batch (no optimizer step)."""
-    criterion = torch.nn.CrossEntropyLoss()
     with FlopCounterMode(display=False) as fwd_counter:
-        loss = criterion(logits_of(model(images)), targets)
+        loss = training_loss(model, images, targets)
     with FlopCounterMode(display=False) as bwd_counter:
         loss.backward()
     model.zero_grad(set_to_none=True)

@@ -23,6 +23,14 @@ from actbench.strategies import HostScope, StrategyOptions, get
 from actbench.training.precision import autocast, check_precision, make_scaler
 
 
+def training_loss(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
+                  precision: str = DEFAULT_PRECISION, criterion: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+    """Forward and loss as every step trains them (autocast at ``precision``, cross-entropy by default);
+    measured steps, FLOP counts, accuracy runs and gradient checks all call this one."""
+    with autocast(precision, images.device):
+        return (criterion or nn.functional.cross_entropy)(logits_of(model(images)), targets)
+
+
 @dataclass
 class TrainingStep:
     """A prepared model, its optimizer, the context its forward runs under and the step's precision.
@@ -45,8 +53,8 @@ class TrainingStep:
         self.optimizer.zero_grad(set_to_none=True)
 
     def forward_loss(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        with self.forward_context(), autocast(self.precision, images.device):
-            return self.criterion(logits_of(self.model(images)), targets)
+        with self.forward_context():
+            return training_loss(self.model, images, targets, self.precision, self.criterion)
 
     def backward_and_update(self, loss: torch.Tensor) -> None:
         if self.scaler is None:
