@@ -99,3 +99,50 @@ def test_usage_errors_from_the_command_line_are_one_line(tmp_path: Path, args: l
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("actbench: error: "), done.stderr
     assert not (tmp_path / "out").exists()
+
+
+# --- environment variables are checked as options are ---------------------------------------------
+@pytest.mark.parametrize("name, value, needle", [
+    ("ACTBENCH_EXACT_STEPS", "yes", "ACTBENCH_EXACT_STEPS must be 0 or 1"),
+    ("ACTBENCH_WITH_CUDA", "garbage", "ACTBENCH_WITH_CUDA must be 0 or 1"),
+    ("TORCH_CUDA_ARCH_LIST", "garbage", "TORCH_CUDA_ARCH_LIST must be compute capabilities"),
+    ("TORCH_CUDA_ARCH_LIST", "8.0;sm_90", "TORCH_CUDA_ARCH_LIST must be compute capabilities"),
+    ("ACTBENCH_CACHE_DIR", "cache\nx", "ACTBENCH_CACHE_DIR must be a folder path without control characters"),
+])
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_bad_environment_variables_are_one_line_errors(tmp_path: Path, monkeypatch, name: str, value: str,
+                                                      needle: str, device: str) -> None:
+    monkeypatch.setenv(name, value)
+    result = invoke(["memory", "resnet18", "--device", device, "--batch", "2", "--image-size", "16",
+                     "--strategies", "fp32", "--no-baseline", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and name in lines[0], result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_relative_cache_dir_is_made_absolute_for_every_child(tmp_path: Path, monkeypatch) -> None:
+    import os
+
+    from actbench.executors import _child_env
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ACTBENCH_CACHE_DIR", "relative-cache")
+    result = invoke(["memory", "resnet18", "--device", "meta", "--batch", "2", "--image-size", "16",
+                     "--strategies", "fp32", "--no-baseline", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert os.environ["ACTBENCH_CACHE_DIR"] == str(tmp_path / "relative-cache")
+    assert _child_env(None)["ACTBENCH_CACHE_DIR"] == str(tmp_path / "relative-cache")
+
+
+def test_a_failed_build_names_the_compilers_error_and_the_variable(tmp_path: Path, monkeypatch) -> None:
+    from actbench import extension
+
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    p = extension.plan(cache_dir=tmp_path / "cache", with_cuda=False)
+    with pytest.raises(extension.ExtensionError) as info:
+        extension.build(p)
+    message = str(info.value)
+    assert "\n" not in message
+    cause = message.split(": ", 1)[1].split(". Full log")[0]
+    assert "no-such-compiler" in cause and "not found" in cause and "CXX=" in cause, message
