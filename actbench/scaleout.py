@@ -97,7 +97,7 @@ class SlurmOptions:
             if key == "sbatch":  # a table's list of raw options: ["--qos=high", "--exclusive"]
                 if not isinstance(value, (list, tuple, str)):
                     raise ValueError(f"{where}: sbatch must be a list of options like \"--qos=high\", "
-                                     f"got {_shown(value)}")
+                                     f"got {short_repr(value)}")
                 extra.update(cls.parse(list(value) if isinstance(value, (list, tuple)) else [value],
                                        where=where).sbatch)
                 continue
@@ -141,7 +141,7 @@ def _pairs(items: Iterable[str] | Mapping[str, Any] | None, where: str) -> list[
     pairs = []
     for item in items or ():
         if not isinstance(item, str):
-            raise ValueError(f"{where}: expected KEY=VALUE strings, got {_shown(item)}")
+            raise ValueError(f"{where}: expected KEY=VALUE strings, got {short_repr(item)}")
         key, eq, value = item.partition("=")
         pairs.append((key, value if eq else True))
     return pairs
@@ -150,12 +150,12 @@ def _pairs(items: Iterable[str] | Mapping[str, Any] | None, where: str) -> list[
 def _key(raw_key: str, where: str) -> str:
     key = raw_key.strip().lstrip("-").replace("_", "-")
     if not re.fullmatch(r"[a-z][a-z0-9-]{0,63}", key):
-        raise ValueError(f"{where}: bad option name {_shown(raw_key)} (expected KEY=VALUE with a lower-case name, "
+        raise ValueError(f"{where}: bad option name {short_repr(raw_key)} (expected KEY=VALUE with a lower-case name, "
                          "e.g. partition=gpu)")
     return key
 
 
-def _shown(value: Any, limit: int = 60) -> str:
+def short_repr(value: Any, limit: int = 60) -> str:
     """``repr(value)`` cut to ``limit`` characters (a 5000-digit integer has no repr at all)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10 ** 60:
         return "an integer of more than 60 digits"
@@ -171,7 +171,7 @@ def _scalar(value: Any, key: str, where: str) -> None:
         return
     if not isinstance(value, (str, int, float)):
         raise ValueError(f"{where}: {key} takes one value (a string or a number), got {type(value).__name__} "
-                         f"{_shown(value)}")
+                         f"{short_repr(value)}")
 
 
 def _text(value: Any, key: str, where: str, pattern: "re.Pattern[str]" = SLURM_VALUE,
@@ -181,7 +181,7 @@ def _text(value: Any, key: str, where: str, pattern: "re.Pattern[str]" = SLURM_V
     text = "" if isinstance(value, int) and abs(value) > 10 ** 60 else str(value).strip()
     if not pattern.fullmatch(text):
         raise ValueError(f"{where}: {key} must be {allowed} (at most 200 characters; it becomes an #SBATCH line), "
-                         f"got {_shown(value)}")
+                         f"got {short_repr(value)}")
     return text
 
 
@@ -191,7 +191,7 @@ def _number(value: Any, key: str, where: str) -> float:
     except (TypeError, ValueError, OverflowError):
         number = math.nan
     if not (math.isfinite(number) and 0 < number <= 86400) or value is True:
-        raise ValueError(f"{where}: {key} must be a positive number of seconds up to 86400, got {_shown(value)}")
+        raise ValueError(f"{where}: {key} must be a positive number of seconds up to 86400, got {short_repr(value)}")
     return number
 
 
@@ -199,7 +199,7 @@ def _count(value: Any, key: str, where: str, minimum: int = 1) -> int:
     text = str(value).strip() if not isinstance(value, int) or abs(value) < 10 ** 60 else ""
     number = int(text) if re.fullmatch(r"\d{1,7}", text) and not isinstance(value, (bool, float)) else -1
     if number < minimum or number > SLURM_COUNT_MAX:
-        raise ValueError(f"{where}: {key} must be an integer from {minimum} to {SLURM_COUNT_MAX}, got {_shown(value)}")
+        raise ValueError(f"{where}: {key} must be an integer from {minimum} to {SLURM_COUNT_MAX}, got {short_repr(value)}")
     return number
 
 
@@ -208,7 +208,7 @@ def parse_time_minutes(value: Any, where: str = "--slurm") -> int:
     text = "" if isinstance(value, (bool, float)) or (isinstance(value, int) and abs(value) > 10 ** 60) else str(value)
     match = re.fullmatch(r"(?:(\d{1,3})-)?(\d{1,7})(?::(\d{1,2}))?(?::(\d{1,2}))?", text.strip())
     if not match:
-        raise ValueError(f"{where}: time must be minutes or [D-]HH:MM:SS, got {_shown(value)}")
+        raise ValueError(f"{where}: time must be minutes or [D-]HH:MM:SS, got {short_repr(value)}")
     days, a, b, c = match.groups()
     numbers = [int(x) for x in (a, b, c) if x is not None]
     if days is not None:  # D-HH[:MM[:SS]]
@@ -221,7 +221,7 @@ def parse_time_minutes(value: Any, where: str = "--slurm") -> int:
     else:  # HH:MM:SS
         seconds = numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
     if not 0 < seconds <= 365 * 86400:
-        raise ValueError(f"{where}: time must be positive and at most a year, got {_shown(value)}")
+        raise ValueError(f"{where}: time must be positive and at most a year, got {short_repr(value)}")
     return math.ceil(seconds / 60)
 
 
@@ -762,4 +762,4 @@ def _env_id(store: Any) -> str:
 
 
 __all__ = ["EXECUTORS", "ExecutionOptions", "SlurmOptions", "Shard", "execute", "merge", "parse_gpus",
-           "parse_time_minutes", "replay", "run_local", "run_shard", "run_slurm", "scan_window", "split"]
+           "parse_time_minutes", "replay", "short_repr", "run_local", "run_shard", "run_slurm", "scan_window", "split"]
