@@ -135,13 +135,18 @@ def cuda_arch_setting() -> str | None:
 
 def cache_root_setting() -> Path | None:
     """``ACTBENCH_CACHE_DIR`` as an absolute path (a relative one would mean another folder in every
-    child, whose working directory is private), or None when unset; ExtensionError for control characters."""
+    child, whose working directory is private), or None when unset; ExtensionError for control
+    characters or a path that exists and is not a folder."""
     text = os.environ.get("ACTBENCH_CACHE_DIR", "")
     if not text:
         return None
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
         raise ExtensionError(f"ACTBENCH_CACHE_DIR must be a folder path without control characters, got {text[:60]!r}")
-    return Path(text).expanduser().absolute()
+    root = Path(text).expanduser().absolute()
+    if root.exists() and not root.is_dir():
+        raise ExtensionError(f"ACTBENCH_CACHE_DIR must be a folder (or a path to create one), got {text[:60]!r}, "
+                             "which is not a folder")
+    return root
 
 
 def check_environment() -> dict[str, str]:

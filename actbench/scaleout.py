@@ -32,8 +32,10 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -199,7 +201,8 @@ def _count(value: Any, key: str, where: str, minimum: int = 1) -> int:
     text = str(value).strip() if not isinstance(value, int) or abs(value) < 10 ** 60 else ""
     number = int(text) if re.fullmatch(r"\d{1,7}", text) and not isinstance(value, (bool, float)) else -1
     if number < minimum or number > SLURM_COUNT_MAX:
-        raise ValueError(f"{where}: {key} must be an integer from {minimum} to {SLURM_COUNT_MAX}, got {short_repr(value)}")
+        raise ValueError(f"{where}: {key} must be an integer from {minimum} to {SLURM_COUNT_MAX}, "
+                         f"got {short_repr(value)}")
     return number
 
 
@@ -659,7 +662,10 @@ def _submitit_executor(executor_class: Any, folder: Path, options: SlurmOptions,
     import submitit
 
     cls = executor_class or submitit.SlurmExecutor
-    executor = cls(folder=folder)
+    if issubclass(cls, submitit.SlurmExecutor):  # a task's Python runs with -P: its directory is not on its path
+        executor = cls(folder=folder, python=f"{shlex.quote(sys.executable)} -P")
+    else:
+        executor = cls(folder=folder)
     if issubclass(cls, submitit.SlurmExecutor):
         executor.update_parameters(**options.parameters(gpus, name))
     elif issubclass(cls, submitit.LocalExecutor):

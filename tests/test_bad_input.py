@@ -108,6 +108,7 @@ def test_usage_errors_from_the_command_line_are_one_line(tmp_path: Path, args: l
     ("TORCH_CUDA_ARCH_LIST", "garbage", "TORCH_CUDA_ARCH_LIST must be compute capabilities"),
     ("TORCH_CUDA_ARCH_LIST", "8.0;sm_90", "TORCH_CUDA_ARCH_LIST must be compute capabilities"),
     ("ACTBENCH_CACHE_DIR", "cache\nx", "ACTBENCH_CACHE_DIR must be a folder path without control characters"),
+    ("ACTBENCH_CACHE_DIR", "/dev/null", "ACTBENCH_CACHE_DIR must be a folder"),
 ])
 @pytest.mark.parametrize("device", ["meta", "cpu"])
 def test_bad_environment_variables_are_one_line_errors(tmp_path: Path, monkeypatch, name: str, value: str,

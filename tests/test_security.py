@@ -173,3 +173,11 @@ def test_the_extension_check_child_ignores_the_cwd_and_pythonpath(poisoned: Path
     problem = _ensure_in_child(said.append, time.monotonic())
     assert not poisoned.exists(), poisoned.read_text()
     assert problem is None, problem
+
+
+def test_slurm_tasks_start_python_with_safe_path(tmp_path: Path, slurm_path: Path) -> None:
+    from actbench.scaleout import _submitit_executor
+
+    executor = _submitit_executor(None, tmp_path / "slurm", SlurmOptions(), 0, "actbench-x")
+    command = executor._submitit_command_str
+    assert command.split()[1:4] == ["-P", "-u", "-m"] and "submitit.core._submit" in command, command
