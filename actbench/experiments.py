@@ -51,7 +51,7 @@ EXPERIMENTS_DIR = Path(actbench.__file__).resolve().parent.parent / "experiments
 HARNESS_COMMANDS = MEASURING_COMMANDS
 COMMANDS = HARNESS_COMMANDS + ("accuracy",)
 TOP_KEYS = ("name", "description", "paper", "steps", "quick", "slurm")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 #: Bounds on what one file may ask for: its size, its steps, a step's points (models x strategies x sizes).
 MAX_FILE_BYTES = 1 << 20
 MAX_STEPS = 100
@@ -266,8 +266,8 @@ def load_experiment(path: Path, quick: bool = False, device: str | None = None) 
             raise ExperimentError(f"{where}: '{key}' must be a non-empty string")
     if not _NAME.fullmatch(data["name"].strip()):
         # the name is a folder under --out: a path in it would write elsewhere
-        raise ExperimentError(f"{where}: 'name' must be letters, digits, '_', '-' or '.' (a folder name, "
-                              f"not a path), got {data['name']!r}")
+        raise ExperimentError(f"{where}: 'name' must be letters, digits, '_', '-' or '.' (a folder name of at "
+                              f"most 100 characters, not a path), got {short_repr(data['name'])}")
     if data.get("paper") is not None and not isinstance(data["paper"], str):
         raise ExperimentError(f"{where}: 'paper' must be a string")
     steps = data.get("steps")

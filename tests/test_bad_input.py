@@ -179,9 +179,10 @@ ACCURACY = b'name = "x"\ndescription = "x"\n[[steps]]\ncommand = "accuracy"\nste
     (ACCURACY + b"train_size = 1000000000000\n", "steps[0].train_size"),
     (ACCURACY + b'model = "vit"\npatch_size = 48\nimage_size = 48\nwidth = 100000\nheads = 1\n', "steps[0].width"),
     (GOOD + b'[slurm]\npartition = ["gpu", "cpu"]\n', "[slurm]: partition"),
+    (GOOD.replace(b'name = "x"', b'name = "' + b"x" * 5000 + b'"'), "'name' must be"),
 ], ids=["5000-digit-batch", "400-digit-timeout", "not-utf8", "deep-nesting", "nested-list", "20000-same-models",
         "150000-points", "resnet-depth", "group-size", "huge-depth", "negative-seed", "huge-train-size", "huge-width",
-        "slurm-list"])
+        "slurm-list", "5000-character-name"])
 def test_experiment_files_of_any_content_are_one_line_errors(tmp_path: Path, data: bytes, needle: str) -> None:
     path = _raw_file(tmp_path, data)
     with pytest.raises(ExperimentError) as info:
