@@ -149,9 +149,20 @@ class ChildOutcome:
     stderr_tail: str
 
 
+def python_child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of every Python child actbench starts (with ``-P``, in a private directory).
+
+    The user's environment without their ``PYTHONPATH`` (a folder there could shadow ``json`` or
+    ``torch`` in the child); only this package's own root is on it, so the child imports this actbench.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = _PACKAGE_ROOT
+    env.update(extra or {})
+    return env
+
+
 def _child_env(alloc_conf: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    env = python_child_env()
     env[PARENT_PID_ENV] = str(os.getpid())
     if alloc_conf:
         # Must be set before the child touches CUDA; the child process starts with it.

@@ -43,6 +43,7 @@ from actbench.commands import MEASURING_COMMANDS, PLAN_DEVICE, CommandSpec, RunP
 from actbench.devices import DEVICE_NAMES as DEVICES
 from actbench.devices import PROFILES
 from actbench.schema import RETRIED_STATUSES
+from actbench.scaleout import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,20 @@ EXPERIMENTS_DIR = Path(actbench.__file__).resolve().parent.parent / "experiments
 HARNESS_COMMANDS = MEASURING_COMMANDS
 COMMANDS = HARNESS_COMMANDS + ("accuracy",)
 TOP_KEYS = ("name", "description", "paper", "steps", "quick", "slurm")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+#: Bounds on what one file may ask for: its size, its steps, a step's points (models x strategies x sizes).
+MAX_FILE_BYTES = 1 << 20
+MAX_STEPS = 100
+MAX_STEP_POINTS = 100_000
+#: Integers beyond this are no size, count or seconds any step takes (and a float loses them).
+MAX_INTEGER = 2 ** 53
+#: An accuracy step's integer fields: (least, most). Beyond them a run would not fit a machine.
+ACCURACY_LIMITS: dict[str, tuple[int, int]] = {
+    "steps": (1, 10_000_000), "batch_size": (1, 65536), "model_depth": (1, 1000), "width": (1, 4096),
+    "heads": (1, 256), "patch_size": (1, 1024), "mlp_dim": (1, 65536), "num_classes": (2, 100_000),
+    "image_size": (8, 1024), "train_size": (1, 10_000_000), "test_size": (1, 10_000_000),
+    "group_size": (8, 1 << 20), "seed": (0, 2 ** 31 - 1), "threads": (1, 1024),
+}
 
 
 class ExperimentError(ValueError):
@@ -101,12 +115,19 @@ def _harness_step(data: dict[str, Any], where: str) -> HarnessStep:
         if not values.get(required):
             raise ExperimentError(f"{where}.{required}: is missing or empty")
     models = values.pop("models")
+    twice = next((m for i, m in enumerate(models) if m in models[:i]), None)
+    if twice is not None:
+        raise ExperimentError(f"{where}.models: {short_repr(twice)} is listed more than once; list each model once")
     specs = []
     for model in models:
         try:
             specs.append(CommandSpec(model=model, **values))
         except SpecError as exc:
             raise ExperimentError(f"{where}.{exc.field}: {exc.problem}") from None
+    points = sum(spec.plan().points for spec in specs)
+    if points > MAX_STEP_POINTS:
+        raise ExperimentError(f"{where}: {points} points, at most {MAX_STEP_POINTS} in one step; split it into "
+                              "steps or narrow its models, strategies or sizes")
     return HarnessStep(models, tuple(specs))
 
 
@@ -151,8 +172,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is tuple:
         item = typing.get_args(tp)[0]
         if not isinstance(value, list):
-            raise ExperimentError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+            raise ExperimentError(f"{where}: expected a list, got {type(value).__name__} {short_repr(value)}")
         return tuple(_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value))
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INTEGER:
+        raise ExperimentError(f"{where}: {short_repr(value)} is out of range (at most {MAX_INTEGER})")
     if tp is bool:
         ok = isinstance(value, bool)
     elif tp is int:
@@ -166,7 +189,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     else:
         ok = True
     if not ok:
-        raise ExperimentError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {type(value).__name__} {value!r}")
+        raise ExperimentError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {type(value).__name__} "
+                              f"{short_repr(value)}")
     return value
 
 
@@ -204,8 +228,27 @@ def _step(data: dict[str, Any], where: str) -> HarnessStep | AccuracyStep:
         from actbench.accuracy import AccuracyConfig
 
         rest = {k: v for k, v in data.items() if k != "command"}
-        return AccuracyStep("accuracy", _build(AccuracyConfig, rest, where))
+        return AccuracyStep("accuracy", _checked_accuracy(_build(AccuracyConfig, rest, where), where))
     return _harness_step(data, where)
+
+
+def _checked_accuracy(config: Any, where: str) -> Any:
+    """``config`` when every field training will use is valid: bounds, a ResNet's depth, the
+    compression's group size (checked here, not when training starts); else ExperimentError naming it."""
+    from actbench.actnn import level_config
+
+    for name, (least, most) in ACCURACY_LIMITS.items():
+        value = getattr(config, name)
+        if not least <= value <= most:
+            raise ExperimentError(f"{where}.{name}: must be from {least} to {most}, got {short_repr(value)}")
+    depth = config.model_depth
+    if config.model == "resnet" and (depth < 8 or (depth - 2) % 6):
+        raise ExperimentError(f"{where}.model_depth: a resnet's depth must be 6n+2 (8, 14, 20, ...), got {depth}")
+    try:
+        level_config("L3", group_size=config.group_size)
+    except ValueError as exc:
+        raise ExperimentError(f"{where}.group_size: {' '.join(str(exc).split())}") from None
+    return config
 
 
 def load_experiment(path: Path, quick: bool = False, device: str | None = None) -> Experiment:
@@ -214,12 +257,7 @@ def load_experiment(path: Path, quick: bool = False, device: str | None = None) 
     Raises :class:`ExperimentError` with one line naming the file and the problem.
     """
     where = path.name
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ExperimentError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ExperimentError(f"{where}: bad TOML: {exc}") from None
+    data = _read_toml(path)
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
         raise ExperimentError(f"{where}: unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(TOP_KEYS)}")
@@ -228,13 +266,15 @@ def load_experiment(path: Path, quick: bool = False, device: str | None = None) 
             raise ExperimentError(f"{where}: '{key}' must be a non-empty string")
     if not _NAME.fullmatch(data["name"].strip()):
         # the name is a folder under --out: a path in it would write elsewhere
-        raise ExperimentError(f"{where}: 'name' must be letters, digits, '_', '-' or '.' (a folder name, "
-                              f"not a path), got {data['name']!r}")
+        raise ExperimentError(f"{where}: 'name' must be letters, digits, '_', '-' or '.' (a folder name of at "
+                              f"most 100 characters, not a path), got {short_repr(data['name'])}")
     if data.get("paper") is not None and not isinstance(data["paper"], str):
         raise ExperimentError(f"{where}: 'paper' must be a string")
     steps = data.get("steps")
     if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
         raise ExperimentError(f"{where}: needs at least one [[steps]] table")
+    if len(steps) > MAX_STEPS:
+        raise ExperimentError(f"{where}: {len(steps)} [[steps]], at most {MAX_STEPS}")
     for i, raw in enumerate(steps):  # a bad command is blamed on itself, before [quick] is read
         if raw.get("command") not in COMMANDS:
             raise ExperimentError(f"{where}: steps[{i}].command: must be one of {', '.join(COMMANDS)}, "
@@ -274,6 +314,34 @@ def load_experiment(path: Path, quick: bool = False, device: str | None = None) 
         built.append(step)
     return Experiment(data["name"].strip(), " ".join(data["description"].split()), data.get("paper"),
                       tuple(built), path, quick, _slurm_table(data.get("slurm"), where))
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The file's TOML, or ExperimentError in one line: unreadable, not a regular file, too large,
+    not UTF-8, not TOML, nested too deeply, an integer beyond Python's digit limit."""
+    where = path.name
+    try:
+        if not path.is_file():
+            raise ExperimentError(f"{path}: not a regular file")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ExperimentError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ExperimentError(f"{where}: larger than {MAX_FILE_BYTES} bytes; an experiment file describes steps")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ExperimentError(f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ExperimentError(f"{where}: bad TOML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise ExperimentError(f"{where}: bad TOML: nested too deeply") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise ExperimentError(f"{where}: bad TOML: an integer out of range ({' '.join(str(exc).split())[:120]})") \
+            from None
 
 
 def _slurm_table(table: Any, where: str) -> Any:

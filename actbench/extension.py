@@ -30,17 +30,21 @@ up at all. None of this defends against the current user or root, who can write 
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,14 @@ NVCC_FLAGS = ("-O3", "--fmad=false")
 # Part of the cache key: bumped when the build record changes meaning (2: records the library's
 # SHA-256), so builds whose record cannot be verified are never looked up again.
 RECORD_FORMAT = 2
+
+
+#: What TORCH_CUDA_ARCH_LIST may hold: compute capabilities (``8.0``, ``9.0a``, ``9.0+PTX``) separated
+#: by ``;``, ``,`` or spaces.
+ARCH_ENTRY = re.compile(r"\d{1,2}\.\d[a-z]?(\+PTX)?")
+#: Variables the compile reads; a failed build names the one whose value its first error line shows.
+BUILD_VARS = ("CXX", "CC", "TORCH_CUDA_ARCH_LIST", "CUDA_HOME", "CFLAGS", "CXXFLAGS", "LDFLAGS", "MAX_JOBS",
+              "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
 
 
 class ExtensionError(RuntimeError):
@@ -99,6 +111,51 @@ def _source_hash() -> str:
         digest.update(str(path.relative_to(CSRC)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+def with_cuda_setting() -> bool | None:
+    """``ACTBENCH_WITH_CUDA``: True (1), False (0) or None (unset: decide by nvcc); ExtensionError otherwise."""
+    env = os.environ.get("ACTBENCH_WITH_CUDA")
+    if env not in (None, "", "0", "1"):
+        raise ExtensionError(f"ACTBENCH_WITH_CUDA must be 0 or 1 (or unset to decide by nvcc), got {env!r}")
+    return None if env in (None, "") else env == "1"
+
+
+def cuda_arch_setting() -> str | None:
+    """``TORCH_CUDA_ARCH_LIST`` when set, checked (ExtensionError naming it and the form allowed)."""
+    text = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+    if not text.strip():
+        return None
+    entries = [e for e in re.split(r"[;, ]+", text.strip()) if e]
+    if len(text) > 200 or not all(ARCH_ENTRY.fullmatch(e) for e in entries):
+        raise ExtensionError("TORCH_CUDA_ARCH_LIST must be compute capabilities separated by ';' like "
+                             f"'8.0;9.0+PTX', got {text[:60]!r}")
+    return text
+
+
+def cache_root_setting() -> Path | None:
+    """``ACTBENCH_CACHE_DIR`` as an absolute path (a relative one would mean another folder in every
+    child, whose working directory is private), or None when unset; ExtensionError for control
+    characters or a path that exists and is not a folder."""
+    text = os.environ.get("ACTBENCH_CACHE_DIR", "")
+    if not text:
+        return None
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise ExtensionError(f"ACTBENCH_CACHE_DIR must be a folder path without control characters, got {text[:60]!r}")
+    root = Path(text).expanduser().absolute()
+    if root.exists() and not root.is_dir():
+        raise ExtensionError(f"ACTBENCH_CACHE_DIR must be a folder (or a path to create one), got {text[:60]!r}, "
+                             "which is not a folder")
+    return root
+
+
+def check_environment() -> dict[str, str]:
+    """Check every variable the extension reads (ExtensionError naming a bad one), before anything
+    runs; returns the values to set instead (``ACTBENCH_CACHE_DIR`` made absolute)."""
+    with_cuda_setting()
+    cuda_arch_setting()
+    root = cache_root_setting()
+    return {} if root is None or str(root) == os.environ["ACTBENCH_CACHE_DIR"] else {"ACTBENCH_CACHE_DIR": str(root)}
 
 
 def find_cuda_home() -> str | None:
@@ -196,7 +253,7 @@ def plan(cache_dir: Path | None = None, with_cuda: bool | None = None) -> BuildP
         )
     archs = None
     if with_cuda:
-        archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        archs = cuda_arch_setting()
         capability = None if archs else _gpu_capability()
         if capability is not None:
             archs = f"{capability[0]}.{capability[1]}"
@@ -205,7 +262,7 @@ def plan(cache_dir: Path | None = None, with_cuda: bool | None = None) -> BuildP
     key = hashlib.sha256(
         json.dumps([source_hash, facts.version, with_cuda, archs, sys.version_info[:2], RECORD_FORMAT]).encode()
     ).hexdigest()[:16]
-    root = cache_dir or Path(os.environ.get("ACTBENCH_CACHE_DIR") or Path.home() / ".cache" / "actbench")
+    root = cache_dir or cache_root_setting() or Path.home() / ".cache" / "actbench"
     flavour = f"cu{facts.cuda.replace('.', '')}" if with_cuda and facts.cuda else "cpu"
     directory = root / "extension" / f"torch{facts.version.split('+')[0]}-{flavour}-{key}"
     return BuildPlan(with_cuda, cuda_home if with_cuda else None, archs, facts.version, source_hash, directory)
@@ -337,48 +394,169 @@ def _is_loaded() -> bool:
 
 
 def build(p: BuildPlan, force: bool = False, verbose: bool = False) -> None:
-    """Compile the extension into ``p.directory`` and load it (ninja rebuilds only what changed)."""
+    """Compile the extension into ``p.directory`` and load it (ninja rebuilds only what changed).
+
+    The compile runs in an isolated child (``-P``, no user ``PYTHONPATH``) in a process group of its
+    own, so the compilers it starts die with this command (:func:`_dies_with_this_process`).
+    """
     _private_dir(p.directory.parent.parent, "cache folder")
     _private_dir(p.directory.parent, "cache folder")
     if force and p.directory.exists():
         shutil.rmtree(p.directory)
     _private_dir(p.directory, "build folder")
-    if p.with_cuda:
-        # torch reads CUDA_HOME when cpp_extension is imported: set it first (see find_cuda_home).
-        os.environ["CUDA_HOME"] = p.cuda_home or ""
-    from torch.utils import cpp_extension
-
-    if p.with_cuda:
-        cpp_extension.CUDA_HOME = p.cuda_home
-    sources = [str(CSRC / s) for s in CPU_SOURCES + (CUDA_SOURCES if p.with_cuda else ())]
     log.warning(
         "building actbench's extension (%s) in %s; a first build takes up to a minute or two on 2 cores",
         "CPU + CUDA " + (p.cuda_archs or "") if p.with_cuda else "CPU only",
         p.directory,
     )
+    build_log = p.directory / "build.log"
+    build_log.unlink(missing_ok=True)
+    code = _run_compile_child(p, verbose, build_log)
+    if code != 0:
+        text = build_log.read_text(errors="replace") if build_log.exists() else f"the compile exited with code {code}"
+        raise ExtensionError(_build_failure(p, text))
+    _write_record(p)
+    _load_library(p)
+
+
+def _run_compile_child(p: BuildPlan, verbose: bool, build_log: Path) -> int:
+    """``compile_here`` in a child; its exit code."""
+    from actbench.executors import python_child_env
+
+    fields = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(p).items()}
+    extra = {"CUDA_HOME": p.cuda_home or ""} if p.with_cuda else {}
+    quiet = None if verbose else subprocess.DEVNULL
+    proc = subprocess.Popen([sys.executable, "-P", "-c", _COMPILE, json.dumps(fields), str(build_log),
+                             "1" if verbose else "0", str(CSRC)], stdin=subprocess.DEVNULL, stdout=quiet, stderr=quiet,
+                            cwd=p.directory, env=python_child_env(extra), process_group=0)
+    with _dies_with_this_process(proc):
+        return proc.wait()
+
+
+_COMPILE = "import sys\nfrom actbench.extension import compile_here\nsys.exit(compile_here(*sys.argv[1:]))\n"
+
+
+def compile_here(fields: str, build_log: str, verbose: str, csrc: str) -> int:
+    """Inside the compile child: build the library from ``csrc`` with ninja; 0, or 1 with the error
+    in ``build_log``."""
+    data = json.loads(fields)
+    p = BuildPlan(**{**data, "directory": Path(data["directory"])})
+    from torch.utils import cpp_extension  # reads CUDA_HOME, which the parent set
+
+    if p.with_cuda:
+        cpp_extension.CUDA_HOME = p.cuda_home
+    sources = [str(Path(csrc) / s) for s in CPU_SOURCES + (CUDA_SOURCES if p.with_cuda else ())]
     try:
         cpp_extension.load(
             name=p.name,
             sources=sources,
             extra_cflags=list(CXX_FLAGS) + (["-DACTBENCH_WITH_CUDA"] if p.with_cuda else []),
             extra_cuda_cflags=list(NVCC_FLAGS) + _gencode_flags(p.cuda_archs or DEFAULT_CUDA_ARCHS),
-            extra_include_paths=[str(CSRC / "include")],
+            extra_include_paths=[str(Path(csrc) / "include")],
             build_directory=str(p.directory),
             with_cuda=p.with_cuda,
             is_python_module=False,
-            verbose=verbose,
+            verbose=verbose == "1",
         )
     except (RuntimeError, OSError, IndexError, subprocess.CalledProcessError) as err:
-        text = str(err)
-        (p.directory / "build.log").write_text(text)
-        errors = [line.strip() for line in text.splitlines() if "error:" in line.lower()][:3]
-        raise ExtensionError(
-            f"actbench extension failed to build in {p.directory}: {' | '.join(errors) or text.strip()[:300]}. "
-            f"Full log: {p.directory / 'build.log'}. Check that g++, ninja"
-            + (f" and the CUDA toolkit at {p.cuda_home}" if p.with_cuda else "")
-            + " are installed, or set ACTBENCH_WITH_CUDA=0 to build the CPU kernels only"
-        ) from err
-    _write_record(p)
+        Path(build_log).write_text(str(err))
+        return 1
+    return 0
+
+
+@contextlib.contextmanager
+def _dies_with_this_process(proc: subprocess.Popen) -> Iterator[None]:
+    """While ``proc`` runs: any exception here, and SIGTERM or SIGHUP where nothing else handles
+    them, kill it and everything it started first (:func:`kill_process_tree`), so no compiler
+    outlives the command."""
+    def end(signum: int, frame: object) -> None:
+        kill_process_tree(proc.pid)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, end) for s in (signal.SIGTERM, signal.SIGHUP)
+                    if signal.getsignal(s) == signal.SIG_DFL}
+    try:
+        yield
+    except BaseException:
+        kill_process_tree(proc.pid)
+        proc.wait()
+        raise
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def kill_process_tree(pid: int) -> None:
+    """SIGKILL ``pid`` (a process group's leader) and all its descendants, whatever their group.
+
+    ninja starts each compile command in a process group of its own, so killing the build's group
+    would leave ``c++``/``cc1plus`` running: every group in the tree is stopped first (nothing
+    stopped starts anything new, so the tree read afterwards is complete), then killed.
+    """
+    stopped: set[int] = set()
+    while True:
+        groups = {g for g in {pid} | {g for _, g in _descendants(pid)} if g != os.getpgrp()} - stopped
+        if not groups:
+            break
+        for group in groups:
+            _signal_group(group, signal.SIGSTOP)
+        stopped |= groups
+    for group in stopped:
+        _signal_group(group, signal.SIGKILL)
+        _signal_group(group, signal.SIGCONT)
+
+
+def _signal_group(group: int, signum: int) -> None:
+    try:
+        os.killpg(group, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _descendants(root: int) -> list[tuple[int, int]]:
+    """(pid, process group) of every live descendant of ``root``, from /proc."""
+    parents: dict[int, list[tuple[int, int]]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents.setdefault(int(fields[1]), []).append((int(entry.name), int(fields[2])))
+    found, todo = [], [root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
+def _build_failure(p: BuildPlan, text: str) -> str:
+    """One line for a failed build: the compiler's first error line, the variable whose value it shows."""
+    first = _first_error_line(text)
+    culprits = [f"{name}={os.environ[name]!r}" for name in BUILD_VARS
+                if len(os.environ.get(name, "").strip()) >= 2 and os.environ[name].strip() in first]
+    cause = first + (f" (from {', '.join(culprits)})" if culprits else "")
+    return (f"actbench extension failed to build in {p.directory}: {cause}. Full log: {p.directory / 'build.log'}. "
+            "Check that g++, ninja" + (f" and the CUDA toolkit at {p.cuda_home}" if p.with_cuda else "")
+            + " are installed, or set ACTBENCH_WITH_CUDA=0 to build the CPU kernels only")
+
+
+_ERROR_LINE = re.compile(r"\berror\b|fatal|not found|no such file|permission denied|cannot|unsupported", re.I)
+_NOT_A_CAUSE = ("Error building extension", "ninja: build stopped", "FAILED:")
+
+
+def _first_error_line(text: str) -> str:
+    """The compiler's first error line in a build's output (else its first line), at most 300 characters."""
+    lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if _ERROR_LINE.search(line) and not line.startswith(_NOT_A_CAUSE):
+            return line[:300]
+    return (lines[0] if lines else "no output")[:300]
 
 
 def load(force_rebuild: bool = False, verbose: bool = False) -> BuildPlan:
@@ -387,10 +565,7 @@ def load(force_rebuild: bool = False, verbose: bool = False) -> BuildPlan:
     A cached library is loaded only from private folders and only when its SHA-256 matches its
     build record (see the module docstring); otherwise this raises :class:`ExtensionError`.
     """
-    env = os.environ.get("ACTBENCH_WITH_CUDA")
-    if env not in (None, "", "0", "1"):
-        raise ExtensionError(f"ACTBENCH_WITH_CUDA must be 0 or 1 (or unset to decide by nvcc), got {env!r}")
-    p = plan(with_cuda=None if env in (None, "") else env == "1")
+    p = plan(with_cuda=with_cuda_setting())
     if _is_loaded() and not force_rebuild:
         return p
     if force_rebuild:

@@ -53,12 +53,20 @@ class HarnessBenchRow:
 
 
 def _run(args: tuple[str, ...], out: Path, log: Callable[[str], None]) -> float:
-    """Run ``actbench ARGS --out OUT`` in a fresh interpreter; its wall seconds. Raises on failure."""
-    command = [sys.executable, "-m", "actbench", *args, "--out", str(out)]
+    """Run ``actbench ARGS --out OUT`` in a fresh interpreter; its wall seconds. Raises on failure.
+
+    Isolated as every child is (``-P``, a private working directory, no user ``PYTHONPATH``), so a
+    ``json.py`` where the user stands never runs.
+    """
+    from actbench.executors import python_child_env
+
+    command = [sys.executable, "-P", "-m", "actbench", *args, "--out", str(Path(out).absolute())]
     log(f"running: actbench {' '.join(args)}")
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+    with tempfile.TemporaryDirectory(prefix="actbench-bench-cwd-") as cwd:
+        start = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=python_child_env(),
+                              stdin=subprocess.DEVNULL)
+        wall = time.perf_counter() - start
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
         raise RuntimeError(f"actbench {' '.join(args)} exited {done.returncode}: {tail[0]}")

@@ -32,8 +32,10 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -55,13 +57,23 @@ JOB_FAULT_ENV = "ACTBENCH_TEST_JOB_FAULT"
 # --- options --------------------------------------------------------------------------------------
 #: ``--slurm KEY=VALUE`` keys with a meaning of their own; any other key is passed to sbatch as ``--KEY=VALUE``.
 SLURM_KEYS = ("partition", "account", "time", "gpus-per-job", "cpus-per-job", "array-parallelism", "poll")
+#: sbatch options the job array sets itself (its tasks, logs, signal, name, resources): never from ``--slurm``.
+SLURM_RESERVED = ("array", "output", "error", "open-mode", "signal", "job-name", "wrap", "gpus-per-node",
+                  "cpus-per-task", "partition", "account", "time")
+#: What an option's value may hold: it becomes part of an ``#SBATCH`` line of a shell script, so no
+#: control characters (a new line would be a command) and no shell metacharacters.
+SLURM_VALUE = re.compile(r"[A-Za-z0-9_.,:=+/@%-]{1,200}")
+SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}(,[A-Za-z0-9_.+-]{1,64}){0,15}")  # partition(s), account
+SLURM_COUNT_MAX = 1_000_000
+SLURM_VALUE_HELP = "letters, digits and _ . , : = + / @ % -"
 
 
 @dataclass(frozen=True)
 class SlurmOptions:
     """The job array's resources. ``time_min``: each task's limit; ``gpus_per_job`` None: one on a
     device that needs a GPU, none otherwise; ``sbatch``: extra ``#SBATCH --KEY=VALUE`` lines (value
-    ``True``: a bare flag); ``poll_s``: how often the submitter looks at the jobs and the rows."""
+    ``True``: a bare flag); ``poll_s``: how often the submitter looks at the jobs and the rows;
+    ``given``: the keys set (so an option given where it does nothing can be refused)."""
 
     partition: str | None = None
     account: str | None = None
@@ -71,41 +83,42 @@ class SlurmOptions:
     array_parallelism: int | None = None
     sbatch: tuple[tuple[str, Any], ...] = ()
     poll_s: float = 15.0
+    given: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
     def parse(cls, items: Iterable[str] | Mapping[str, Any] | None, base: "SlurmOptions | None" = None,
               where: str = "--slurm") -> "SlurmOptions":
         """Options from ``KEY=VALUE`` strings (the CLI) or a table (an experiment file's ``[slurm]``),
-        over ``base``; ValueError naming ``where`` for a bad key or value."""
-        pairs: list[tuple[str, Any]] = []
-        if isinstance(items, Mapping):
-            pairs = [(str(k), v) for k, v in items.items()]
-        else:
-            for item in items or ():
-                key, eq, value = str(item).partition("=")
-                pairs.append((key, value if eq else True))
+        over ``base``; ValueError naming ``where`` and the key for a bad key or value."""
         values = dataclasses.asdict(base or cls())
         extra = dict(values.pop("sbatch"))
-        for raw_key, value in pairs:
-            key = raw_key.strip().lstrip("-").replace("_", "-")
-            if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
-                raise ValueError(f"{where}: bad option name '{raw_key}' (expected KEY=VALUE, e.g. partition=gpu)")
+        given = list(values.pop("given"))
+        for raw_key, value in _pairs(items, where):
+            key = _key(raw_key, where)
+            given.append(key)
             if key == "sbatch":  # a table's list of raw options: ["--qos=high", "--exclusive"]
-                nested = cls.parse(value if isinstance(value, (list, tuple)) else [value], where=where)
-                extra.update(nested.sbatch)
+                if not isinstance(value, (list, tuple, str)):
+                    raise ValueError(f"{where}: sbatch must be a list of options like \"--qos=high\", "
+                                     f"got {short_repr(value)}")
+                extra.update(cls.parse(list(value) if isinstance(value, (list, tuple)) else [value],
+                                       where=where).sbatch)
                 continue
+            _scalar(value, key, where)
             if key in ("partition", "account"):
-                values[key] = _text(value, key, where)
+                values[key] = _text(value, key, where, SLURM_NAME, "names of letters, digits and _ . + - "
+                                    "(a comma list for several partitions)")
             elif key == "time":
                 values["time_min"] = parse_time_minutes(value, where)
             elif key in ("gpus-per-job", "cpus-per-job", "array-parallelism"):
                 values[key.replace("-", "_")] = _count(value, key, where, minimum=0 if key == "gpus-per-job" else 1)
             elif key == "poll":
-                seconds = _number(value, key, where)
-                values["poll_s"] = seconds
+                values["poll_s"] = _number(value, key, where)
+            elif key in SLURM_RESERVED:
+                raise ValueError(f"{where}: {key} is set by actbench's job array itself; allowed keys: "
+                                 f"{', '.join(SLURM_KEYS)} or another sbatch option")
             else:
-                extra[key] = value if value is True else _text(value, key, where)
-        return cls(**values, sbatch=tuple(extra.items()))
+                extra[key] = value if value is True else _text(value, key, where, SLURM_VALUE, SLURM_VALUE_HELP)
+        return cls(**values, sbatch=tuple(extra.items()), given=tuple(dict.fromkeys(given)))
 
     def parameters(self, gpus: int, name: str) -> dict[str, Any]:
         """submitit ``SlurmExecutor`` parameters for an array of tasks with ``gpus`` GPUs each."""
@@ -121,38 +134,84 @@ class SlurmOptions:
         return params
 
 
-def _text(value: Any, key: str, where: str) -> str:
+def _pairs(items: Iterable[str] | Mapping[str, Any] | None, where: str) -> list[tuple[str, Any]]:
+    """(key, value) pairs of a table, or of ``KEY=VALUE`` strings (a bare ``KEY``: the value True)."""
+    if isinstance(items, Mapping):
+        return [(str(k), v) for k, v in items.items()]
+    if isinstance(items, str):
+        items = [items]
+    pairs = []
+    for item in items or ():
+        if not isinstance(item, str):
+            raise ValueError(f"{where}: expected KEY=VALUE strings, got {short_repr(item)}")
+        key, eq, value = item.partition("=")
+        pairs.append((key, value if eq else True))
+    return pairs
+
+
+def _key(raw_key: str, where: str) -> str:
+    key = raw_key.strip().lstrip("-").replace("_", "-")
+    if not re.fullmatch(r"[a-z][a-z0-9-]{0,63}", key):
+        raise ValueError(f"{where}: bad option name {short_repr(raw_key)} (expected KEY=VALUE with a lower-case name, "
+                         "e.g. partition=gpu)")
+    return key
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a 5000-digit integer has no repr at all)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10 ** 60:
+        return "an integer of more than 60 digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _scalar(value: Any, key: str, where: str) -> None:
+    """A key that takes one value got one: a string, a number or true (a flag), never a list or table."""
+    if isinstance(value, bool):
+        if value is False:
+            raise ValueError(f"{where}: {key} = false sets nothing; leave {key} out, or give it a value")
+        return
+    if not isinstance(value, (str, int, float)):
+        raise ValueError(f"{where}: {key} takes one value (a string or a number), got {type(value).__name__} "
+                         f"{short_repr(value)}")
+
+
+def _text(value: Any, key: str, where: str, pattern: "re.Pattern[str]" = SLURM_VALUE,
+          allowed: str = SLURM_VALUE_HELP) -> str:
     if value is True or not str(value).strip():
         raise ValueError(f"{where}: {key} needs a value ({key}=VALUE)")
-    return str(value).strip()
+    text = "" if isinstance(value, int) and abs(value) > 10 ** 60 else str(value).strip()
+    if not pattern.fullmatch(text):
+        raise ValueError(f"{where}: {key} must be {allowed} (at most 200 characters; it becomes an #SBATCH line), "
+                         f"got {short_repr(value)}")
+    return text
 
 
 def _number(value: Any, key: str, where: str) -> float:
     try:
-        number = float(value)
-    except (TypeError, ValueError):
+        number = float(value) if len(str(value)) <= 100 else math.nan
+    except (TypeError, ValueError, OverflowError):
         number = math.nan
-    if not (math.isfinite(number) and number > 0) or value is True:
-        raise ValueError(f"{where}: {key} must be a positive number, got {value!r}")
+    if not (math.isfinite(number) and 0 < number <= 86400) or value is True:
+        raise ValueError(f"{where}: {key} must be a positive number of seconds up to 86400, got {short_repr(value)}")
     return number
 
 
 def _count(value: Any, key: str, where: str, minimum: int = 1) -> int:
-    try:
-        number = int(str(value))
-    except ValueError:
-        number = minimum - 1
-    if value is True or number < minimum:
-        raise ValueError(f"{where}: {key} must be an integer >= {minimum}, got {value!r}")
+    text = str(value).strip() if not isinstance(value, int) or abs(value) < 10 ** 60 else ""
+    number = int(text) if re.fullmatch(r"\d{1,7}", text) and not isinstance(value, (bool, float)) else -1
+    if number < minimum or number > SLURM_COUNT_MAX:
+        raise ValueError(f"{where}: {key} must be an integer from {minimum} to {SLURM_COUNT_MAX}, "
+                         f"got {short_repr(value)}")
     return number
 
 
 def parse_time_minutes(value: Any, where: str = "--slurm") -> int:
     """Slurm's time formats -> whole minutes (rounded up): ``90``, ``1:30:00``, ``2-00:00:00``, ``45:00``."""
-    text = str(value).strip()
-    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
-    if value is True or not match:
-        raise ValueError(f"{where}: time must be minutes or [D-]HH:MM:SS, got {value!r}")
+    text = "" if isinstance(value, (bool, float)) or (isinstance(value, int) and abs(value) > 10 ** 60) else str(value)
+    match = re.fullmatch(r"(?:(\d{1,3})-)?(\d{1,7})(?::(\d{1,2}))?(?::(\d{1,2}))?", text.strip())
+    if not match:
+        raise ValueError(f"{where}: time must be minutes or [D-]HH:MM:SS, got {short_repr(value)}")
     days, a, b, c = match.groups()
     numbers = [int(x) for x in (a, b, c) if x is not None]
     if days is not None:  # D-HH[:MM[:SS]]
@@ -164,8 +223,8 @@ def parse_time_minutes(value: Any, where: str = "--slurm") -> int:
         seconds = numbers[0] * 60 + numbers[1]
     else:  # HH:MM:SS
         seconds = numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
-    if seconds <= 0:
-        raise ValueError(f"{where}: time must be positive, got {value!r}")
+    if not 0 < seconds <= 365 * 86400:
+        raise ValueError(f"{where}: time must be positive and at most a year, got {short_repr(value)}")
     return math.ceil(seconds / 60)
 
 
@@ -194,6 +253,11 @@ class ExecutionOptions:
     isolate: bool = False
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
 
+    def __post_init__(self) -> None:
+        if self.slurm.given and self.executor != "slurm":
+            raise ValueError(f"--slurm {', '.join(self.slurm.given)} applies only to --executor slurm "
+                             f"(this run uses --executor {self.executor}); add --executor slurm or drop --slurm")
+
     @property
     def width(self) -> int:
         """Points that may run at once here."""
@@ -220,9 +284,10 @@ class ExecutionOptions:
         if self.executor == "slurm":
             if self.gpus:
                 raise ValueError("--gpus applies to --executor local; on Slurm use --slurm gpus-per-job=N")
-            if executor_class is None and shutil.which("sbatch") is None:
-                raise ValueError("--executor slurm: no Slurm here (sbatch is not on PATH); run on the cluster's "
-                                 "login node, or use --executor local")
+            missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
+            if executor_class is None and missing:
+                raise ValueError(f"--executor slurm: no Slurm here ({missing[0]} is not on PATH); run on the "
+                                 "cluster's login node, or use --executor local")
 
 
 # --- parts ----------------------------------------------------------------------------------------
@@ -597,7 +662,10 @@ def _submitit_executor(executor_class: Any, folder: Path, options: SlurmOptions,
     import submitit
 
     cls = executor_class or submitit.SlurmExecutor
-    executor = cls(folder=folder)
+    if issubclass(cls, submitit.SlurmExecutor):  # a task's Python runs with -P: its directory is not on its path
+        executor = cls(folder=folder, python=f"{shlex.quote(sys.executable)} -P")
+    else:
+        executor = cls(folder=folder)
     if issubclass(cls, submitit.SlurmExecutor):
         executor.update_parameters(**options.parameters(gpus, name))
     elif issubclass(cls, submitit.LocalExecutor):
@@ -700,4 +768,4 @@ def _env_id(store: Any) -> str:
 
 
 __all__ = ["EXECUTORS", "ExecutionOptions", "SlurmOptions", "Shard", "execute", "merge", "parse_gpus",
-           "parse_time_minutes", "replay", "run_local", "run_shard", "run_slurm", "scan_window", "split"]
+           "parse_time_minutes", "replay", "short_repr", "run_local", "run_shard", "run_slurm", "scan_window", "split"]

@@ -99,3 +99,103 @@ def test_usage_errors_from_the_command_line_are_one_line(tmp_path: Path, args: l
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("actbench: error: "), done.stderr
     assert not (tmp_path / "out").exists()
+
+
+# --- environment variables are checked as options are ---------------------------------------------
+@pytest.mark.parametrize("name, value, needle", [
+    ("ACTBENCH_EXACT_STEPS", "yes", "ACTBENCH_EXACT_STEPS must be 0 or 1"),
+    ("ACTBENCH_WITH_CUDA", "garbage", "ACTBENCH_WITH_CUDA must be 0 or 1"),
+    ("TORCH_CUDA_ARCH_LIST", "garbage", "TORCH_CUDA_ARCH_LIST must be compute capabilities"),
+    ("TORCH_CUDA_ARCH_LIST", "8.0;sm_90", "TORCH_CUDA_ARCH_LIST must be compute capabilities"),
+    ("ACTBENCH_CACHE_DIR", "cache\nx", "ACTBENCH_CACHE_DIR must be a folder path without control characters"),
+    ("ACTBENCH_CACHE_DIR", "/dev/null", "ACTBENCH_CACHE_DIR must be a folder"),
+])
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_bad_environment_variables_are_one_line_errors(tmp_path: Path, monkeypatch, name: str, value: str,
+                                                      needle: str, device: str) -> None:
+    monkeypatch.setenv(name, value)
+    result = invoke(["memory", "resnet18", "--device", device, "--batch", "2", "--image-size", "16",
+                     "--strategies", "fp32", "--no-baseline", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and name in lines[0], result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_relative_cache_dir_is_made_absolute_for_every_child(tmp_path: Path, monkeypatch) -> None:
+    import os
+
+    from actbench.executors import _child_env
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ACTBENCH_CACHE_DIR", "relative-cache")
+    result = invoke(["memory", "resnet18", "--device", "meta", "--batch", "2", "--image-size", "16",
+                     "--strategies", "fp32", "--no-baseline", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert os.environ["ACTBENCH_CACHE_DIR"] == str(tmp_path / "relative-cache")
+    assert _child_env(None)["ACTBENCH_CACHE_DIR"] == str(tmp_path / "relative-cache")
+
+
+def test_a_failed_build_names_the_compilers_error_and_the_variable(tmp_path: Path, monkeypatch) -> None:
+    from actbench import extension
+
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    p = extension.plan(cache_dir=tmp_path / "cache", with_cuda=False)
+    with pytest.raises(extension.ExtensionError) as info:
+        extension.build(p)
+    message = str(info.value)
+    assert "\n" not in message
+    cause = message.split(": ", 1)[1].split(". Full log")[0]
+    assert "no-such-compiler" in cause and "not found" in cause and "CXX=" in cause, message
+
+
+# --- experiment files: any content is one line naming the key, before anything is written ------------
+def _raw_file(tmp_path: Path, data: bytes) -> Path:
+    path = tmp_path / "exp.toml"
+    path.write_bytes(data)
+    return path
+
+
+GOOD = (HEAD.format(name="x") + STEP.format(command="memory", extra="")).encode()
+ACCURACY = b'name = "x"\ndescription = "x"\n[[steps]]\ncommand = "accuracy"\nsteps = 1\n'
+
+
+@pytest.mark.parametrize("data, needle", [
+    (GOOD.replace(b'batch = "2"', b"batch = " + b"9" * 5000), "integer"),
+    (GOOD + b"timeout_s = " + b"9" * 400 + b"\n", "steps[0].timeout_s"),
+    (GOOD.replace(b'description = "x"', b'description = "\xff\xfe"'), "UTF-8"),
+    (GOOD + b"z = " + b"[" * 100000 + b"]" * 100000 + b"\n", "exp.toml"),
+    (GOOD + b"timed_steps = " + b"[" * 50 + b"1" + b"]" * 50 + b"\n", "steps[0].timed_steps"),
+    (GOOD.replace(b'models = ["resnet18"]', b"models = [" + b'"resnet18", ' * 20000 + b"]"),
+     "steps[0].models: 'resnet18' is listed more than once"),
+    (GOOD.replace(b'models = ["resnet18"]', b'models = ["resnet18", "resnet34", "resnet50"]')
+     .replace(b'batch = "2"', b'batch = "1:10000:1"').replace(b'strategies = ["fp32"]',
+                                                            b'strategies = ["fp32", "L1", "L2", "L3", "L4"]'),
+     "steps[0]: 150000 points"),
+    (ACCURACY + b"model_depth = 9\n", "steps[0].model_depth"),
+    (ACCURACY + b"group_size = 7\n", "steps[0].group_size"),
+    (ACCURACY + b"model_depth = 8000002\n", "steps[0].model_depth"),
+    (ACCURACY + b"seed = -1\n", "steps[0].seed"),
+    (ACCURACY + b"train_size = 1000000000000\n", "steps[0].train_size"),
+    (ACCURACY + b'model = "vit"\npatch_size = 48\nimage_size = 48\nwidth = 100000\nheads = 1\n', "steps[0].width"),
+    (GOOD + b'[slurm]\npartition = ["gpu", "cpu"]\n', "[slurm]: partition"),
+    (GOOD.replace(b'name = "x"', b'name = "' + b"x" * 5000 + b'"'), "'name' must be"),
+], ids=["5000-digit-batch", "400-digit-timeout", "not-utf8", "deep-nesting", "nested-list", "20000-same-models",
+        "150000-points", "resnet-depth", "group-size", "huge-depth", "negative-seed", "huge-train-size", "huge-width",
+        "slurm-list", "5000-character-name"])
+def test_experiment_files_of_any_content_are_one_line_errors(tmp_path: Path, data: bytes, needle: str) -> None:
+    path = _raw_file(tmp_path, data)
+    with pytest.raises(ExperimentError) as info:
+        load_experiment(path)
+    message = str(info.value)
+    assert needle in message and "\n" not in message and len(message) < 400, message[:500]
+    result = invoke(["run", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output[-500:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr[-500:]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_same_files_without_the_fault_load(tmp_path: Path) -> None:
+    assert load_experiment(_raw_file(tmp_path, GOOD)).name == "x"
+    assert load_experiment(_raw_file(tmp_path, ACCURACY + b"model_depth = 14\ngroup_size = 64\n")).name == "x"

@@ -452,3 +452,53 @@ def test_three_concurrent_cli_runs_write_one_row_per_key(tmp_path: Path) -> None
     assert {r["status"] for r in got} == {"ok"}
     assert len(table(run_dir)) == 10
     assert not list(run_dir.glob("*.tmp"))
+
+
+# --- 4. a build dies with its command ---------------------------------------------------------------
+def _compilers_under(folder: Path) -> list[int]:
+    """Pids of live non-Python processes working in ``folder`` (ninja, c++, cc1plus of a build there)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if cwd.startswith(str(folder)) and state != "Z" and "python" not in cmdline.split(" ")[0]:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.parametrize("args", [["build"], ["memory", "resnet18", "--levels", "L3", "--no-baseline", "--device",
+                                               "cpu", "--batch", "2", "--image-size", "16"]])
+def test_sigterm_during_the_first_build_kills_the_compilers(tmp_path: Path, args: list[str]) -> None:
+    import signal
+
+    cache = tmp_path / "cache"
+    env = {**os.environ, "ACTBENCH_CACHE_DIR": str(cache), "ACTBENCH_WITH_CUDA": "0"}
+    out = [] if args == ["build"] else ["--out", str(tmp_path / "out")]
+    proc = subprocess.Popen([sys.executable, "-m", "actbench", *args, *out], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not _compilers_under(cache) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert _compilers_under(cache), "no compiler started"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 5
+        while _compilers_under(cache) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _compilers_under(cache)
+        assert not left, [(Path(f"/proc/{pid}/cmdline").read_bytes()[:80]) for pid in left]
+        assert proc.returncode != 0
+    finally:
+        for pid in _compilers_under(cache):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

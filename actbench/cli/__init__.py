@@ -10,6 +10,24 @@ from actbench.cli import experiment_commands  # noqa: F401  (registers run)
 from actbench.cli import bench_commands  # noqa: F401  (registers bench-harness)
 
 
+@app.callback()
+def check_environment() -> None:
+    """Before any command: the environment variables actbench reads are checked as its options are
+    (one line naming the variable, exit 2, nothing written), and ``ACTBENCH_CACHE_DIR`` is made
+    absolute here, so every child (whose working directory is private) finds the same cache."""
+    import os
+
+    from actbench import extension
+    from actbench.cli.app import fail
+    from actbench.devices import exact_steps
+
+    try:
+        exact_steps()
+        os.environ.update(extension.check_environment())
+    except (ValueError, extension.ExtensionError) as exc:
+        fail(str(exc))
+
+
 def main() -> None:
     """Run the app; a usage error (unknown option, a value outside its choices) is one line on stderr.
 

@@ -83,7 +83,8 @@ def run_command(
 
     try:
         execution = ExecutionOptions(executor=executor.value, jobs=jobs, gpus=parse_gpus(gpus), isolate=isolate,
-                                     slurm=SlurmOptions.parse(slurm, base=exp.slurm))
+                                     slurm=SlurmOptions.parse(slurm, base=exp.slurm if executor.value == "slurm"
+                                                              else None))
         for device_name in dict.fromkeys(getattr(s, "device", None) for s in exp.steps if hasattr(s, "device")):
             execution.check(device_name)
     except ValueError as exc:

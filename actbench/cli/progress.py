@@ -17,9 +17,9 @@ announced, instead of letting a point's child (whose output nobody sees) spend a
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Iterable
 
@@ -216,13 +216,18 @@ def ensure_extension(strategies: Iterable[str], device: str, say: Callable[[str]
 
 
 def _ensure_in_child(say: Callable[[str], None], started: float) -> str | None:
-    import actbench
+    """The extension checked (and built) in an isolated child in a process group of its own, so the
+    compilers it starts die with it; None when ready, else the one line that says why not."""
+    from actbench.executors import python_child_env
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(actbench.__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen([sys.executable, "-P", "-c", _CHILD_BUILD], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    with tempfile.TemporaryDirectory(prefix="actbench-build-cwd-") as cwd:
+        proc = subprocess.Popen([sys.executable, "-P", "-c", _CHILD_BUILD], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=python_child_env(),
+                                cwd=cwd, process_group=0)
+        return _follow_build_child(proc, say, started)
+
+
+def _follow_build_child(proc: subprocess.Popen, say: Callable[[str], None], started: float) -> str | None:
     built = False
     error = None
     tail: list[str] = []
@@ -238,11 +243,18 @@ def _ensure_in_child(say: Callable[[str], None], started: float) -> str | None:
                 tail = (tail + [line.strip()])[-5:]
         code = proc.wait()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _end_group(proc)
     if code != 0:
         return error or (tail[-1] if tail else f"the extension check exited with code {code}")
     if built:
         say(f"extension built in {time.monotonic() - started:.0f} s")
     return None
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """Kill whatever is left of the child and all it started (the compilers of a build), then reap it."""
+    from actbench.extension import kill_process_tree
+
+    if proc.poll() is None:
+        kill_process_tree(proc.pid)
+    proc.wait()
