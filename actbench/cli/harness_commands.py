@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, Device, app, fail,
-                              interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
+from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, Device, app, checked_out_dir,
+                              fail, interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
 from actbench.cli.progress import PointProgress, ensure_extension, one_line, plural
 from actbench.commands import DEFAULT_STRATEGIES, PLAN_DEVICE
 from actbench.devices import PROFILES, profile
@@ -54,7 +54,7 @@ GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help=(
 HostBudgetOpt = Annotated[Optional[str], typer.Option("--host-budget", help=(
     "Pinned host memory allowed for swapped tensors (swap, save_on_cpu, L4/L5), e.g. 64GiB; above it a point is "
     "host_over_budget. meta: the pinned allocator's power-of-two blocks are modelled."))]
-OutOpt = Annotated[Path, typer.Option("--out", help=(
+OutOpt = Annotated[Path, typer.Option("--out", parser=checked_out_dir, help=(
     "Where your runs go: OUT/<run>/ (default runs/, ignored by git; results/ holds the committed reference "
     "results)."))]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the planned points and exit.")]
@@ -173,15 +173,39 @@ def _launch(command: str, options: dict[str, Any], **fields: Any):
         given["timeout_s"] = given.pop("timeout")
     values = {name: value.value if isinstance(value, enum.Enum) else value for name, value in given.items()}
     spec = _spec(**{**values, **fields, "command": command, "strategies": strategies})
+    _refuse_idle_switches(spec, execution, switches)
     return spec, _run_spec(spec, switches["out"], switches["dry_run"], switches.get("force", False),
                            switches.get("no_retry", False), execution)
+
+
+def _refuse_idle_switches(spec, execution, switches: dict[str, Any]) -> None:
+    """Run and execution options that would do nothing here are one-line errors, not silently recorded.
+
+    --jobs beyond this machine's cores only queue for them (and env.json would record points at once
+    that never ran at once); --isolate asks for a child per point where points are predicted in this
+    process; --no-retry keeps error rows that --force measures again anyway.
+    """
+    from actbench.executors import cpu_count
+
+    if execution.executor == "local" and execution.jobs > cpu_count():
+        fail(f"--jobs must be between 1 and {cpu_count()} (this machine's cores: each point at once takes one), "
+             f"got {execution.jobs}")
+    if execution.isolate and profile(spec.device).in_process and execution.jobs <= 1 and not execution.gpus:
+        fail(f"--isolate starts a child process per point, but on {spec.device} with --jobs 1 points are predicted "
+             "in this process: add --jobs 2 (points in worker processes) or drop --isolate")
+    if switches.get("force") and switches.get("no_retry"):
+        fail("--no-retry keeps recorded error rows and --force measures every point again: give one of them")
 
 
 def _strategies(strategies: Optional[str], levels: Optional[str], no_baseline: bool) -> tuple[str, ...]:
     """--strategies and --levels add up (fp32 leads unless --no-baseline); neither: the default comparison."""
     from actbench.parsing import combine_strategies, parse_levels, parse_strategies
 
-    if not (strategies or "").strip() and not (levels or "").strip():
+    for option, given in (("--strategies", strategies), ("--levels", levels)):
+        if given is not None and not given.strip(" ,"):
+            fail(f"{option} is empty: give names (e.g. --strategies fp32,swap or --levels L1..L5), or leave the "
+                 f"option out for the default comparison ({_DEFAULT_TEXT}), got {given!r}")
+    if strategies is None and levels is None:
         chosen = tuple(s for s in DEFAULT_STRATEGIES if not (no_baseline and s == "fp32"))
         return _checked(lambda: combine_strategies(chosen, (), not no_baseline))
     return _checked(lambda: combine_strategies(parse_strategies(strategies), parse_levels(levels), not no_baseline))
