@@ -207,6 +207,9 @@ class CommandSpec:
             raise SpecError("device", f"{self.device} predicts memory only, no throughput: measure small sizes with "
                                       "--device cpu --image-size 64 --batch 2, or predict memory with `actbench "
                                       f"memory {self.model} --device {self.device}`")
+        if self.command == "throughput" and self.timed_steps == 0:
+            raise SpecError("timed_steps", "must be at least 1 for throughput: it times training steps (0 times "
+                                           "nothing; `actbench memory` measures memory alone), got 0")
         meta_warmup = PROFILES[self.device].default_steps[0]
         if predicts and self.warmup_steps is not None and self.warmup_steps != meta_warmup:
             raise SpecError("warmup_steps", f"does nothing on {self.device}: it predicts one untimed step (no compute "

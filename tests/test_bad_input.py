@@ -125,6 +125,10 @@ META = ["--device", "meta", "--image-size", "32", "--batch", "2"]
     (["memory", "resnet18", *META, "--jobs", "1000"], "--jobs must be between 1 and"),
     (["memory", "resnet18", *META, "--isolate"], "--isolate"),
     (["memory", "resnet18", *META, "--force", "--no-retry"], "--no-retry"),
+    (["memory", "resnet18", *META, "--timeout", "5"], "--timeout limits a point's child process"),
+    (["sweep-batch", "resnet18", *META, "--budget", "1GiB", "--find-max", "--stop-after", "3"], "--stop-after"),
+    (["sweep-batch", "resnet18", "--strategies", ",", *META, "--budget", "1GiB"], "--strategies is empty"),
+    (["throughput", "resnet18", "--device", "cpu", "--timed-steps", "0"], "--timed-steps must be at least 1 for"),
     (["memory", "resnet18", "--batch", "16:8", "--device", "meta"], "START <= STOP"),
 ])
 def test_options_that_do_nothing_or_bad_sizes_are_one_line_errors(tmp_path: Path, args: list[str],
@@ -199,3 +203,12 @@ def test_two_benchmark_folders_started_in_one_second_differ(tmp_path: Path, monk
     second = new_bench_dir(tmp_path, "bench-kernels", "cpu")
     assert first != second and first.is_dir() and second.is_dir()
     assert (first / "env.json").exists() and (second / "env.json").exists()
+
+
+def test_throughput_that_measured_no_throughput_exits_non_zero(tmp_path: Path) -> None:
+    """Every point over its budget: the table is written, and the exit code says no throughput came out."""
+    result = invoke(["throughput", "resnet18", "--strategies", "fp32", "--device", "cpu", "--image-size", "32",
+                     "--batch", "2", "--budget", "1KiB", "--warmup-steps", "1", "--timed-steps", "1",
+                     "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    assert "no throughput measured" in result.stderr and "over_budget" in result.stderr

@@ -58,7 +58,7 @@ def checked_out_dir(value: str | Path, option: str = "--out") -> Path:
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        fail(f"{option} '{path}' cannot be created: '{ancestor}' is not a directory")
+        fail(f"{option} '{path}' is not writable: '{ancestor}' is not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         fail(f"{option} '{path}' is not writable: '{ancestor}' does not let this user write in it")
     return path
