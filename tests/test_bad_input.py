@@ -172,6 +172,14 @@ def test_out_is_checked_before_any_work(tmp_path: Path, monkeypatch, args: list[
     assert (tmp_path / "afile").read_text() == "keep me\n"
 
 
+def test_bench_harness_refuses_more_jobs_than_cores(tmp_path: Path) -> None:
+    result = invoke(["bench-harness", "--quick", "--jobs", "1000", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--jobs must be between 2 and" in lines[0] and "got 1000" in lines[0], result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_verify_grads_refuses_one_sample_for_batchnorm_up_front(tmp_path: Path) -> None:
     result = invoke(["verify-grads", "resnet18", "--batch", "1", "--seeds", "2", "--image-size", "32",
                      "--out", str(tmp_path / "out")])
