@@ -169,12 +169,9 @@ class CommandSpec:
                                           f"what that GPU leaves to PyTorch; --budget is a plain cap), got --budget "
                                           f"{self.budget}")
         if self.host_budget is not None:
-            try:
-                parse_bytes(self.host_budget)
-            except ValueError as exc:
-                raise SpecError("host_budget", str(exc)) from None
+            _size("host_budget", self.host_budget)
         if self.budget is not None:
-            self._checked("budget", lambda: parse_bytes(self.budget))
+            _size("budget", self.budget)
         elif self.gpu is not None:
             pass
         elif self.command == "plan":
@@ -199,6 +196,66 @@ class CommandSpec:
         self._checked("timed_steps", self.settings)
         if searches_a_dim:
             self._checked("dim", self._search_config)
+        self._refuse_what_does_nothing()
+
+    def _refuse_what_does_nothing(self) -> None:
+        """Options that change nothing in this mode are refused, so a row never records what was not used."""
+        from actbench import strategies
+
+        predicts = PROFILES[self.device].predicts
+        if self.command == "throughput" and predicts:
+            raise SpecError("device", f"{self.device} predicts memory only, no throughput: measure small sizes with "
+                                      "--device cpu --image-size 64 --batch 2, or predict memory with `actbench "
+                                      f"memory {self.model} --device {self.device}`")
+        if self.command == "throughput" and self.timed_steps == 0:
+            raise SpecError("timed_steps", "must be at least 1 for throughput: it times training steps (0 times "
+                                           "nothing; `actbench memory` measures memory alone), got 0")
+        meta_warmup = PROFILES[self.device].default_steps[0]
+        if predicts and self.warmup_steps is not None and self.warmup_steps != meta_warmup:
+            raise SpecError("warmup_steps", f"does nothing on {self.device}: it predicts one untimed step (no compute "
+                                            f"to warm up), got {self.warmup_steps}")
+        if self.host_budget is not None and not any(strategies.get(s).uses_host_memory for s in self.strategies):
+            swapping = [s for s in strategies.ALL_STRATEGIES if strategies.get(s).uses_host_memory]
+            raise SpecError("host_budget", f"limits the pinned host memory of strategies that swap "
+                                           f"({', '.join(swapping)}); none of {', '.join(self.strategies)} does, got "
+                                           f"--host-budget {self.host_budget}")
+        if self.checkpoint_segments is not None:
+            self._check_segments(self.checkpoint_segments)
+
+    def _check_segments(self, asked: int) -> None:
+        """--checkpoint-segments only with a strategy that cuts segments, and only a number the model makes."""
+        if not any(_cuts_segments(s) for s in self.strategies):
+            raise SpecError("checkpoint_segments", f"applies to {', '.join(SEGMENTED_STRATEGIES)} and checkpoint+L0..L2 "
+                                                   f"(they checkpoint segments); none of {', '.join(self.strategies)} "
+                                                   f"does, got {asked}")
+        exact = self._exact_segments()
+        if asked in exact:
+            return
+        label = self.model_spec().label()
+        if not exact or asked > exact[-1]:
+            most = exact[-1] if exact else 0
+            raise SpecError("checkpoint_segments", f"must be at most {most} ({label} can be cut into at most {most} "
+                                                   f"checkpoint segments), got {asked}")
+        raise SpecError("checkpoint_segments", f"must be one of {_spans(exact)} for {label} (the segment counts it "
+                                               "is cut into exactly: a segment never spans two block containers nor "
+                                               f"starts at an in-place module), got {asked}")
+
+    def _exact_segments(self) -> tuple[int, ...]:
+        """The segment counts checkpointing makes exactly of this model (built on meta, nothing computed);
+        a depth search: of its smallest model."""
+        import dataclasses
+
+        import torch
+
+        from actbench.models import build_model
+        from actbench.training.checkpointing import exact_segment_counts
+
+        spec = self.model_spec()
+        if self.dim == "depth":
+            spec = dataclasses.replace(spec, extra_blocks=self.low or 0)
+        with torch.device("meta"):
+            model = build_model(spec, self.image_size)
+        return exact_segment_counts(model)
 
     @staticmethod
     def _checked(field: str, fn: Callable[[], Any]) -> Any:
@@ -325,6 +382,37 @@ class CommandSpec:
                 f"{what} {self.image_size}px {self.device}" + (f" budget {self.budget}" if self.budget else "")
                 + (f" gpu {self.gpu}" if self.gpu else "") + (f" host budget {self.host_budget}" if self.host_budget else ""))
 
+
+
+#: Strategies that cut the model into checkpoint segments (``--checkpoint-segments`` sets how many);
+#: ``checkpoint+L0`` .. ``checkpoint+L2`` are ``checkpoint`` with a level inside.
+SEGMENTED_STRATEGIES: tuple[str, ...] = ("checkpoint", "sac")
+
+
+def _cuts_segments(strategy: str) -> bool:
+    return strategy.split("+")[0].split("@")[0] in SEGMENTED_STRATEGIES
+
+
+def _spans(values: tuple[int, ...]) -> str:
+    """(1, 2, 3, 5) -> '1..3, 5'."""
+    spans: list[list[int]] = []
+    for v in values:
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in spans)
+
+
+def _size(field: str, text: str) -> int:
+    """``text`` as bytes, or a SpecError naming ``field``, the text and what a size may be."""
+    from actbench.parsing import parse_bytes
+
+    word = field.replace("_", " ")
+    try:
+        return parse_bytes(text, word)
+    except ValueError as exc:
+        raise SpecError(field, str(exc).removeprefix(word + " ")) from None
 
 
 def _validate_model(spec) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Sequence
 
@@ -15,16 +16,23 @@ _UNITS = {
 }
 
 
-def parse_bytes(text: str) -> int:
-    """'16GiB' -> 17179869184; '1.5GB' -> 1500000000; plain numbers are bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+#: What a size option allows, said by every message about one (--budget, --host-budget, experiment files).
+SIZE_ALLOWED = ("a size in bytes of at least 1, like 16GiB or 512MiB (a number with an optional unit B, KiB, MiB, "
+                "GiB, TiB, KB, MB, GB or TB)")
+
+
+def parse_bytes(text: str, what: str = "budget") -> int:
+    """'16GiB' -> 17179869184; '1.5GB' -> 1500000000; plain numbers are bytes.
+
+    A ValueError names the text given and says ``what`` must be :data:`SIZE_ALLOWED`.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
     if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot parse budget '{text}': use a number with unit B, KiB, MiB, GiB, TiB, "
-                         "KB, MB, GB or TB (e.g. 16GiB)")
-    value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    if value <= 0:
-        raise ValueError(f"budget must be positive, got '{text}'")
-    return value
+        raise ValueError(f"cannot parse {what} '{text}': it must be {SIZE_ALLOWED}")
+    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if not (math.isfinite(value) and value >= 1):
+        raise ValueError(f"{what} must be {SIZE_ALLOWED}, got '{text}'")
+    return int(value)
 
 
 def format_bytes(n: int | None) -> str:
@@ -108,7 +116,7 @@ def parse_int_range(text: str, what: str = "batch", largest: int = LIMITS["batch
     except ValueError:
         raise ValueError(f"bad {what} '{text}': use START:STOP:STEP (e.g. 16:1024:16), N, or N,M,...") from None
     if ":" in spec and parts[2] <= 0:
-        raise ValueError(f"bad {what} range '{text}': step must be > 0")
+        raise ValueError(f"bad {what} range '{text}': STEP must be at least 1 in START:STOP:STEP")
     if isinstance(values, range):
         if max(values.start, values.stop - 1) > largest:
             raise ValueError(f"{what} sizes must be at most {largest}, got {max(values.start, values.stop - 1)} "
@@ -118,7 +126,8 @@ def parse_int_range(text: str, what: str = "batch", largest: int = LIMITS["batch
                              f"(use a larger step, or --find-max to search a range)")
         values = tuple(values)
     if not values:
-        raise ValueError(f"bad {what} range '{text}': it contains no values")
+        raise ValueError(f"bad {what} range '{text}': it contains no values (START:STOP:STEP needs START <= STOP, "
+                         "e.g. 16:1024:16)")
     bad = [v for v in values if v <= 0]
     if bad:
         raise ValueError(f"{what} sizes must be positive, got {bad[0]} in '{text}'")

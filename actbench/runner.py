@@ -18,12 +18,13 @@ or, when another writer holds the claim, waits for that writer's row instead of 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-from actbench.devices import profile
+from actbench.devices import EXACT_STEPS_ENV, exact_steps, profile
 from actbench.executors import EnvironmentCaptureError, Executor, InProcessExecutor, executor_for
 from actbench.measure.environment import environment_id
 from actbench.results import RunStore
@@ -32,7 +33,39 @@ from actbench.worker import lowest_priority_for_this_thread
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EnvironmentCaptureError", "PointRunner"]
+__all__ = ["EnvironmentCaptureError", "PointRunner", "TimingMismatch"]
+
+
+class TimingMismatch(EnvironmentCaptureError, ValueError):
+    """A resume would time its points otherwise than the run's recorded rows were timed."""
+
+
+def check_resume_timing(store: RunStore, device: str) -> None:
+    """Refuse to add timed rows to a run whose ``env.json`` says they were timed the other way.
+
+    ``ACTBENCH_EXACT_STEPS=1`` times exactly the steps asked for; without it timing goes on to a
+    minimum time and a steady spread. Rows of both in one run would compare unlike timings, so a
+    resume must be started as the run was. Devices that predict (meta) time nothing.
+    """
+    path = store.run_dir / "env.json"
+    if profile(device).predicts or not path.is_file():
+        return
+    try:
+        recorded = json.loads(path.read_text())
+        now = exact_steps()
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return
+    except ValueError as exc:
+        raise TimingMismatch(str(exc)) from None
+    if not isinstance(recorded, dict) or ("timing" in recorded) == now:
+        return
+
+    def setting(exact: bool) -> str:
+        return f"{EXACT_STEPS_ENV}=1" if exact else f"{EXACT_STEPS_ENV} unset"
+
+    was = "timing" in recorded
+    raise TimingMismatch(f"{store.run_dir} was timed with {setting(was)}, this resume has {setting(now)}: its "
+                         f"rows would mix the two timings; resume with {setting(was)}, or give another --out")
 
 
 class PointRunner:
@@ -57,6 +90,7 @@ class PointRunner:
         self._env_lock = threading.Lock()
         self._env_future: Future[dict[str, Any]] | None = None
         store.refresh()
+        check_resume_timing(store, device)
         #: rows of rows.jsonl before this byte offset were there when the run started; several
         #: runners of one run (actbench/scaleout.py) pass the same ``started_at`` so they agree
         self.started_at = store.end if started_at is None else started_at

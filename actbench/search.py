@@ -200,8 +200,7 @@ def validate_plan(cfg: PlanConfig) -> None:
     if cfg.dim not in PLAN_DIMENSIONS:
         raise ValueError(f"unknown dimension '{cfg.dim}': choose batch, depth, width or resolution")
     if cfg.dim == "batch":
-        if cfg.step <= 0 or cfg.low <= 0 or cfg.low > cfg.high:
-            raise ValueError(f"bad search range low={cfg.low} high={cfg.high} step={cfg.step} for --dim batch")
+        check_search_range("batch", cfg.low, cfg.high, cfg.step)
         return
     validate_max_scale(cfg.as_max_scale())
 
@@ -228,8 +227,21 @@ def validate_max_scale(cfg: MaxScaleConfig) -> None:
         raise ValueError(f"unknown dimension '{cfg.dim}': choose depth, width or resolution")
     if cfg.dim in ("depth", "width") and cfg.model_name != GROWABLE_MODEL:
         raise ValueError(f"--dim {cfg.dim} grows {GROWABLE_MODEL} only, got model '{cfg.model_name}'")
-    if cfg.step <= 0 or cfg.low > cfg.high or (cfg.dim != "depth" and cfg.low <= 0) or cfg.low < 0:
-        raise ValueError(f"bad search range low={cfg.low} high={cfg.high} step={cfg.step} for --dim {cfg.dim}")
+    check_search_range(cfg.dim, cfg.low, cfg.high, cfg.step)
+
+
+def check_search_range(dim: str, low: int, high: int, step: int) -> None:
+    """A ValueError naming the bad end or step and what is allowed: ``smallest <= low <= high``, ``step >= 1``
+    (depth counts extra blocks, so it starts at 0; the other dimensions at 1)."""
+    smallest = 0 if dim == "depth" else 1
+    bad = f"bad search range for --dim {dim}:"
+    allowed = f"allowed: {smallest} <= --low <= --high, --step >= 1"
+    if low < smallest:
+        raise ValueError(f"{bad} --low must be at least {smallest}, got {low} ({allowed})")
+    if low > high:
+        raise ValueError(f"{bad} --low must be at most --high, got --low {low} --high {high} ({allowed})")
+    if step < 1:
+        raise ValueError(f"{bad} --step must be at least 1, got {step} ({allowed})")
 
 
 def multiples_of(k: int, lo: int, hi: int) -> tuple[int, ...]:

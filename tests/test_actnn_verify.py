@@ -73,7 +73,7 @@ def test_cli_rejects_bad_level_and_model(backend):
     assert bad_model.exit_code == 2 and "resnet1800" in bad_model.output
     assert bad_model.stderr.startswith("actbench: error:") and bad_model.stderr.count("\n") == 1
     bad_device = CliRunner().invoke(app, ["verify-grads", "resnet18", "--device", "tpu"])
-    assert bad_device.exit_code == 2 and "--device must be cpu or cuda, got 'tpu'" in bad_device.stderr
+    assert bad_device.exit_code == 2 and "'tpu' is not one of 'cpu', 'cuda'" in bad_device.stderr
 
 
 def test_verify_grads_cuda_without_a_gpu_is_one_line(tmp_path, monkeypatch):

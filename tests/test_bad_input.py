@@ -199,3 +199,124 @@ def test_experiment_files_of_any_content_are_one_line_errors(tmp_path: Path, dat
 def test_the_same_files_without_the_fault_load(tmp_path: Path) -> None:
     assert load_experiment(_raw_file(tmp_path, GOOD)).name == "x"
     assert load_experiment(_raw_file(tmp_path, ACCURACY + b"model_depth = 14\ngroup_size = 64\n")).name == "x"
+
+
+# --- options that do nothing, outputs checked first, records of what was used ---------------------
+META = ["--device", "meta", "--image-size", "32", "--batch", "2"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["throughput", "resnet18", *META], "--device meta predicts memory only, no throughput"),
+    (["sweep-batch", "resnet18", "--strategies", "", "--levels", "", *META, "--budget", "1GiB"],
+     "--strategies is empty"),
+    (["memory", "resnet18", "--levels", " ", *META], "--levels is empty"),
+    (["memory", "resnet18", *META, "--budget", "0.5"], "GB or TB), got '0.5'"),
+    (["memory", "resnet18", *META, "--budget", "lots"], "--budget cannot parse budget 'lots': it must be a size in bytes of at least 1"),
+    (["memory", "resnet18", *META, "--strategies", "swap", "--host-budget", "0"],
+     "--host-budget must be a size in bytes of at least 1"),
+    (["memory", "resnet18", *META, "--host-budget", "1GiB"], "--host-budget limits the pinned host memory"),
+    (["plan", "resnet18", "--budget", "1GiB", "--low", "0"], "--low must be at least 1"),
+    (["max-scale", "resnet152", "--dim", "width", "--low", "96", "--high", "64", *META, "--budget", "1GiB"],
+     "--low must be at most --high"),
+    (["memory", "resnet18", *META, "--strategies", "checkpoint", "--checkpoint-segments", "1000000"],
+     "--checkpoint-segments must be at most 8"),
+    (["memory", "resnet18", *META, "--checkpoint-segments", "2"], "--checkpoint-segments applies to"),
+    (["memory", "resnet18", *META, "--warmup-steps", "5"], "--warmup-steps does nothing on meta"),
+    (["memory", "resnet18", *META, "--jobs", "1000"], "--jobs must be between 1 and"),
+    (["memory", "resnet18", *META, "--isolate"], "--isolate"),
+    (["memory", "resnet18", *META, "--force", "--no-retry"], "--no-retry"),
+    (["memory", "resnet18", *META, "--timeout", "5"], "--timeout limits a point's child process"),
+    (["sweep-batch", "resnet18", *META, "--budget", "1GiB", "--find-max", "--stop-after", "3"], "--stop-after"),
+    (["sweep-batch", "resnet18", "--strategies", ",", *META, "--budget", "1GiB"], "--strategies is empty"),
+    (["throughput", "resnet18", "--device", "cpu", "--timed-steps", "0"], "--timed-steps must be at least 1 for"),
+    (["memory", "resnet18", "--batch", "16:8", "--device", "meta"], "START <= STOP"),
+])
+def test_options_that_do_nothing_or_bad_sizes_are_one_line_errors(tmp_path: Path, args: list[str],
+                                                                    needle: str) -> None:
+    result = invoke([*args, "--dry-run", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def _out_cases(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    """--out values that cannot hold results, with what the one-line error says."""
+    afile = tmp_path / "afile"
+    afile.write_text("keep me\n")
+    return {"empty": ("", "--out must name a directory, got ''"),
+            "file": (str(afile), "is a file"),
+            "under a file": (str(afile / "sub"), "is not a directory")}
+
+
+@pytest.mark.parametrize("case", ["empty", "file", "under a file"])
+@pytest.mark.parametrize("args", [
+    ["memory", "resnet18", *META],
+    ["sweep-batch", "resnet18", *META, "--budget", "1GiB", "--dry-run"],
+    ["plan", "resnet18", "--budget", "1GiB", "--dry-run"],
+    ["verify-grads", "resnet18", "--batch", "2", "--seeds", "2", "--image-size", "32"],
+    ["bench-harness", "--quick"],
+    ["trust", "--models", "resnet18", "--strategies", "fp32"],
+], ids=lambda a: a[0])
+def test_out_is_checked_before_any_work(tmp_path: Path, monkeypatch, args: list[str], case: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    out, needle = _out_cases(tmp_path)[case]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    started = time.perf_counter()
+    result = invoke([*args, "--out", out])
+    assert time.perf_counter() - started < 20  # refused up front, not after computing
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "afile").read_text() == "keep me\n"
+
+
+def test_bench_harness_refuses_more_jobs_than_cores(tmp_path: Path) -> None:
+    result = invoke(["bench-harness", "--quick", "--jobs", "1000", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--jobs must be between 2 and" in lines[0] and "got 1000" in lines[0], result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_verify_grads_refuses_one_sample_for_batchnorm_up_front(tmp_path: Path) -> None:
+    result = invoke(["verify-grads", "resnet18", "--batch", "1", "--seeds", "2", "--image-size", "32",
+                     "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--batch must be >= 2 for resnet18" in lines[0], result.stderr
+    assert "BatchNorm" in lines[0] and not (tmp_path / "out").exists()
+
+
+def test_verify_grads_device_is_a_choice_like_elsewhere(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "actbench", "verify-grads", "resnet18", "--device", "meta",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'meta' is not one of 'cpu', 'cuda'" in lines[0], done.stderr
+
+
+def test_two_benchmark_folders_started_in_one_second_differ(tmp_path: Path, monkeypatch) -> None:
+    import time as clock
+
+    from actbench.cli.app import new_bench_dir
+
+    monkeypatch.setattr(clock, "gmtime", lambda *_: clock.struct_time((2026, 1, 2, 3, 4, 5, 4, 2, 0)))
+    monkeypatch.setattr("actbench.measure.environment.capture_environment", lambda device: {"device": device})
+    first = new_bench_dir(tmp_path, "bench-kernels", "cpu")
+    second = new_bench_dir(tmp_path, "bench-kernels", "cpu")
+    assert first != second and first.is_dir() and second.is_dir()
+    assert (first / "env.json").exists() and (second / "env.json").exists()
+
+
+def test_throughput_that_measured_no_throughput_exits_non_zero(tmp_path: Path) -> None:
+    """Every point over its budget: the table is written, and the exit code says no throughput came out."""
+    result = invoke(["throughput", "resnet18", "--strategies", "fp32", "--device", "cpu", "--image-size", "32",
+                     "--batch", "2", "--budget", "1KiB", "--warmup-steps", "1", "--timed-steps", "1",
+                     "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    assert "no throughput measured" in result.stderr and "over_budget" in result.stderr

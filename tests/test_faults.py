@@ -502,3 +502,33 @@ def test_sigterm_during_the_first_build_kills_the_compilers(tmp_path: Path, args
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- a resume times its points as the run did -----------------------------------------------------
+class Captured(Scripted):
+    """A scripted executor that records this process's real environment (its timing included)."""
+
+    def environment(self, device: str) -> dict[str, Any]:
+        from actbench.measure.environment import capture_environment
+
+        return capture_environment(device)
+
+
+@pytest.mark.parametrize("recorded, now", [(True, ""), (False, "1")])
+def test_resume_refuses_to_mix_exact_step_timings(tmp_path: Path, monkeypatch, recorded: bool, now: str) -> None:
+    from actbench.devices import EXACT_STEPS_ENV
+
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv(EXACT_STEPS_ENV, "1" if recorded else "")
+    first = PointRunner(RunStore(run_dir), "cpu", executor=Captured())
+    first.run(point(2, device="cpu"))
+    env = json.loads((run_dir / "env.json").read_text())
+    assert ("timing" in env) is recorded
+    rows_before = (run_dir / "rows.jsonl").read_text()
+    monkeypatch.setenv(EXACT_STEPS_ENV, now)
+    executor = Captured()
+    with pytest.raises(ValueError) as info:
+        PointRunner(RunStore(run_dir), "cpu", executor=executor).run(point(4, device="cpu"))
+    message = str(info.value)
+    assert "\n" not in message and EXACT_STEPS_ENV in message and "=1" in message and "unset" in message
+    assert executor.calls == [] and (run_dir / "rows.jsonl").read_text() == rows_before

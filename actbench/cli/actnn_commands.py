@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from actbench.cli.app import PRECISION_HELP, app, check_precision, fail, require_device
-from actbench.devices import MEASURING_DEVICES
+from actbench.cli.app import (PRECISION_HELP, MeasuringDevice, app, check_precision, checked_out_dir, fail,
+                              require_device)
 from actbench.schema import DEFAULT_PRECISION, LEVEL_NAMES
 
 
@@ -26,6 +26,24 @@ class QuantBackend(str, enum.Enum):
     reference = "reference"
 
 
+def _check_batchnorm_batch(model: str, batch: int, image_size: int) -> None:
+    """One sample is refused up front for a model with BatchNorm: in training it needs more than one
+    value per channel, which a batch of one lacks where a feature map shrinks to 1x1."""
+    if batch >= 2:
+        return
+    import torch
+    from torch import nn
+
+    from actbench.models import build_model
+    from actbench.model_names import ModelSpec
+
+    with torch.device("meta"):
+        built = build_model(ModelSpec(model), image_size)
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in built.modules()):
+        fail(f"--batch must be >= 2 for {model}: BatchNorm in training needs more than one value per channel "
+             f"(two samples), got {batch}")
+
+
 @app.command("verify-grads")
 def verify_grads_command(
     model: Annotated[str, typer.Argument(help="torchvision model name, e.g. resnet18.")],
@@ -33,11 +51,13 @@ def verify_grads_command(
     batch: Annotated[int, typer.Option("--batch", min=1, help="Batch size.")] = 4,
     seeds: Annotated[int, typer.Option("--seeds", min=2, help="Compressed draws K (>= 2).")] = 8,
     image_size: Annotated[int, typer.Option("--image-size", min=8, help="Input side in pixels.")] = 64,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    device: Annotated[MeasuringDevice, typer.Option(
+        "--device", help="Where to compute the gradients.")] = MeasuringDevice.cpu,
     backend: Annotated[QuantBackend, typer.Option("--backend", help="Quantizer backend.")] = QuantBackend.extension,
     precision: Annotated[str, typer.Option("--precision", help=PRECISION_HELP + (
         " The reference is the unconverted model's gradient at the same precision."))] = DEFAULT_PRECISION,
-    out: Annotated[Path, typer.Option("--out", help="Directory for the CSV.")] = Path("runs/verify-grads"),
+    out: Annotated[Path, typer.Option("--out", parser=checked_out_dir,
+                                      help="Directory for the CSV.")] = Path("runs/verify-grads"),
 ) -> None:
     """Bias and variance of ActNN's compressed gradients vs fp32, per parameter (table + CSV).
 
@@ -55,15 +75,14 @@ def verify_grads_command(
     from actbench.model_names import ModelSpec, validate_model_spec
 
     check_precision(precision)
-    if device not in MEASURING_DEVICES:
-        fail(f"--device must be {' or '.join(MEASURING_DEVICES)}, got {device!r}")
     try:
         validate_model_spec(ModelSpec(model))
     except ValueError as exc:
         fail(str(exc))
-    require_device(device)
-    config = VerifyConfig(model, level_config(level.value, backend=backend.value), batch, seeds, image_size, device,
-                          precision=precision)
+    _check_batchnorm_batch(model, batch, image_size)
+    require_device(device.value)
+    config = VerifyConfig(model, level_config(level.value, backend=backend.value), batch, seeds, image_size,
+                          device.value, precision=precision)
     tag = "" if precision == DEFAULT_PRECISION else f" {precision}"
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err) as bar:

@@ -2,6 +2,7 @@
 
 import contextlib
 import enum
+import os
 import signal
 import threading
 from pathlib import Path
@@ -40,20 +41,52 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def checked_out_dir(value: str | Path, option: str = "--out") -> Path:
+    """``value`` as a folder to write results under, checked before any work (a Typer ``parser``).
+
+    It must name a directory that exists, or one that can be created under a writable directory;
+    nothing is created here, so a refused value leaves no trace. Exit 2 with one line otherwise.
+    """
+    text = str(value) if isinstance(value, Path) else value
+    if not text.strip():
+        fail(f"{option} must name a directory, got {text!r}")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        kind = "a file" if path.is_file() else "not a directory"
+        fail(f"{option} must be a directory (or one to create), got '{path}': it is {kind}")
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        fail(f"{option} '{path}' is not writable: '{ancestor}' is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        fail(f"{option} '{path}' is not writable: '{ancestor}' does not let this user write in it")
+    return path
+
+
 def new_bench_dir(out: Path, name: str, device: str) -> Path:
-    """``OUT/NAME_<UTC time>/`` with the environment ``device`` runs in (``env.json``): a benchmark's
-    folder. Never an existing one: a rerun writes beside earlier results, not over them."""
+    """``OUT/NAME_<UTC time>/`` (``-2``, ``-3``, ... when that exists) with the environment ``device`` runs
+    in (``env.json``): a benchmark's folder. Created exclusively, so never an existing one: a rerun, or
+    a second benchmark started in the same second, writes beside earlier results, not over them."""
     import json
     import time
 
     from actbench.measure.environment import capture_environment
+    from actbench.results import atomic_write_text
 
-    run_dir = out / f"{name}_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-    try:
-        run_dir.mkdir(parents=True, exist_ok=False)
-    except OSError as err:
-        fail(f"cannot create output directory {run_dir}: {err.strerror or err}")
-    (run_dir / "env.json").write_text(json.dumps(capture_environment(device), indent=2, default=str))
+    base = f"{name}_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    for n in range(1, 1000):
+        run_dir = out / (base if n == 1 else f"{base}-{n}")
+        try:
+            run_dir.mkdir(parents=True, exist_ok=False)
+            break
+        except FileExistsError:
+            continue
+        except OSError as err:
+            fail(f"cannot create output directory {run_dir}: {err.strerror or err}")
+    else:
+        fail(f"cannot create output directory {out / base}: 999 folders of that second exist")
+    atomic_write_text(run_dir / "env.json", json.dumps(capture_environment(device), indent=2, default=str))
     return run_dir
 
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from actbench.cli.app import app, fail, new_bench_dir
+from actbench.cli.app import app, checked_out_dir, fail, new_bench_dir
 
 console = Console()
 err_console = Console(stderr=True)
@@ -23,7 +23,8 @@ def bench_harness(
     only: Annotated[str, typer.Option("--only", help="Benchmarks to run, comma list of sweep, plan.")] = "sweep,plan",
     jobs: Annotated[int, typer.Option("--jobs", help="Jobs of the parallel plan (compared with --jobs 1).")] = 2,
     quick: Annotated[bool, typer.Option("--quick", help="Small versions that finish in seconds (a check, not the targets).")] = False,
-    out: Annotated[Path, typer.Option("--out", help="Results root; writes OUT/bench-harness_<time>/.")] = Path("runs"),
+    out: Annotated[Path, typer.Option("--out", parser=checked_out_dir,
+                                      help="Results root; writes OUT/bench-harness_<time>/.")] = Path("runs"),
 ) -> None:
     """Time the harness itself: a cpu sweep's wall time against the training steps its rows ran, and a
     meta plan with --jobs 1 against --jobs N (same maxima required).
@@ -47,6 +48,11 @@ def bench_harness(
         fail(f"--only must list {', '.join(harness_bench.BENCHMARKS)}, got {only!r}")
     if jobs < 2:
         fail(f"--jobs must be >= 2 (it is compared with --jobs 1), got {jobs}")
+    from actbench.executors import cpu_count
+
+    if jobs > max(2, cpu_count()):
+        fail(f"--jobs must be between 2 and {max(2, cpu_count())} (this machine's cores: each job of the plan takes "
+             f"one), got {jobs}")
     run_dir = new_bench_dir(out, "bench-harness", "cpu")
     try:
         rows = harness_bench.run_benchmarks(which, quick, jobs, log=lambda line: err_console.print(escape(line)))

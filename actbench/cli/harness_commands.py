@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, Device, app, fail,
-                              interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
+from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, Device, app, checked_out_dir,
+                              fail, interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
 from actbench.cli.progress import PointProgress, ensure_extension, one_line, plural
 from actbench.commands import DEFAULT_STRATEGIES, PLAN_DEVICE
 from actbench.devices import PROFILES, profile
@@ -54,7 +54,7 @@ GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help=(
 HostBudgetOpt = Annotated[Optional[str], typer.Option("--host-budget", help=(
     "Pinned host memory allowed for swapped tensors (swap, save_on_cpu, L4/L5), e.g. 64GiB; above it a point is "
     "host_over_budget. meta: the pinned allocator's power-of-two blocks are modelled."))]
-OutOpt = Annotated[Path, typer.Option("--out", help=(
+OutOpt = Annotated[Path, typer.Option("--out", parser=checked_out_dir, help=(
     "Where your runs go: OUT/<run>/ (default runs/, ignored by git; results/ holds the committed reference "
     "results)."))]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the planned points and exit.")]
@@ -71,7 +71,8 @@ SegmentsOpt = Annotated[Optional[int], typer.Option("--checkpoint-segments", hel
 Precision = enum.Enum("Precision", {name: name for name in PRECISIONS}, type=str)
 PrecisionOpt = Annotated[Precision, typer.Option("--precision", help=(
     "fp32, or autocast to bf16 / fp16 (fp16 with a gradient scaler), for every strategy; rows record it."))]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds before a point's child is killed (status timeout).")]
+TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", show_default=False, help=(
+    f"Seconds before a point's child is killed (status timeout; default {DEFAULT_TIMEOUT_S:g})."))]
 # How a run executes (actbench/scaleout.py): never part of what it measures, nor of the run's name.
 ExecutorChoice = enum.Enum("ExecutorChoice", {"local": "local", "slurm": "slurm"}, type=str)
 JobsOpt = Annotated[int, typer.Option("--jobs", help=(
@@ -154,6 +155,9 @@ def _run_spec(spec, out: Path, dry_run: bool, force: bool = False, no_retry: boo
 #: A command's parameters that steer the run, not what it measures (never in the spec nor the run's name).
 _RUN_SWITCHES = ("out", "dry_run", "force", "no_retry")
 _EXECUTION_OPTIONS = ("jobs", "gpus", "executor", "isolate", "slurm")
+#: Options whose CLI default is None (the spec's default applies), so that one given where it does nothing
+#: can be told from one left out.
+_DEFAULTED = ("timeout", "stop_after")
 
 
 def _launch(command: str, options: dict[str, Any], **fields: Any):
@@ -165,23 +169,56 @@ def _launch(command: str, options: dict[str, Any], **fields: Any):
     value). ``fields`` override, for options whose spec form differs (max-scale's one batch size).
     Returns (store, outcome), or None after a dry run.
     """
-    given = dict(options)
+    given = {name: value for name, value in options.items() if value is not None or name not in _DEFAULTED}
     switches = {name: given.pop(name) for name in _RUN_SWITCHES if name in given}
+    switches["explicit"] = {name for name in _DEFAULTED if name in given}
     execution = _execution(**{name: given.pop(name) for name in _EXECUTION_OPTIONS if name in given})
     strategies = _strategies(given.pop("strategies"), given.pop("levels"), given.pop("no_baseline"))
     if "timeout" in given:
         given["timeout_s"] = given.pop("timeout")
     values = {name: value.value if isinstance(value, enum.Enum) else value for name, value in given.items()}
     spec = _spec(**{**values, **fields, "command": command, "strategies": strategies})
+    _refuse_idle_switches(spec, execution, switches)
     return spec, _run_spec(spec, switches["out"], switches["dry_run"], switches.get("force", False),
                            switches.get("no_retry", False), execution)
+
+
+def _refuse_idle_switches(spec, execution, switches: dict[str, Any]) -> None:
+    """Run and execution options that would do nothing here are one-line errors, not silently recorded.
+
+    --jobs beyond this machine's cores only queue for them (and env.json would record points at once
+    that never ran at once); --isolate asks for a child per point where points are predicted in this
+    process, as does --timeout (no child to stop there); --stop-after ends a scan that --find-max does
+    not run; --no-retry keeps error rows that --force measures again anyway.
+    """
+    from actbench.executors import cpu_count
+
+    if execution.executor == "local" and execution.jobs > cpu_count():
+        fail(f"--jobs must be between 1 and {cpu_count()} (this machine's cores: each point at once takes one), "
+             f"got {execution.jobs}")
+    in_this_process = profile(spec.device).in_process and execution.jobs <= 1 and not execution.gpus
+    if execution.isolate and in_this_process:
+        fail(f"--isolate starts a child process per point, but on {spec.device} with --jobs 1 points are predicted "
+             "in this process: add --jobs 2 (points in worker processes) or drop --isolate")
+    if "timeout" in switches["explicit"] and in_this_process:
+        fail(f"--timeout limits a point's child process, but on {spec.device} with --jobs 1 points are predicted in "
+             "this process (no child to stop): add --jobs 2 (points in worker processes) or drop --timeout")
+    if "stop_after" in switches["explicit"] and spec.find_max:
+        fail("--stop-after ends a scan of the batches given; --find-max searches instead (it stops where the "
+             "memory runs out): give one of them")
+    if switches.get("force") and switches.get("no_retry"):
+        fail("--no-retry keeps recorded error rows and --force measures every point again: give one of them")
 
 
 def _strategies(strategies: Optional[str], levels: Optional[str], no_baseline: bool) -> tuple[str, ...]:
     """--strategies and --levels add up (fp32 leads unless --no-baseline); neither: the default comparison."""
     from actbench.parsing import combine_strategies, parse_levels, parse_strategies
 
-    if not (strategies or "").strip() and not (levels or "").strip():
+    for option, given in (("--strategies", strategies), ("--levels", levels)):
+        if given is not None and not given.strip(" ,"):
+            fail(f"{option} is empty: give names (e.g. --strategies fp32,swap or --levels L1..L5), or leave the "
+                 f"option out for the default comparison ({_DEFAULT_TEXT}), got {given!r}")
+    if strategies is None and levels is None:
         chosen = tuple(s for s in DEFAULT_STRATEGIES if not (no_baseline and s == "fp32"))
         return _checked(lambda: combine_strategies(chosen, (), not no_baseline))
     return _checked(lambda: combine_strategies(parse_strategies(strategies), parse_levels(levels), not no_baseline))
@@ -237,6 +274,18 @@ def _execute(store, plan, force: bool = False, retry_failed: bool = True, execut
         store.write_table()
     err.print(progress.summary(store.rows_path), markup=False, soft_wrap=True)
     return result
+
+
+def _finish_throughput(outcome) -> None:
+    """throughput exists for samples/s: when no point gave one (every point oom, over budget or failed),
+    say so and exit 1, after the table."""
+    _finish(outcome, search=False)
+    if not any(r.samples_per_s_median is not None for r in outcome.rows):
+        statuses = ", ".join(dict.fromkeys(r.status for r in outcome.rows)) or "no points"
+        Console(stderr=True, highlight=False).print(
+            f"actbench: no throughput measured: no point completed its timed steps ({statuses}); try a smaller "
+            "--batch or a larger --budget", markup=False, soft_wrap=True)
+        raise typer.Exit(1)
 
 
 def _finish(outcome, search: bool) -> None:
@@ -400,7 +449,8 @@ def sweep_batch(
     gpu: GpuOpt = None,
     host_budget: HostBudgetOpt = None,
     out: OutOpt = DEFAULT_OUT,
-    stop_after: Annotated[int, typer.Option("--stop-after", help="Stop a strategy after k consecutive failures.")] = 2,
+    stop_after: Annotated[Optional[int], typer.Option("--stop-after", show_default=False, help=(
+        "Stop a strategy's scan after k consecutive failures (default 2; not with --find-max)."))] = None,
     find_max: Annotated[bool, typer.Option("--find-max", help="Search for the largest batch (multiples of 4): fit how the peak grows, confirm around the limit.")] = False,
     extra_blocks: ExtraBlocksOpt = 0,
     width_per_group: WidthOpt = None,
@@ -408,7 +458,7 @@ def sweep_batch(
     timed_steps: TimedOpt = None,
     checkpoint_segments: SegmentsOpt = None,
     precision: PrecisionOpt = Precision.fp32,
-    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    timeout: TimeoutOpt = None,
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
     no_retry: NoRetryOpt = False,
@@ -458,7 +508,7 @@ def max_scale(
     timed_steps: TimedOpt = None,
     checkpoint_segments: SegmentsOpt = None,
     precision: PrecisionOpt = Precision.fp32,
-    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    timeout: TimeoutOpt = None,
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
     no_retry: NoRetryOpt = False,
@@ -510,7 +560,7 @@ def throughput(
     timed_steps: TimedOpt = None,
     checkpoint_segments: SegmentsOpt = None,
     precision: PrecisionOpt = Precision.fp32,
-    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    timeout: TimeoutOpt = None,
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
     no_retry: NoRetryOpt = False,
@@ -533,7 +583,7 @@ def throughput(
     if ran is not None:
         store, outcome = ran
         _render(outcome.rows, f"throughput {model} on {device.value} -> {store.run_dir}")
-        _finish(outcome, search=False)
+        _finish_throughput(outcome)
 
 
 @app.command("memory")
@@ -555,7 +605,7 @@ def memory(
     timed_steps: Annotated[int, typer.Option("--timed-steps", help="Timed steps (default 0: memory only).")] = 0,
     checkpoint_segments: SegmentsOpt = None,
     precision: PrecisionOpt = Precision.fp32,
-    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    timeout: TimeoutOpt = None,
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
     no_retry: NoRetryOpt = False,

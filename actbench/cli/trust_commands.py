@@ -13,8 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from actbench.cli.app import (PRECISION_HELP, MeasuringDevice, app, check_precision, fail, interrupted_by,
-                              interrupted_exit_code, require_device, terminate_like_ctrl_c)
+from actbench.cli.app import (PRECISION_HELP, MeasuringDevice, app, check_precision, checked_out_dir, fail,
+                              interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
 from actbench.cli.progress import ensure_extension
 from actbench.measure.trust import TRUST_MODELS, TRUST_STRATEGIES
 from actbench.schema import DEFAULT_PRECISION, MIN_IMAGE_SIZE
@@ -33,7 +33,7 @@ def trust_command(
     batch: Annotated[int, typer.Option("--batch", help="Batch size of every point.")] = 2,
     image_size: Annotated[int, typer.Option("--image-size", help="Input side in pixels.")] = 32,
     precision: Annotated[str, typer.Option("--precision", help=PRECISION_HELP)] = DEFAULT_PRECISION,
-    out: Annotated[Path, typer.Option("--out", help=(
+    out: Annotated[Path, typer.Option("--out", parser=checked_out_dir, help=(
         "Folder for meta_vs_<device>.csv (meta_vs_<device>_<precision>.csv at bf16, fp16)."))] = Path("runs/trust"),
 ) -> None:
     """How far to trust meta: the same points predicted on meta and measured on cpu or cuda.

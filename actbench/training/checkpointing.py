@@ -66,6 +66,27 @@ def _starts_inplace(module: nn.Module) -> bool:
     return bool(getattr(module, "inplace", False))
 
 
+def plan_segments(containers: Sequence[tuple[nn.Module, str, nn.Sequential]],
+                  segments: int | None) -> list[list[tuple[int, int]]]:
+    """Per container, the (start, stop) runs of its entries that ``segments`` asks for (see
+    :func:`apply_checkpointing`); nothing is changed, so callers can ask what a number makes."""
+    blocks = [(ci, bi) for ci, (_, _, seq) in enumerate(containers) for bi in range(len(seq))]
+    n = len(blocks)
+    k = n if segments is None else max(1, min(segments, n))
+    group_of = [i * k // n for i in range(n)]
+    plans: list[list[tuple[int, int]]] = []
+    for ci, (_, _, seq) in enumerate(containers):
+        idx = [g for (c, _), g in zip(blocks, group_of) if c == ci]
+        runs: list[tuple[int, int]] = []
+        start = 0
+        for bi in range(1, len(seq) + 1):
+            if bi == len(seq) or (idx[bi] != idx[bi - 1] and not _starts_inplace(seq[bi])):
+                runs.append((start, bi))
+                start = bi
+        plans.append(runs)
+    return plans
+
+
 def apply_checkpointing(model: nn.Module, segments: int | None, context_fn: ContextFn | None = None) -> int:
     """Wrap the model's blocks in checkpoint segments; return the number of segments made.
 
@@ -74,23 +95,17 @@ def apply_checkpointing(model: nn.Module, segments: int | None, context_fn: Cont
     in-place module (VGG's ReLU(inplace)), which would overwrite the previous segment's saved input.
     """
     containers = find_block_containers(model)
-    blocks = [(ci, bi) for ci, (_, _, seq) in enumerate(containers) for bi in range(len(seq))]
-    if not blocks:
+    if not containers:
         raise ValueError(f"checkpoint: found no nn.Sequential blocks in {type(model).__name__}")
-    n = len(blocks)
-    k = n if segments is None else max(1, min(segments, n))
-    group_of = [i * k // n for i in range(n)]
-    made = 0
-    for ci, (parent, attr, seq) in enumerate(containers):
-        idx = [g for (c, _), g in zip(blocks, group_of) if c == ci]
-        runs: list[tuple[int, int]] = []
-        start = 0
-        for bi in range(1, len(seq) + 1):
-            if bi == len(seq) or (idx[bi] != idx[bi - 1] and not _starts_inplace(seq[bi])):
-                runs.append((start, bi))
-                start = bi
-        made += len(runs)
+    plans = plan_segments(containers, segments)
+    for (parent, attr, seq), runs in zip(containers, plans):
         setattr(parent, attr, CheckpointedSequential(seq, runs, context_fn))
-    return made
+    return sum(len(runs) for runs in plans)
 
 
+def exact_segment_counts(model: nn.Module) -> tuple[int, ...]:
+    """The ``segments`` values :func:`apply_checkpointing` makes exactly for ``model`` (it is not changed):
+    a group never spans two containers nor starts at an in-place module, so other values make more or fewer."""
+    containers = find_block_containers(model)
+    n = sum(len(seq) for _, _, seq in containers)
+    return tuple(k for k in range(1, n + 1) if sum(len(r) for r in plan_segments(containers, k)) == k)
