@@ -361,7 +361,8 @@ def plot_accuracy_vs_bits(rows: Sequence["AccuracyRow"], title: str = "") -> Fig
     ax_loss.legend(fontsize=7)
     first = ok[0]
     fig.suptitle(title or (f"Accuracy vs activation bits — {first.model}, {first.num_classes} classes, "
-                           f"{first.image_size}px, {first.steps} steps, seed {first.seed}"), fontsize=10, parse_math=False)
+                           f"{first.image_size}px, {first.steps} steps, seed {first.seed}"),
+                 fontsize=10, parse_math=False)  # a model name is text, never mathtext
     return fig
 
 
