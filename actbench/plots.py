@@ -30,7 +30,7 @@ from actbench.strategies import FALLBACK_COLOUR, registered
 from actbench.strategies import colour as strategy_colour
 from actbench.analysis import (MULTIPLE_DEFINITIONS, BatchGroup, ResultRuns, Run, ScaleGroup, Series,
                                batch_groups, find_result_runs, max_batch_table, memory_table, scale_groups)
-from actbench.results import atomic_output, check_output
+from actbench.results import atomic_output, check_kind, check_output
 
 if TYPE_CHECKING:
     from actbench.accuracy import AccuracyRow
@@ -435,6 +435,13 @@ def _figure_targets(results_dir: Path, out_dir: Path | None, folders: Iterable[P
             for folder in folders}
 
 
+def load_paper_points(paper_csv: Path | None) -> tuple[paper_ref.PaperPoint, ...]:
+    """The paper's throughput points; ValueError (one line) for a CSV that is missing, bad, or not a
+    regular file (a FIFO or a device is never opened)."""
+    check_kind(paper_ref.DEFAULT_THROUGHPUT_CSV if paper_csv is None else paper_csv)
+    return paper_ref.load_throughput(paper_csv)
+
+
 def input_files(found: ResultRuns, paper_csv: Path | None) -> list[Path]:
     """What ``plot`` and ``report`` read: the runs' files and the paper's CSV (no output may replace one)."""
     return found.files() + [paper_ref.DEFAULT_THROUGHPUT_CSV if paper_csv is None else paper_csv]
@@ -453,7 +460,7 @@ def write_figures_per_folder(results_dir: Path, out_dir: Path | None = None, wit
     inputs = input_files(found, paper_csv)
     for target in targets.values():  # every output checked before anything is drawn
         check_output(target, inputs, directory=True)
-    points = paper_ref.load_throughput(paper_csv) if with_paper else None
+    points = load_paper_points(paper_csv) if with_paper else None
     drawn = []
     for folder, (runs, accuracy) in folders.items():
         target = targets[folder]
@@ -474,6 +481,6 @@ def write_figures(results_dir: Path, out_dir: Path | None = None, with_paper: bo
     either kind, or an unreadable paper CSV.
     """
     found = find_result_runs(results_dir)
-    points = paper_ref.load_throughput(paper_csv) if with_paper else None
+    points = load_paper_points(paper_csv) if with_paper else None
     out_dir = results_dir / "figures" if out_dir is None else out_dir
     return tuple(_save(figures_for(found.harness, points) + accuracy_figures(found.accuracy), out_dir))

@@ -413,7 +413,7 @@ def write_report(results_dir: Path, out_file: Path | None = None, figures_dir: P
     holds accuracy runs (alone, that section is the report). Raises ValueError with one line for a
     bad results folder or an unwritable output.
     """
-    from actbench.plots import input_files, write_figures
+    from actbench.plots import input_files, load_paper_points, write_figures
 
     found = find_result_runs(results_dir)
     out_file = results_dir / "report.md" if out_file is None else out_file
@@ -422,7 +422,7 @@ def write_report(results_dir: Path, out_file: Path | None = None, figures_dir: P
     if draw_figures:
         check_output(results_dir / "figures" if figures_dir is None else figures_dir, inputs, directory=True)
     try:
-        points: tuple[paper_ref.PaperPoint, ...] | None = paper_ref.load_throughput(paper_csv)
+        points: tuple[paper_ref.PaperPoint, ...] | None = load_paper_points(paper_csv)
     except ValueError:
         points = None  # the report still gives max-batch and memory ratios; throughput column omitted
     figures: tuple[Path, ...] = ()

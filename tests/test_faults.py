@@ -652,3 +652,13 @@ def test_a_full_disk_while_writing_the_table_is_one_line_and_keeps_it(tmp_path: 
         RunStore(run_dir).write_table()
     assert (run_dir / "table.csv").read_bytes() == before
     assert [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_paper_csv_that_is_a_fifo_is_refused_not_read(meta_run, tmp_path: Path) -> None:
+    src, _ = meta_run
+    fifo = tmp_path / "paper.csv"
+    os.mkfifo(fifo)
+    done = subprocess.run([sys.executable, "-m", "actbench", "plot", str(src), "--out", str(tmp_path / "figs"),
+                           "--paper", "--paper-csv", str(fifo)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [f"actbench: error: '{fifo}' is a FIFO; expected a regular file"]
