@@ -177,12 +177,6 @@ def atomic_write_text(path: Path, text: str, what: str = "file") -> None:
         tmp.write_text(text)
 
 
-def atomic_write_bytes(path: Path, data: bytes, what: str = "file") -> None:
-    """:func:`atomic_write_text` for bytes."""
-    with atomic_output(path, what) as tmp:
-        tmp.write_bytes(data)
-
-
 def read_json_file(path: Path) -> Any:
     """The JSON value of a small run file (``env.json``, ``config.json``), None when it is absent;
     RunFileError (one line naming it) when it is not a regular file or not JSON within the limits."""
@@ -425,9 +419,11 @@ class RunStore:
     def refresh(self) -> None:
         """Read the rows appended since the last read (by this or any other writer). RunFileError (one
         line) when ``rows.jsonl`` is not a regular file: a FIFO or a device is never opened."""
+        if not check_kind(self.rows_path):
+            if self._read_pos:
+                self._reset()
+            return
         try:
-            if not check_kind(self.rows_path):
-                raise FileNotFoundError(self.rows_path)
             with self.rows_path.open("rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 if size < self._read_pos:  # replaced or cut below what was read: start over
@@ -438,8 +434,6 @@ class RunStore:
             if self._read_pos:
                 self._reset()
             return
-        except RunFileError:
-            raise
         except OSError as exc:
             raise RunFileError(f"'{self.rows_path}' cannot be read: {exc.strerror or exc}") from None
         end = data.rfind(b"\n") + 1
