@@ -387,6 +387,28 @@ def train_and_evaluate(cfg: AccuracyConfig, bits: float | None, data: Data | Non
 
 
 # --- the run directory ---------------------------------------------------------------------------
+#: Columns of an accuracy row that are fractions (0 to 1), and those that count something (at least 1).
+_FRACTIONS = ("train_accuracy_final", "test_accuracy", "chance_accuracy")
+_COUNTS = ("steps", "batch_size", "image_size", "num_classes")
+
+
+def accuracy_row_problem(data: Any) -> str | None:
+    """Why ``data`` is not an accuracy row: types, then values (fractions within 0..1, counts at least
+    1, every other number finite and non-negative, a known status), or None."""
+    from actbench.results import row_problem
+    from actbench.schema import MAX_COLUMN_VALUE, STATUSES, number_problem
+
+    problem = row_problem(AccuracyRow, data)
+    for name in ROW_COLUMNS:
+        if problem is not None:
+            return problem
+        low, high = (0, 1) if name in _FRACTIONS else (1 if name in _COUNTS else 0, MAX_COLUMN_VALUE)
+        problem = number_problem(name, data.get(name), low, high)
+    if problem is None and data["status"] not in STATUSES:
+        problem = f"unknown status {data['status'][:40]!r} (expected one of {', '.join(STATUSES)})"
+    return problem
+
+
 class AccuracyStore:
     """``accuracy.jsonl`` (append-only truth) and ``accuracy.csv`` (derived) of one run directory."""
 
@@ -398,8 +420,9 @@ class AccuracyStore:
     def read_rows(self) -> list[AccuracyRow]:
         from actbench.results import read_jsonl
 
-        # unreadable lines (a torn last line, invalid UTF-8 or JSON, not a row): skipped, one warning each
-        return read_jsonl(self.rows_path, AccuracyRow)
+        # unreadable lines (a torn last line, invalid UTF-8 or JSON, not a row, a value out of range, past
+        # the limits on size and digits): skipped, one warning each
+        return read_jsonl(self.rows_path, AccuracyRow, accuracy_row_problem)
 
     def append(self, row: AccuracyRow) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -409,13 +432,14 @@ class AccuracyStore:
             os.fsync(fh.fileno())
 
     def write_table(self) -> None:
-        tmp = self.table_path.with_suffix(".csv.tmp")
-        with tmp.open("w", newline="") as fh:
+        from actbench.results import atomic_output
+
+        rows = self.read_rows()
+        with atomic_output(self.table_path, "table") as tmp, tmp.open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=ROW_COLUMNS)
             writer.writeheader()
-            for row in self.read_rows():
+            for row in rows:
                 writer.writerow({k: ("" if v is None else v) for k, v in asdict(row).items()})
-        os.replace(tmp, self.table_path)
 
 
 def train_setting_task(args: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ Within a group a *series* is one (strategy, device); a predicting device (meta) 
 
 from __future__ import annotations
 
-import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,16 +19,25 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from actbench.devices import is_prediction
-from actbench.results import RunStore
+from actbench.results import RunFileError, RunStore, read_json_file, run_files
 from actbench.schema import DEFAULT_PRECISION, DIMENSIONS, MEMORY_FAILURES, PRECISIONS, ModelSpec, ResultRow
 from actbench.strategies import rank as strategy_rank
 
 
+log = logging.getLogger(__name__)
+
+
 def read_json(path: Path) -> Mapping[str, Any]:
+    """A run's ``env.json`` or ``config.json`` as a mapping; empty when absent. One that cannot be read
+    (not a regular file, not UTF-8 or JSON, past the limits, not an object) is a warning naming it,
+    and the run is reported without it."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        data = read_json_file(path)
+    except RunFileError as exc:
+        log.warning("%s; read as empty", exc)
         return MappingProxyType({})
+    if data is not None and not isinstance(data, dict):
+        log.warning("'%s' is not a JSON object; read as empty", path)
     return MappingProxyType(data if isinstance(data, dict) else {})
 
 
@@ -88,7 +97,9 @@ def _harness_runs(results_dir: Path) -> tuple[Run, ...]:
     runs = []
     for rows_path in sorted(results_dir.rglob("rows.jsonl")):
         run_dir = rows_path.parent
-        rows = tuple(RunStore(run_dir).rows)  # the latest row per key (a retried point: its new row)
+        store = RunStore(run_dir)
+        store.refresh()  # RunFileError (one line) for a rows.jsonl that is not a regular file
+        rows = tuple(store.rows)  # the latest row per key (a retried point: its new row)
         if rows:
             runs.append(Run(path=run_dir, rows=rows, env=read_json(run_dir / "env.json"),
                             config=read_json(run_dir / "config.json")))
@@ -113,6 +124,11 @@ class ResultRuns:
 
     harness: tuple[Run, ...]
     accuracy: tuple[tuple[Path, tuple[Any, ...]], ...]  # (run directory, AccuracyRow tuple)
+
+    def files(self) -> list[Path]:
+        """Every run file of these runs: what no output of ``plot`` or ``report`` may replace."""
+        dirs = [run.path for run in self.harness] + [run_dir for run_dir, _ in self.accuracy]
+        return [path for run_dir in dirs for path in run_files(run_dir)]
 
 
 def find_result_runs(results_dir: Path) -> ResultRuns:

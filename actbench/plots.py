@@ -28,8 +28,9 @@ from matplotlib.figure import Figure
 from actbench import paper as paper_ref
 from actbench.strategies import FALLBACK_COLOUR, registered
 from actbench.strategies import colour as strategy_colour
-from actbench.analysis import (MULTIPLE_DEFINITIONS, BatchGroup, Run, ScaleGroup, Series, batch_groups,
-                               find_result_runs, max_batch_table, memory_table, scale_groups)
+from actbench.analysis import (MULTIPLE_DEFINITIONS, BatchGroup, ResultRuns, Run, ScaleGroup, Series,
+                               batch_groups, find_result_runs, max_batch_table, memory_table, scale_groups)
+from actbench.results import atomic_output, check_kind, check_output
 
 if TYPE_CHECKING:
     from actbench.accuracy import AccuracyRow
@@ -133,7 +134,7 @@ def plot_throughput_vs_batch(group: BatchGroup, paper_points: Sequence[paper_ref
     ax.set_ylim(bottom=0)
     ax.set_xlabel("batch size (images)")
     ax.set_ylabel("throughput (images/s, median; bars: IQR)")
-    ax.set_title(group.title("Throughput vs batch"), fontsize=10)
+    ax.set_title(group.title("Throughput vs batch"), fontsize=10, parse_math=False)
     ax.grid(True, alpha=0.3)
     # outside the axes: with the paper's overlay the legend would hide curves
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncols=2 if overlay else 1)
@@ -194,7 +195,7 @@ def plot_max_batch(group: BatchGroup, with_paper: bool = False) -> Figure | None
                 ax.annotate(f"paper {v}", (i, v), textcoords="offset points", xytext=(6, -3), fontsize=6)
     ax.set_xticks(range(len(entries)), [e.label for e in entries], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("maximum batch size (images)")
-    ax.set_title(group.title("Maximum batch"), fontsize=10)
+    ax.set_title(group.title("Maximum batch"), fontsize=10, parse_math=False)
     notes = [MULTIPLE_DEFINITIONS["batch"]]
     if any(not e.bounded for e in entries):
         notes.append("≥: a lower bound, nothing larger was seen failing")
@@ -228,7 +229,7 @@ def plot_memory(group: BatchGroup) -> Figure | None:
         ax.bar(xs, ys, width=width, label=e.label, **_bar_style(e.series))
     ax.set_xticks(range(len(metrics)), [m for m, _ in metrics])
     ax.set_ylabel(f"memory ({unit})" + (": device, and host copies" if len(metrics) > 3 else ""))
-    ax.set_title(group.title(f"Memory at batch {batch}"), fontsize=10)
+    ax.set_title(group.title(f"Memory at batch {batch}"), fontsize=10, parse_math=False)
     ax.legend(fontsize=7, ncols=2)
     return fig
 
@@ -249,7 +250,7 @@ def plot_activation_vs_batch(group: BatchGroup) -> Figure | None:
     ax.set_ylim(bottom=0)
     ax.set_xlabel("batch size (images)")
     ax.set_ylabel(f"activation memory ({unit})")
-    ax.set_title(group.title("Activation memory vs batch"), fontsize=10)
+    ax.set_title(group.title("Activation memory vs batch"), fontsize=10, parse_math=False)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, ncols=2)
     return fig
@@ -287,7 +288,7 @@ def plot_max_scale(group: ScaleGroup) -> Figure | None:
     if any(not e.bounded for e in entries):
         notes.append("≥: a lower bound, nothing larger was seen failing")
     fig.supxlabel("; ".join(notes), fontsize=6)
-    fig.suptitle(group.title(names[group.dim].capitalize()), fontsize=10)
+    fig.suptitle(group.title(names[group.dim].capitalize()), fontsize=10, parse_math=False)
     return fig
 
 
@@ -360,7 +361,8 @@ def plot_accuracy_vs_bits(rows: Sequence["AccuracyRow"], title: str = "") -> Fig
     ax_loss.legend(fontsize=7)
     first = ok[0]
     fig.suptitle(title or (f"Accuracy vs activation bits — {first.model}, {first.num_classes} classes, "
-                           f"{first.image_size}px, {first.steps} steps, seed {first.seed}"), fontsize=10)
+                           f"{first.image_size}px, {first.steps} steps, seed {first.seed}"),
+                 fontsize=10, parse_math=False)  # a model name is text, never mathtext
     return fig
 
 
@@ -421,9 +423,28 @@ def _save(figures: Sequence[NamedFigure], out_dir: Path) -> list[Path]:
             path = out_dir / f"{nf.name}.{fmt}"
             # fixed metadata so the same rows give the same files
             meta = {"Software": None} if fmt == "png" else {"CreationDate": None, "Producer": None}
-            nf.figure.savefig(path, format=fmt, dpi=120, metadata=meta)
+            with atomic_output(path, "figure") as tmp:  # a full disk leaves the previous figure
+                nf.figure.savefig(tmp, format=fmt, dpi=120, metadata=meta)
             written.append(path)
     return written
+
+
+def _figure_targets(results_dir: Path, out_dir: Path | None, folders: Iterable[Path]) -> dict[Path, Path]:
+    """Where each folder's figures go: ``FOLDER/figures``, or ``out_dir/<folder relative to results_dir>``."""
+    return {folder: folder / "figures" if out_dir is None else out_dir / folder.relative_to(results_dir)
+            for folder in folders}
+
+
+def load_paper_points(paper_csv: Path | None) -> tuple[paper_ref.PaperPoint, ...]:
+    """The paper's throughput points; ValueError (one line) for a CSV that is missing, bad, or not a
+    regular file (a FIFO or a device is never opened)."""
+    check_kind(paper_ref.DEFAULT_THROUGHPUT_CSV if paper_csv is None else paper_csv)
+    return paper_ref.load_throughput(paper_csv)
+
+
+def input_files(found: ResultRuns, paper_csv: Path | None) -> list[Path]:
+    """What ``plot`` and ``report`` read: the runs' files and the paper's CSV (no output may replace one)."""
+    return found.files() + [paper_ref.DEFAULT_THROUGHPUT_CSV if paper_csv is None else paper_csv]
 
 
 def write_figures_per_folder(results_dir: Path, out_dir: Path | None = None, with_paper: bool = False,
@@ -434,10 +455,15 @@ def write_figures_per_folder(results_dir: Path, out_dir: Path | None = None, wit
     to results_dir>/``. Raises ValueError (one line) as :func:`write_figures` does.
     """
     found = find_result_runs(results_dir)
-    points = paper_ref.load_throughput(paper_csv) if with_paper else None
+    folders = run_folders(results_dir, found.harness, found.accuracy)
+    targets = _figure_targets(results_dir, out_dir, folders)
+    inputs = input_files(found, paper_csv)
+    for target in targets.values():  # every output checked before anything is drawn
+        check_output(target, inputs, directory=True)
+    points = load_paper_points(paper_csv) if with_paper else None
     drawn = []
-    for folder, (runs, accuracy) in run_folders(results_dir, found.harness, found.accuracy).items():
-        target = folder / "figures" if out_dir is None else out_dir / folder.relative_to(results_dir)
+    for folder, (runs, accuracy) in folders.items():
+        target = targets[folder]
         paths = _save(figures_for(runs, points) + accuracy_figures(accuracy), target)
         if paths:
             drawn.append(FolderFigures(folder, target, tuple(paths)))
@@ -455,6 +481,6 @@ def write_figures(results_dir: Path, out_dir: Path | None = None, with_paper: bo
     either kind, or an unreadable paper CSV.
     """
     found = find_result_runs(results_dir)
-    points = paper_ref.load_throughput(paper_csv) if with_paper else None
+    points = load_paper_points(paper_csv) if with_paper else None
     out_dir = results_dir / "figures" if out_dir is None else out_dir
     return tuple(_save(figures_for(found.harness, points) + accuracy_figures(found.accuracy), out_dir))

@@ -3,12 +3,18 @@
 Built from the same derived tables as the figures (actbench.analysis), so a number in the text and
 the bar it labels never disagree. The paper's numbers appear only where model, input size and (for
 batch and throughput) budget match the paper's set-up; everything that still differs is listed.
+
+Every string that comes from a run (model, strategy, device, status, message, run and folder names,
+env.json and config.json values) is escaped on its way into the text (:func:`_md`, :func:`_code`), so
+what rows contain can neither break a table nor pass through as HTML.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -16,6 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from actbench import paper as paper_ref
 from actbench.analysis import (MULTIPLE_DEFINITIONS, BatchGroup, Run, ScaleGroup, Series, batch_groups,
                                find_result_runs, max_batch_table, memory_table, read_json, scale_groups)
+from actbench.results import atomic_write_text, check_output
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -25,6 +32,41 @@ MIB = 1 << 20
 class ReportResult:
     path: Path
     figures: tuple[Path, ...]
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+#: Markdown's inline punctuation; ``_`` only where it could open or close emphasis (not inside a word)
+_MD_SPECIAL = re.compile(r"[\\`*\[\]|~]|(?<![A-Za-z0-9_])_+|_+(?![A-Za-z0-9_])")
+_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def _visible(value: object) -> str:
+    """``value`` as one line: control characters (newlines included) shown as escapes."""
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], str(value))
+
+
+def _md(value: object) -> str:
+    """A string from the rows as plain Markdown text: HTML characters as entities, Markdown's
+    punctuation escaped, one line."""
+    text = re.sub(r"[&<>]", lambda m: _HTML[m.group()], _visible(value))
+    return _MD_SPECIAL.sub(lambda m: "".join("\\" + c for c in m.group()), text)
+
+
+def _code(value: object) -> str:
+    """A string from the rows as a Markdown code span (shown literally), fenced by more backticks than
+    it holds; a ``|`` is escaped so that it cannot split a table cell. Text holding HTML's characters
+    is given as :func:`_md` text instead, so that no renderer can take it for markup."""
+    if re.search(r"[&<>]", str(value)):
+        return _md(value)
+    text = _visible(value).replace("|", "\\|")
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or fence != "`" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _link(path: str) -> str:
+    """A relative path as a link target: every character a URL does not allow literally, escaped."""
+    return urllib.parse.quote(path, safe="/._-~")
 
 
 def _bytes(n: int | None) -> str:
@@ -43,8 +85,13 @@ def _ratio(ours: float | None, theirs: float | None) -> str:
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(_escape_bars(str(c)) for c in row) + " |" for row in rows]
     return lines + [""]
+
+
+def _escape_bars(cell: str) -> str:
+    """A cell's ``|`` escaped (for a table), leaving those already escaped (by :func:`_md`, :func:`_code`)."""
+    return re.sub(r"(?<!\\)\|", r"\\|", cell)
 
 
 def _environment(runs: Sequence[Run]) -> list[str]:
@@ -54,10 +101,10 @@ def _environment(runs: Sequence[Run]) -> list[str]:
         env_id = str(run.env.get("env_id", "unknown")) if run.env else "none recorded"
         envs.setdefault(env_id, (run.env, []))[1].append(run.name)
     for env_id, (env, names) in envs.items():
-        lines.append(f"Environment `{env_id}` — runs: " + ", ".join(f"`{n}`" for n in names))
+        lines.append(f"Environment {_code(env_id)} — runs: " + ", ".join(_code(n) for n in names))
         lines.append("")
         if env:
-            lines += _table(("field", "value"), ((k, "–" if v is None else f"`{v}`") for k, v in env.items()
+            lines += _table(("field", "value"), ((_md(k), "–" if v is None else _code(v)) for k, v in env.items()
                                                  if k != "env_id"))
         else:
             lines += ["(no env.json in these runs)", ""]
@@ -67,21 +114,21 @@ def _environment(runs: Sequence[Run]) -> list[str]:
 def _differences(runs: Sequence[Run]) -> list[str]:
     """What differs from the paper's set-up, said plainly."""
     setting = paper_ref.SETTING
-    gpus = sorted({str(r.env.get("gpu_name")) for r in runs if r.env.get("gpu_name")})
-    torches = sorted({str(r.env.get("torch")) for r in runs if r.env.get("torch")})
+    gpus = sorted({_md(r.env.get("gpu_name")) for r in runs if r.env.get("gpu_name")})
+    torches = sorted({_md(r.env.get("torch")) for r in runs if r.env.get("torch")})
     devices = sorted({row.device for r in runs for row in r.rows})
     strategies = {row.strategy for r in runs for row in r.rows}
     lines = ["## How this set-up differs from the paper's", "",
              f"Paper: {paper_ref.CITATION}; {setting.model}, {setting.image_size}², {setting.gpu}, "
              f"PyTorch {setting.torch_version}. Paper numbers are shown only where model, input size and budget "
              "(16 GiB) match; the activation-memory ratio needs model and input size only.", ""]
-    lines.append(f"- **GPU**: {', '.join(gpus) if gpus else 'no GPU (rows measured on ' + ', '.join(devices) + ')'}"
+    lines.append(f"- **GPU**: {', '.join(gpus) if gpus else 'no GPU (rows measured on ' + _md(', '.join(devices)) + ')'}"
                  f" vs the paper's {setting.gpu}. A budget emulates the T4's memory, not its speed: "
                  "throughput ratios compare different hardware.")
     lines.append(f"- **PyTorch**: {', '.join(torches) if torches else 'unknown'} vs {setting.torch_version}.")
     planned = sorted({row.gpu for r in runs for row in r.rows if getattr(row, "gpu", None)})
     if planned:
-        lines.append(f"- **Planned for a GPU profile** ({', '.join(planned)}; docs/design.md §10): meta rows whose "
+        lines.append(f"- **Planned for a GPU profile** ({_md(', '.join(planned))}; docs/design.md §10): meta rows whose "
                      "out-of-memory is decided on the reserved bytes of a caching-allocator model, within the "
                      "profile's usable memory (capacity less in-band ECC and an assumed CUDA context). The paper's "
                      f"{setting.gpu} is compared through the `{setting.gpu_profile}` profile. The paper's machine was "
@@ -116,7 +163,7 @@ def _max_batch_section(group: BatchGroup, paper_ok: bool) -> list[str]:
         header += ["paper max batch", "ours ÷ paper", "paper × fp32"]
     rows = []
     for e in entries:
-        row = [e.label, e.max_text, e.multiple_text or "–", _num(e.samples_per_s)]
+        row = [_md(e.label), e.max_text, e.multiple_text or "–", _num(e.samples_per_s)]
         if paper_ok:
             span = paper_ref.paper_batch_range(e.series.strategy) if e.series.paper_comparable else None
             fp = paper_ref.paper_max_batch("fp32")
@@ -168,7 +215,7 @@ def _memory_section(group: BatchGroup, paper_model_ok: bool) -> list[str]:
         base = fp32.get(e.series.device)
         red = (base.activation_bytes / e.activation_bytes
                if base is not None and base.activation_bytes and e.activation_bytes else None)
-        row = [e.label, _bytes(e.activation_bytes), _bytes(e.peak_alloc_bytes), _bytes(e.model_bytes)]
+        row = [_md(e.label), _bytes(e.activation_bytes), _bytes(e.peak_alloc_bytes), _bytes(e.model_bytes)]
         row += [_bytes(e.host_bytes) if e.host_bytes else "–"] if with_host else []
         row += [_reduction(red)]
         if paper_model_ok:
@@ -190,7 +237,7 @@ def _throughput_section(group: BatchGroup, paper_points: Sequence[paper_ref.Pape
             if s.predicted:
                 continue  # meta predicts memory only: there is no throughput to show
             status = r.status if r.ok or not r.message else f"{r.status}: {r.message}"
-            row = [group.label(s), str(r.batch_size), status, _num(r.samples_per_s_median),
+            row = [_md(group.label(s)), str(r.batch_size), _md(status), _num(r.samples_per_s_median),
                    _num(r.samples_per_s_iqr)]
             if paper_points:
                 p = (paper_ref.paper_throughput_at(tuple(paper_points), s.strategy, r.batch_size)
@@ -206,14 +253,14 @@ def _throughput_section(group: BatchGroup, paper_points: Sequence[paper_ref.Pape
 def _scale_section(group: ScaleGroup) -> list[str]:
     name = {"depth": "depth", "width": "width", "resolution": "resolution"}[group.dim]
     entries = group.table()
-    rows = [[e.label, e.max_label, e.multiple_text or "–", _num(e.samples_per_s),
+    rows = [[_md(e.label), _md(e.max_label), e.multiple_text or "–", _num(e.samples_per_s),
              _num(None if e.flops_per_sample is None else e.flops_per_sample / 1e9, ".2f")]
             for e in entries]
     header = ["strategy", f"maximum {name} ({group.unit()})", "× fp32", "images/s at max", "GFLOP/sample at max"]
-    note = f"Run `{group.run_name}`. {group.definition()}."
+    note = f"Run {_code(group.run_name)}. {group.definition()}."
     if any(not e.bounded for e in entries):
         note += " \"≥\" = nothing larger was seen failing: a lower bound."
-    return [f"## {group.title('Maximum ' + name)}", "", note, ""] + _table(header, rows)
+    return [f"## {_md(group.title('Maximum ' + name))}", "", note, ""] + _table(header, rows)
 
 
 def _figure_links(figures: Sequence[Path], stems: Iterable[str], report_dir: Path) -> list[str]:
@@ -222,7 +269,8 @@ def _figure_links(figures: Sequence[Path], stems: Iterable[str], report_dir: Pat
     for f in figures:
         if f.suffix == ".png" and f.stem in wanted:
             rel = Path(os.path.relpath(f, report_dir)).as_posix()
-            lines.append(f"![{f.stem}]({rel}) ([pdf]({Path(rel).with_suffix('.pdf').as_posix()}))")
+            pdf = Path(rel).with_suffix(".pdf").as_posix()
+            lines.append(f"![{_md(f.stem)}]({_link(rel)}) ([pdf]({_link(pdf)}))")
             lines.append("")
     return (["### Figures", ""] + lines) if lines else []
 
@@ -232,19 +280,19 @@ def build_report(runs: Sequence[Run], results_dir: Path, report_dir: Path, figur
     """The report's Markdown text; figure links are relative to ``report_dir``."""
     n_rows = sum(len(r.rows) for r in runs)
     lines = ["# actbench report", "",
-             f"Results: `{results_dir}` — {len(runs)} run(s), {n_rows} row(s). "
+             f"Results: {_code(results_dir)} — {len(runs)} run(s), {n_rows} row(s). "
              "Measured rows are `cuda` (ground truth) or `cpu`; `meta` rows are predictions.", ""]
     folders = sorted({Path(os.path.relpath(r.path.parent, results_dir)).as_posix() for r in runs
                       if r.path != results_dir})
     if len(folders) > 1:  # runs of several folders share this report's tables: say so
-        lines += [f"Runs from {len(folders)} folders, pooled by setting: " + ", ".join(f"`{f}`" for f in folders)
+        lines += [f"Runs from {len(folders)} folders, pooled by setting: " + ", ".join(_code(f) for f in folders)
                   + ".", ""]
     lines += _environment(runs)
     lines += _differences(runs)
     kinds = ("throughput_vs_batch", "max_batch", "memory", "activation_vs_batch")
     for group in batch_groups(runs):
         paper_ok = paper_ref.matches(group.model, group.image_size, group.budget_bytes, gpu=group.gpu)
-        lines += [f"## {group.title('Setting')}", "", "Runs: " + ", ".join(f"`{n}`" for n in group.run_names), ""]
+        lines += [f"## {_md(group.title('Setting'))}", "", "Runs: " + ", ".join(_code(n) for n in group.run_names), ""]
         if paper_ok:
             how = (f"the {group.gpu} profile" if group.gpu is not None else "16 GiB")
             lines += [f"Setting matches the paper (ResNet-50, 224², {how}): paper numbers and ratios shown.", ""]
@@ -276,25 +324,26 @@ def build_accuracy_report(accuracy_runs: Sequence[tuple[Path, Sequence[Any]]], r
     for run_dir, rows in accuracy_runs:
         cfg = read_json(run_dir / "config.json")
         env = read_json(run_dir / "env.json")
-        lines += [f"{head}# Run `{run_dir.name}`", ""]
+        lines += [f"{head}# Run {_code(run_dir.name)}", ""]
         if cfg:
-            lines += ["Configuration: " + ", ".join(f"{k} = `{v}`" for k, v in cfg.items() if k != "command"), ""]
+            lines += ["Configuration: " + ", ".join(f"{_md(k)} = {_code(v)}" for k, v in cfg.items() if k != "command"),
+                      ""]
         if env:
-            lines += [f"Environment: torch `{env.get('torch')}`, Python `{env.get('python')}`, "
-                      f"CPU `{env.get('cpu_model')}` ({env.get('torch_num_threads')} threads).", ""]
+            lines += [f"Environment: torch {_code(env.get('torch'))}, Python {_code(env.get('python'))}, "
+                      f"CPU {_code(env.get('cpu_model'))} ({_md(env.get('torch_num_threads'))} threads).", ""]
         fp32 = next((r for r in rows if r.ok and r.target_bits is None), None)
         table = []
         for r in sorted(rows, key=lambda r: (r.target_bits is not None, -(r.target_bits or 0))):
             delta = ("–" if fp32 is None or r.test_accuracy is None or r is fp32
                      else f"{100 * (r.test_accuracy - fp32.test_accuracy):+.1f}")
-            table.append((r.setting, r.status, _num(r.mean_bits, ".2f"), _num(r.train_loss_final, ".4f"),
+            table.append((_md(r.setting), _md(r.status), _num(r.mean_bits, ".2f"), _num(r.train_loss_final, ".4f"),
                           _num(r.train_accuracy_final, ".3f"), _num(r.test_loss, ".4f"), _num(r.test_accuracy, ".3f"),
                           delta, f"{r.chance_accuracy:.3f}", _num(r.elapsed_s, ".0f")))
         lines += _table(("setting", "status", "mean bits", "final train loss", "final train acc", "test loss",
                          "test accuracy", "Δ vs fp32 (points)", "chance", "time (s)"), table)
         for p in figures:
             if p.suffix == ".png" and p.stem == f"accuracy_vs_bits__{run_dir.name}":
-                lines += [f"![accuracy vs bits]({Path(os.path.relpath(p, report_dir)).as_posix()})", ""]
+                lines += [f"![accuracy vs bits]({_link(Path(os.path.relpath(p, report_dir)).as_posix())})", ""]
     lines += _accuracy_over_seeds(accuracy_runs, head)
     return "\n".join(lines).rstrip() + "\n"
 
@@ -333,7 +382,8 @@ def _accuracy_over_seeds(accuracy_runs: Sequence[tuple[Path, Sequence[Any]]], he
                     order[r.setting] = (r.target_bits is not None, -(r.target_bits or 0))
         fp32 = by_setting.get("fp32", {})
         first = next(rows[0] for _, rows in members if rows)  # the model column and steps every seed shares
-        lines += [f"{head}# Mean over seeds: {first.model}, {first.steps} steps (seeds {', '.join(map(str, seeds))})", "",
+        lines += [f"{head}# Mean over seeds: {_md(first.model)}, {first.steps} steps "
+                  f"(seeds {_md(', '.join(map(str, seeds)))})", "",
                   "A setting's mean counts only the seeds where it and fp32 both finished; Δ is against fp32's "
                   "mean over the same seeds.", ""]
         table = []
@@ -348,7 +398,7 @@ def _accuracy_over_seeds(accuracy_runs: Sequence[tuple[Path, Sequence[Any]]], he
             else:
                 delta = _points(mean - sum(fp32[s] for s in common) / len(common))
                 worst = _points(min(acc[s] - fp32[s] for s in common))
-            table.append((setting, str(len(common)), f"{mean:.3f}", " / ".join(f"{acc[s]:.3f}" for s in common),
+            table.append((_md(setting), str(len(common)), f"{mean:.3f}", " / ".join(f"{acc[s]:.3f}" for s in common),
                           delta, worst))
         lines += _table(("setting", "seeds", "mean test accuracy", "per seed", "Δ of the means vs fp32 (points)",
                          "worst seed's Δ (points)"), table)
@@ -363,12 +413,16 @@ def write_report(results_dir: Path, out_file: Path | None = None, figures_dir: P
     holds accuracy runs (alone, that section is the report). Raises ValueError with one line for a
     bad results folder or an unwritable output.
     """
-    from actbench.plots import write_figures
+    from actbench.plots import input_files, load_paper_points, write_figures
 
     found = find_result_runs(results_dir)
     out_file = results_dir / "report.md" if out_file is None else out_file
+    inputs = input_files(found, paper_csv)
+    check_output(out_file, inputs)
+    if draw_figures:
+        check_output(results_dir / "figures" if figures_dir is None else figures_dir, inputs, directory=True)
     try:
-        points: tuple[paper_ref.PaperPoint, ...] | None = paper_ref.load_throughput(paper_csv)
+        points: tuple[paper_ref.PaperPoint, ...] | None = load_paper_points(paper_csv)
     except ValueError:
         points = None  # the report still gives max-batch and memory ratios; throughput column omitted
     figures: tuple[Path, ...] = ()
@@ -379,9 +433,5 @@ def write_report(results_dir: Path, out_file: Path | None = None, figures_dir: P
         parts.append(build_report(found.harness, results_dir, out_file.parent, figures, points))
     if found.accuracy:
         parts.append(build_accuracy_report(found.accuracy, out_file.parent, figures, standalone=not found.harness))
-    try:
-        out_file.parent.mkdir(parents=True, exist_ok=True)
-        out_file.write_text("\n".join(parts))
-    except OSError as exc:
-        raise ValueError(f"report '{out_file}' cannot be written: {exc.strerror or exc}") from None
+    atomic_write_text(out_file, "\n".join(parts), "report")
     return ReportResult(path=out_file, figures=figures)

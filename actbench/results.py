@@ -16,8 +16,13 @@ Reliability (docs/design.md §9, results/README.md "Guarantees"):
   share a run: one measures the point, the others wait for its row (see :mod:`actbench.runner`).
   A claim dies with the process that held it.
 - Lines that cannot be read (invalid UTF-8, invalid JSON, JSON that is not a row, a field of the
-  wrong type, a missing field) are skipped with one warning naming the file and line; readers never
-  write and never raise on them.
+  wrong type, a missing field, a value out of range, a line past the limits on size, nesting and
+  digits) are skipped with one warning naming the file and line; readers never write and never raise
+  on them.
+- A run file that is not what it must be (``rows.jsonl`` a directory, a FIFO or a link to a device,
+  ``.claims`` a file) is a one-line :class:`RunFileError` before it is opened, never a hang.
+- Outputs (tables, reports, figures, JSON) go through a temporary file and a rename
+  (:func:`atomic_output`): a full disk leaves the previous file, and a one-line :class:`OutputError`.
 """
 
 from __future__ import annotations
@@ -31,12 +36,16 @@ import json
 import logging
 import os
 import re
+import stat
 import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from actbench.schema import COLUMNS, STATUSES, ResultRow
+from actbench.devices import DEVICE_NAMES
+from actbench.gpus import GPU_NAMES
+from actbench.schema import COLUMNS, STATUSES, ResultRow, row_value_problem
+from actbench.strategies import get as get_strategy
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,48 @@ def run_name(command: str, model: str, device: str, image_size: int | str, confi
     return f"{command}_{safe_model}_{device}_{image_size}px_{config_hash(config)}"
 
 
+#: Limits a line of ``rows.jsonl`` (or ``accuracy.jsonl``) keeps to be read: far beyond any row written,
+#: small enough that one hostile line costs neither memory nor Python's integer-to-string limit.
+MAX_LINE_BYTES = 1 << 20
+MAX_INT_DIGITS = 40
+MAX_NESTING = 8
+#: Largest ``env.json`` / ``config.json`` read.
+MAX_JSON_FILE_BYTES = 16 << 20
+
+
+class RunFileError(ValueError):
+    """A run file that cannot be used as one (wrong kind of file, unreadable): one line naming it."""
+
+
+class OutputError(ValueError):
+    """An output (table, report, figure) that could not be written: one line naming the file."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_kind(path: Path, directory: bool = False) -> bool:
+    """Whether ``path`` exists as a regular file (or, ``directory``, a directory); RunFileError (one line)
+    when it exists as anything else: a FIFO, a device or a link to one is never opened."""
+    want = "a directory" if directory else "a regular file"
+    try:
+        st = os.stat(path)  # follows links: a link to /dev/zero is a character device
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise RunFileError(f"'{path}' is a dangling symbolic link; expected {want}") from None
+        return False
+    except OSError as exc:
+        raise RunFileError(f"'{path}' cannot be inspected: {exc.strerror or exc}; expected {want}") from None
+    if (stat.S_ISDIR if directory else stat.S_ISREG)(st.st_mode):
+        return True
+    raise RunFileError(f"'{path}' is {_kind(st.st_mode)}; expected {want}")
+
+
 def check_writable(out_dir: Path) -> None:
     """Raise ValueError if ``out_dir`` cannot be created or written (before any work starts)."""
     try:
@@ -70,23 +121,114 @@ def check_writable(out_dir: Path) -> None:
         raise ValueError(f"output directory '{out_dir}' is not writable: {exc.strerror or exc}") from None
 
 
+#: What a run directory holds that a reader of it uses or a writer of it owns: no output may replace one.
+RUN_FILES: tuple[str, ...] = ("rows.jsonl", "rows.jsonl" + ".torn", "table.csv", "env.json", "config.json",
+                              "summary.json", "accuracy.jsonl", "accuracy.csv", LOCK_NAME, CLAIMS_DIR, "logs",
+                              "slurm")
+
+
+def run_files(run_dir: Path) -> list[Path]:
+    """The run files of ``run_dir`` that exist (:data:`RUN_FILES`, ``env_<id>.json`` too)."""
+    found = [run_dir / name for name in RUN_FILES if os.path.lexists(run_dir / name)]
+    with contextlib.suppress(OSError):
+        found += sorted(run_dir.glob("env_*.json"))
+    return found
+
+
+def check_output(out: Path, inputs: Iterable[Path], directory: bool = False) -> None:
+    """ValueError (one line) before any work for an output (a file, or a ``directory`` of files) that is,
+    or is inside, one of ``inputs`` (run files, a CSV read), that is a directory where a file belongs,
+    or that cannot be created or written."""
+    target = Path(os.path.abspath(out)).resolve()
+    for path in inputs:
+        source = Path(os.path.abspath(path)).resolve()
+        if target == source or source in target.parents:
+            raise ValueError(f"output '{out}' would overwrite '{path}', which this command reads; "
+                             "choose a path outside the run files")
+    if not directory and os.path.isdir(out):
+        raise ValueError(f"output '{out}' is a directory; expected a file path")
+    check_writable(out if directory else (out.parent if str(out.parent) else Path(".")))
+
+
 def _unique_tmp(path: Path) -> Path:
     """A temporary name beside ``path`` that no other writer (process or thread) uses at once."""
     return path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write through a per-writer temporary file and rename: readers see the old file or the new one."""
+@contextlib.contextmanager
+def atomic_output(path: Path, what: str = "file") -> Iterator[Path]:
+    """A per-writer temporary path beside ``path`` to write; renamed onto ``path`` when the block ends
+    without error, removed otherwise. Readers see the old file or the new one, never a part; a failed
+    write (a full disk) is an :class:`OutputError` naming ``path`` (``what``: how to call it)."""
     tmp = _unique_tmp(path)
     try:
-        tmp.write_text(text)
+        yield tmp
         os.replace(tmp, path)
+    except OSError as exc:
+        raise OutputError(f"{what} '{path}' cannot be written: {exc.strerror or exc}") from None
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             tmp.unlink()
 
 
+def atomic_write_text(path: Path, text: str, what: str = "file") -> None:
+    """Write through a per-writer temporary file and rename: readers see the old file or the new one."""
+    with atomic_output(path, what) as tmp:
+        tmp.write_text(text)
+
+
+def read_json_file(path: Path) -> Any:
+    """The JSON value of a small run file (``env.json``, ``config.json``), None when it is absent;
+    RunFileError (one line naming it) when it is not a regular file or not JSON within the limits."""
+    if not check_kind(path):
+        return None
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(MAX_JSON_FILE_BYTES + 1)
+    except OSError as exc:
+        raise RunFileError(f"'{path}' cannot be read: {exc.strerror or exc}") from None
+    if len(data) > MAX_JSON_FILE_BYTES:
+        raise RunFileError(f"'{path}' is larger than {MAX_JSON_FILE_BYTES >> 20} MiB; expected a small JSON file")
+    try:
+        return load_json(data.decode("utf-8"), nesting=64)
+    except UnicodeDecodeError as exc:
+        raise RunFileError(f"'{path}' is not UTF-8 (byte {exc.start + 1})") from None
+    except (ValueError, RecursionError) as exc:
+        raise RunFileError(f"'{path}' is not valid JSON ({str(exc)[:80]})") from None
+
+
 # --- reading JSONL rows --------------------------------------------------------------------------
+class LimitError(ValueError):
+    """JSON past the limits a row keeps (digits of an integer, nesting)."""
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise LimitError(f"an integer of {digits} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _nesting(obj: Any) -> int:
+    """How deeply arrays and objects nest in ``obj`` (iteratively: no recursion on hostile input)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def load_json(text: str, nesting: int = MAX_NESTING) -> Any:
+    """``json.loads`` within the limits: integers of at most :data:`MAX_INT_DIGITS` digits and at most
+    ``nesting`` levels of arrays and objects (LimitError); JSONDecodeError / RecursionError as json's."""
+    obj = json.loads(text, parse_int=_bounded_int)
+    depth = _nesting(obj)
+    if depth > nesting:
+        raise LimitError(f"nested {depth} levels deep (at most {nesting})")
+    return obj
+
 _TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,),
                                        "None": (type(None),)}
 
@@ -134,10 +276,21 @@ def row_problem(cls: type, data: Any) -> str | None:
 
 
 def _result_row_problem(data: Any) -> str | None:
-    problem = row_problem(ResultRow, data)
-    if problem is None and data["status"] not in STATUSES:
+    """Why ``data`` is not a result row: types (:func:`row_problem`), then values, then names."""
+    problem = row_problem(ResultRow, data) or row_value_problem(data)
+    if problem is not None:
+        return problem
+    if data["status"] not in STATUSES:
         return f"unknown status {data['status']!r} (expected one of {', '.join(STATUSES)})"
-    return problem
+    if data["device"].partition(":")[0] not in DEVICE_NAMES:
+        return f"unknown device {data['device'][:40]!r} (expected one of {', '.join(DEVICE_NAMES)})"
+    if data.get("gpu") is not None and data["gpu"] not in GPU_NAMES:
+        return f"unknown GPU profile {data['gpu'][:40]!r} (expected one of {', '.join(GPU_NAMES)})"
+    try:
+        get_strategy(data["strategy"])
+    except ValueError:
+        return f"unknown strategy {data['strategy'][:40]!r}"
+    return None
 
 
 def parse_jsonl(path: Path, data: bytes, first_lineno: int, cls: type[T],
@@ -155,14 +308,20 @@ def parse_jsonl(path: Path, data: bytes, first_lineno: int, cls: type[T],
         start, offset = offset, offset + len(raw) + 1
         if not raw.strip():
             continue
+        if len(raw) > MAX_LINE_BYTES:
+            log.warning("%s:%d: skipped: a line of %d bytes (at most %d)", path, lineno, len(raw), MAX_LINE_BYTES)
+            continue
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             log.warning("%s:%d: skipped: not UTF-8 (byte %d)", path, lineno, exc.start + 1)
             continue
         try:
-            obj = json.loads(text)
-        except (json.JSONDecodeError, RecursionError):
+            obj = load_json(text)
+        except LimitError as exc:
+            log.warning("%s:%d: skipped: %s", path, lineno, exc)
+            continue
+        except (ValueError, RecursionError):
             salvaged = _salvage(text, check)
             if salvaged is None:
                 log.warning("%s:%d: skipped: not valid JSON (%s)", path, lineno, _preview(text))
@@ -190,8 +349,8 @@ def _salvage(text: str, check: Callable[[Any], str | None]) -> dict[str, Any] | 
     pos = text.find('{"', 1)
     while pos > 0:
         try:
-            obj = json.loads(text[pos:])
-        except (json.JSONDecodeError, RecursionError):
+            obj = load_json(text[pos:])
+        except (ValueError, RecursionError):
             obj = None
         if obj is not None and check(obj) is None:
             return obj
@@ -202,10 +361,14 @@ def _salvage(text: str, check: Callable[[Any], str | None]) -> dict[str, Any] | 
 def read_jsonl(path: Path, cls: type[T], problem: Callable[[Any], str | None] | None = None) -> list[T]:
     """Every readable row of a JSONL file; a warning for each line that is not one (an incomplete
     last line included). Reads only."""
+    if not check_kind(path):
+        return []
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise RunFileError(f"'{path}' cannot be read: {exc.strerror or exc}") from None
     end = data.rfind(b"\n") + 1
     rows = [row for _, row in parse_jsonl(path, data[:end], 1, cls, problem)]
     _warn_tail(path, data[:end].count(b"\n") + 1, data[end:])
@@ -241,22 +404,38 @@ class RunStore:
         self._warned_tail: tuple[int, int] | None = None
         self._lock_fd: int | None = None
         self._lock_depth = 0
-        self.refresh()
+        with contextlib.suppress(RunFileError):  # raised again by the first use (check_files, refresh, locked)
+            self.refresh()
+
+    def check_files(self) -> None:
+        """RunFileError (one line naming the path and what it must be) for a run file of the wrong kind:
+        the run directory, ``rows.jsonl``, ``.lock``, ``env.json``, ``config.json``, ``.claims``."""
+        check_kind(self.run_dir, directory=True)
+        for path in (self.rows_path, self.lock_path, self.run_dir / "env.json", self.run_dir / "config.json"):
+            check_kind(path)
+        check_kind(self.claims_dir, directory=True)
 
     # reading -------------------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Read the rows appended since the last read (by this or any other writer)."""
+        """Read the rows appended since the last read (by this or any other writer). RunFileError (one
+        line) when ``rows.jsonl`` is not a regular file: a FIFO or a device is never opened."""
+        if not check_kind(self.rows_path):
+            if self._read_pos:
+                self._reset()
+            return
         try:
             with self.rows_path.open("rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 if size < self._read_pos:  # replaced or cut below what was read: start over
                     self._reset()
                 fh.seek(self._read_pos)
-                data = fh.read()
+                data = fh.read(max(0, size - self._read_pos))
         except FileNotFoundError:
             if self._read_pos:
                 self._reset()
             return
+        except OSError as exc:
+            raise RunFileError(f"'{self.rows_path}' cannot be read: {exc.strerror or exc}") from None
         end = data.rfind(b"\n") + 1
         if end:
             for offset, row in parse_jsonl(self.rows_path, data[:end], self._lineno + 1, ResultRow,
@@ -307,7 +486,9 @@ class RunStore:
         """Hold ``run_dir/.lock`` (re-entrant for this store); a torn last line is repaired and the
         rows re-read on entry, so the holder sees every row and appends onto a clean line."""
         if self._lock_depth == 0:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if not check_kind(self.run_dir, directory=True):
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.check_files()
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -332,6 +513,8 @@ class RunStore:
         """Under the lock: a last line without its newline is an interrupted write (no live writer is
         mid-append). A complete row gets its newline; anything else moves to ``rows.jsonl.torn``."""
         try:
+            if not check_kind(self.rows_path):
+                return
             fh = self.rows_path.open("rb+")
         except FileNotFoundError:
             return
@@ -346,8 +529,9 @@ class RunStore:
             fh.seek(start)
             tail = fh.read()
             try:
-                complete_row = _result_row_problem(json.loads(tail.decode("utf-8"))) is None
-            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+                complete_row = (len(tail) <= MAX_LINE_BYTES
+                                and _result_row_problem(load_json(tail.decode("utf-8"))) is None)
+            except (ValueError, RecursionError):  # not UTF-8, not JSON, past the limits
                 complete_row = False
             if complete_row:
                 fh.seek(size)
@@ -397,7 +581,9 @@ class RunStore:
         """Under the lock: claim ``key`` for measuring (a file descriptor to :meth:`release_claim`),
         or None when another writer holds it. A claim dies with its process."""
         assert self._lock_depth > 0, "try_claim needs the run lock"
-        self.claims_dir.mkdir(parents=True, exist_ok=True)
+        if not check_kind(self.claims_dir, directory=True):
+            self.claims_dir.mkdir(parents=True, exist_ok=True)
+        check_kind(self.claims_dir / key)
         fd = os.open(self.claims_dir / key, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -424,6 +610,8 @@ class RunStore:
     def wait_claim(self, key: str) -> None:
         """Block (without the run lock) until the writer claiming ``key`` lets go of it."""
         try:
+            if not check_kind(self.claims_dir / key):
+                return
             fd = os.open(self.claims_dir / key, os.O_RDONLY)
         except FileNotFoundError:
             return
@@ -433,8 +621,9 @@ class RunStore:
             os.close(fd)  # closing drops the lock
 
     def claim_holder(self, key: str) -> str:
-        with contextlib.suppress(OSError):
-            return (self.claims_dir / key).read_text().strip() or "?"
+        with contextlib.suppress(OSError, ValueError):
+            if check_kind(self.claims_dir / key):
+                return (self.claims_dir / key).read_text()[:40].strip() or "?"
         return "?"
 
     # writing -------------------------------------------------------------------------------------
@@ -452,36 +641,30 @@ class RunStore:
     def write_table(self) -> None:
         """Rewrite ``table.csv`` (the latest row per key, every column in a fixed order) under the lock
         through a temporary file of this writer's own."""
-        with self.locked():
-            tmp = _unique_tmp(self.table_path)
-            try:
-                with tmp.open("w", newline="") as fh:
-                    writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-                    writer.writeheader()
-                    for row in self.rows:
-                        writer.writerow({k: ("" if v is None else v) for k, v in asdict(row).items()})
-                os.replace(tmp, self.table_path)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
+        with self.locked(), atomic_output(self.table_path, "table") as tmp:
+            with tmp.open("w", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+                writer.writeheader()
+                for row in self.rows:
+                    writer.writerow({k: ("" if v is None else v) for k, v in asdict(row).items()})
 
     def record_environment(self, env: dict[str, Any], env_id: str) -> None:
         """``env.json`` holds the run's first environment; a resume elsewhere adds ``env_<id>.json``."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         main = self.run_dir / "env.json"
         payload = {"env_id": env_id, **env}
         with self.locked():
-            if not main.exists():
+            if not check_kind(main):
                 atomic_write_text(main, json.dumps(payload, indent=2) + "\n")
                 return
             try:
-                existing = json.loads(main.read_text()).get("env_id")
-            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+                existing = read_json_file(main).get("env_id")
+            except (RunFileError, AttributeError):  # unreadable: kept as it is, this environment beside it
                 existing = None
             if existing != env_id:
                 atomic_write_text(self.run_dir / f"env_{env_id}.json", json.dumps(payload, indent=2) + "\n")
 
     def write_config(self, config: dict[str, Any]) -> None:
+        self.check_files()
         path = self.run_dir / "config.json"
         if not path.exists():
             self.run_dir.mkdir(parents=True, exist_ok=True)

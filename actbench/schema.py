@@ -12,6 +12,7 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -231,3 +232,43 @@ ResultRow = dataclasses.make_dataclass(
         "ok": property(_ok),
     },
 )
+
+
+# --- checking a row read back --------------------------------------------------------------------
+#: The largest number any column holds (a signed 64-bit integer: bytes, FLOPs, parameters).
+MAX_COLUMN_VALUE = 2**63 - 1
+#: Columns that count something there is at least one of, with their largest value; other numeric
+#: columns are at least 0 and at most :data:`MAX_COLUMN_VALUE`.
+_AT_LEAST_ONE: dict[str, int] = {
+    "batch_size": LIMITS["batch"], "image_size": LIMITS["resolution"], "width_per_group": LIMITS["width"],
+    "depth": 4 * LIMITS["depth"] + 1000, "checkpoint_segments": LIMITS["batch"],
+    "budget_bytes": MAX_COLUMN_VALUE, "host_budget_bytes": MAX_COLUMN_VALUE,
+}
+_AT_MOST: dict[str, int] = {"extra_blocks": LIMITS["depth"], "warmup_steps": 10**6, "timed_steps": 10**6}
+
+
+def number_problem(name: str, value: Any, low: float, high: float) -> str | None:
+    """Why a numeric column's value cannot be true (not finite, outside ``low..high``), or None."""
+    if value is None or isinstance(value, (str, bool)) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"field '{name}' is {value!r} (expected a finite number)"
+    if not low <= value <= high:
+        return f"field '{name}' is {value!r} (expected {low:g} to {high:g})"
+    return None
+
+
+def row_value_problem(data: dict[str, Any]) -> str | None:
+    """Why a row's values (of the right types) cannot be a measurement, or None: sizes are at least 1
+    and within :data:`LIMITS`, every other number finite and non-negative, the precision known.
+    What reads rows back (results, analysis, plots, report) skips such a row instead of publishing it."""
+    for name in COLUMNS:
+        low = 1 if name in _AT_LEAST_ONE else 0
+        high = _AT_LEAST_ONE.get(name, _AT_MOST.get(name, MAX_COLUMN_VALUE))
+        problem = number_problem(name, data.get(name), low, high)
+        if problem is not None:
+            return problem
+    precision = data.get("precision", DEFAULT_PRECISION)
+    if precision not in PRECISIONS:
+        return f"unknown precision {precision!r} (expected one of {', '.join(PRECISIONS)})"
+    return None

@@ -320,3 +320,105 @@ def test_throughput_that_measured_no_throughput_exits_non_zero(tmp_path: Path) -
                      "--out", str(tmp_path / "out")])
     assert result.exit_code == 1, result.output
     assert "no throughput measured" in result.stderr and "over_budget" in result.stderr
+
+
+# --- rows read back: values out of range, outputs that would clobber inputs -----------------------
+REPO = Path(__file__).resolve().parent.parent
+ROW_TEMPLATE = REPO / "results/quick/modern_baselines-quick/memory_resnet18_cpu_32px_f2b38499/rows.jsonl"
+
+
+def hand_made_run(tmp_path: Path, *bad: dict) -> Path:
+    """A results folder with one run: a real cpu row of the committed results, then ``bad`` variants of it."""
+    import json
+
+    good = json.loads(ROW_TEMPLATE.read_text().splitlines()[0])
+    run_dir = tmp_path / "results" / "run"
+    run_dir.mkdir(parents=True)
+    lines = [good] + [{**good, "key": f"{i:016x}", **changes} for i, changes in enumerate(bad, 1)]
+    (run_dir / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return run_dir
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"batch_size": 0}, "'batch_size' is 0"),
+    ({"batch_size": -4}, "'batch_size' is -4"),
+    ({"batch_size": 2**63}, "'batch_size' is 9223372036854775808"),
+    ({"image_size": 0}, "'image_size' is 0"),
+    ({"samples_per_s_median": float("nan")}, "'samples_per_s_median' is nan"),
+    ({"samples_per_s_median": float("inf")}, "'samples_per_s_median' is inf"),
+    ({"samples_per_s_iqr": float("-inf")}, "'samples_per_s_iqr' is -inf"),
+    ({"activation_bytes": -1}, "'activation_bytes' is -1"),
+    ({"device": "tpu"}, "unknown device 'tpu'"),
+    ({"precision": "fp8"}, "unknown precision 'fp8'"),
+    ({"strategy": "magic"}, "unknown strategy 'magic'"),
+    ({"gpu": "voodoo2"}, "unknown GPU profile 'voodoo2'"),
+])
+def test_rows_out_of_range_are_skipped_with_one_warning(tmp_path: Path, caplog, changes: dict, needle: str) -> None:
+    """report and plot publish no impossible row: it is skipped, one warning naming file and line."""
+    run_dir = hand_made_run(tmp_path, {**changes, "status": changes.get("status", "ok"), "batch_size":
+                                       changes.get("batch_size", 8)})
+    results = run_dir.parent
+    for command in (["report", str(results), "--out", str(tmp_path / "r.md"), "--no-figures"],
+                    ["plot", str(results), "--out", str(tmp_path / "figs")]):
+        caplog.clear()
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 0, (command[0], result.output, result.exception)
+        found = [r.getMessage() for r in caplog.records if f"{run_dir / 'rows.jsonl'}:2: skipped" in r.getMessage()]
+        assert len(found) == 1 and needle in found[0], caplog.text
+    assert "| 8 |" not in (tmp_path / "r.md").read_text()
+
+
+def test_the_committed_rows_are_all_in_range() -> None:
+    """The range checks skip nothing the harness wrote: every committed row reads back."""
+    from actbench.accuracy import find_accuracy_runs
+    from actbench.results import RunStore
+
+    results = REPO / "results"
+    lines = sum(len([x for x in p.read_text().splitlines() if x.strip()]) for p in results.rglob("rows.jsonl"))
+    read = sum(len(RunStore(p.parent).read_rows()) for p in results.rglob("rows.jsonl"))
+    acc_lines = sum(len(p.read_text().splitlines()) for p in results.rglob("accuracy.jsonl"))
+    assert read == lines > 1000
+    assert sum(len(rows) for _, rows in find_accuracy_runs(results)) == acc_lines > 0
+
+
+@pytest.mark.parametrize("command, target", [
+    ("report", "rows.jsonl"), ("report", "env.json"), ("report", "config.json"), ("report", "table.csv"),
+    ("report", "link-to-rows"), ("plot", "rows.jsonl"), ("plot", "rows.jsonl/figs"), ("report", "paper-csv"),
+])
+def test_outputs_never_replace_what_the_command_reads(tmp_path: Path, command: str, target: str) -> None:
+    run_dir = hand_made_run(tmp_path)
+    for name in ("env.json", "config.json", "table.csv"):
+        (run_dir / name).write_text("{}\n")
+    (run_dir / "link-to-rows").symlink_to(run_dir / "rows.jsonl")
+    paper = tmp_path / "paper.csv"
+    paper.write_text("strategy,batch_size,ips,status\nfp32,64,100,ok\n")
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    out = paper if target == "paper-csv" else run_dir / target
+    result = CliRunner().invoke(app, [command, str(run_dir.parent), "--out", str(out), "--paper-csv", str(paper)]
+                                + (["--no-figures"] if command == "report" else []))
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "would overwrite" in lines[0], result.stderr
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    assert paper.read_text().startswith("strategy,")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["report", "--out", ""], "--out must not be empty"),
+    (["plot", "--out", ""], "--out must not be empty"),
+    (["report", "--figures", ""], "--figures must not be empty"),
+    (["report", "--out", "{dir}"], "is a directory; expected a file path"),
+    (["report", "--out", "{file}/r.md"], "not writable"),
+    (["plot", "--out", "{file}/figs"], "not writable"),
+])
+def test_output_paths_are_checked_before_any_work(tmp_path: Path, args: list[str], needle: str) -> None:
+    run_dir = hand_made_run(tmp_path)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("")
+    args = [a.format(dir=tmp_path / "dir", file=tmp_path / "file") for a in args]
+    result = CliRunner().invoke(app, [args[0], str(run_dir.parent), *args[1:]])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+    assert not (run_dir.parent / "figures").exists() and not (run_dir.parent / "report.md").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "file", "results"]

@@ -532,3 +532,213 @@ def test_resume_refuses_to_mix_exact_step_timings(tmp_path: Path, monkeypatch, r
     message = str(info.value)
     assert "\n" not in message and EXACT_STEPS_ENV in message and "=1" in message and "unset" in message
     assert executor.calls == [] and (run_dir / "rows.jsonl").read_text() == rows_before
+
+
+# --- 4. hostile content, run files of the wrong kind, full disks -----------------------------------
+HUGE_LINES = {
+    "huge-integer": None,                                  # a real row with a 5000-digit batch_size
+    "deep-nesting": None,                                  # a real row with 100 levels of arrays beside it
+    "long-line": None,                                     # a real row padded past the line limit
+}
+
+
+def hostile_line(kind: str, good: dict) -> bytes:
+    row = dict(good, key="e" * 16)
+    if kind == "huge-integer":
+        return json.dumps(dict(row, batch_size="HUGE")).replace('"HUGE"', "1" * 5000).encode()
+    if kind == "deep-nesting":
+        row["extra"] = json.loads("[" * 100 + "]" * 100)
+    else:
+        row["message"] = "x" * (2 << 20)
+    return json.dumps(row).encode()
+
+
+@pytest.mark.parametrize("kind", sorted(HUGE_LINES))
+def test_a_line_past_the_limits_is_skipped_in_reading_repair_and_resume(tmp_path: Path, caplog, kind: str) -> None:
+    run_dir = tmp_path / "run"
+    runner(run_dir, Scripted()).run(point(1))
+    rows_path = run_dir / "rows.jsonl"
+    hostile = hostile_line(kind, lines(run_dir)[0])
+    with rows_path.open("ab") as fh:
+        fh.write(hostile + b"\n")
+    caplog.clear()
+    store = RunStore(run_dir)
+    assert [row.batch_size for row in store.rows] == [1]
+    assert len(warnings_about(caplog, f"{rows_path}:2: skipped")) == 1, caplog.text
+    # the same line as a torn tail (no newline): the repair sets it aside instead of crashing
+    rows_path.write_bytes(rows_path.read_bytes().rstrip(b"\n"))
+    ex = Scripted()
+    PointRunner(RunStore(run_dir), "meta", executor=ex).run(point(2))
+    assert ex.calls == [2]
+    assert [json.loads(line)["batch_size"] for line in rows_path.read_bytes().splitlines()] == [1, 2]
+    assert (run_dir / "rows.jsonl.torn").read_bytes() == hostile + b"\n"
+
+
+def test_a_huge_integer_does_not_stop_report_or_plot(meta_run, tmp_path: Path, caplog) -> None:
+    import shutil
+
+    src, args = meta_run
+    out = tmp_path / "out"
+    shutil.copytree(src, out)
+    (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
+    rows_path = run_dir / "rows.jsonl"
+    lineno = len(lines(run_dir)) + 1
+    with rows_path.open("ab") as fh:
+        fh.write(hostile_line("huge-integer", lines(run_dir)[0]) + b"\n")
+    for command in (["report", str(out), "--out", str(tmp_path / "r.md"), "--no-figures"],
+                    ["plot", str(out), "--out", str(tmp_path / "figs")]):
+        caplog.clear()
+        result = invoke(command)
+        assert result.exit_code == 0, result.output
+        assert warnings_about(caplog, f"{rows_path}:{lineno}: skipped"), caplog.text
+
+
+def _make_wrong_kind(run_dir: Path, kind: str) -> Path:
+    """Turn one run file of ``run_dir`` into the wrong kind of file; the path it concerns."""
+    name, what = kind.split(":")
+    path = run_dir / name
+    if path.is_dir():
+        shutil_rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    if what == "dir":
+        path.mkdir()
+        (path / "x").write_text("")
+    elif what == "file":
+        path.write_text("")
+    elif what == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    return path
+
+
+def shutil_rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path)
+
+
+WRONG_KINDS = ["rows.jsonl:dir", "rows.jsonl:fifo", "rows.jsonl:device", ".lock:dir", ".lock:fifo",
+               "env.json:dir", "env.json:fifo", ".claims:file", "config.json:dir"]
+
+
+@pytest.mark.parametrize("kind", WRONG_KINDS)
+def test_run_files_of_the_wrong_kind_are_one_line_errors(meta_run, tmp_path: Path, kind: str) -> None:
+    """Resume (the same command again) and report: exit 2, one line naming the path, never a hang."""
+    import shutil
+
+    src, args = meta_run
+    out = tmp_path / "out"
+    shutil.copytree(src, out)
+    (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
+    path = _make_wrong_kind(run_dir, kind)
+    resume = [a if a != str(src) else str(out) for a in args]
+    for command in (resume, ["report", str(out), "--out", str(tmp_path / "r.md"), "--no-figures"]):
+        done = subprocess.run([sys.executable, "-m", "actbench", *command], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path, env={**os.environ, FAULT_ENV: ""})
+        err = done.stderr.strip().splitlines()
+        if command[0] == "report" and kind.split(":")[0] in (".lock", ".claims"):
+            assert done.returncode == 0, done.stderr  # files of writers: a report reads neither
+            continue
+        if command[0] == "report" and kind.split(":")[0] in ("env.json", "config.json"):
+            # the report goes on without that file, saying so
+            assert done.returncode == 0, done.stderr
+            assert any(str(path) in line for line in err), done.stderr
+            continue
+        assert done.returncode == 2, (command[0], done.stderr)
+        assert len(err) == 1 and str(path) in err[0] and "expected" in err[0], (command[0], done.stderr)
+
+
+def test_an_unreadable_env_json_is_named_and_the_rest_reported(meta_run, tmp_path: Path, caplog) -> None:
+    import shutil
+
+    src, _ = meta_run
+    for content in (b"\xff\xfe not utf-8", b'{"torch": ' + b"9" * 5000 + b"}", b"[1, 2"):
+        out = tmp_path / f"out{len(content)}"
+        shutil.copytree(src, out)
+        (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
+        (run_dir / "env.json").write_bytes(content)
+        caplog.clear()
+        result = invoke(["report", str(out), "--out", str(out / "r.md"), "--no-figures"])
+        assert result.exit_code == 0, result.output
+        assert warnings_about(caplog, str(run_dir / "env.json")), caplog.text
+        assert "Maximum batch" in (out / "r.md").read_text()
+
+
+def _full_disk_write_text():
+    """A Path.write_text on a full disk: the file is created (truncated), writing any byte fails."""
+    import errno
+
+    real = Path.write_text
+
+    def write_text(self: Path, data: str, *args: Any, **kwargs: Any) -> int:
+        if data:
+            self.open("w").close()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data, *args, **kwargs)
+
+    return write_text
+
+
+def test_a_full_disk_keeps_the_previous_report(meta_run, tmp_path: Path, monkeypatch) -> None:
+    src, _ = meta_run
+    report = tmp_path / "report.md"
+    report.write_text("the previous report\n")
+    monkeypatch.setattr(Path, "write_text", _full_disk_write_text())
+    result = CliRunner().invoke(app(), ["report", str(src), "--out", str(report), "--no-figures"])
+    monkeypatch.undo()
+    assert result.exit_code == 2, result.output
+    assert str(report) in result.output and "No space left" in result.output
+    assert report.read_text() == "the previous report\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["report.md"]
+
+
+def test_a_full_disk_while_drawing_is_one_line_and_keeps_the_previous_figure(meta_run, tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    import errno
+
+    from matplotlib.figure import Figure
+
+    src, _ = meta_run
+    figs = tmp_path / "figs"
+    assert invoke(["plot", str(src), "--out", str(figs)]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in figs.iterdir()}
+
+    def full(self, fname, *args, **kwargs):
+        Path(fname).write_bytes(b"")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    result = CliRunner().invoke(app(), ["plot", str(src), "--out", str(figs)])
+    assert result.exit_code == 2, result.output
+    assert "No space left" in result.output and str(figs) in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert {p.name: p.read_bytes() for p in figs.iterdir()} == before
+
+
+def test_a_full_disk_while_writing_the_table_is_one_line_and_keeps_it(tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    run_dir = tmp_path / "run"
+    runner(run_dir, Scripted()).run(point(1))
+    before = (run_dir / "table.csv").read_bytes()
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(csv.DictWriter, "writeheader", full)
+    with pytest.raises(ValueError, match="table.csv.*No space left"):
+        RunStore(run_dir).write_table()
+    assert (run_dir / "table.csv").read_bytes() == before
+    assert [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_paper_csv_that_is_a_fifo_is_refused_not_read(meta_run, tmp_path: Path) -> None:
+    src, _ = meta_run
+    fifo = tmp_path / "paper.csv"
+    os.mkfifo(fifo)
+    done = subprocess.run([sys.executable, "-m", "actbench", "plot", str(src), "--out", str(tmp_path / "figs"),
+                           "--paper", "--paper-csv", str(fifo)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [f"actbench: error: '{fifo}' is a FIFO; expected a regular file"]

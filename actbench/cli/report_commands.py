@@ -1,7 +1,8 @@
 """Commands that read finished runs: ``plot`` (figures) and ``report`` (Markdown).
 
 Thin: parse, call actbench.plots / actbench.report, print what was written. A missing or empty
-results folder exits 2 with one line on stderr.
+results folder, or an output path that is empty, unwritable or one of the run files read, exits 2
+with one line on stderr before anything is drawn.
 """
 
 from __future__ import annotations
@@ -13,6 +14,15 @@ import typer
 
 from actbench.cli.app import app, fail
 
+def _path(option: str, value: Optional[str]) -> Optional[Path]:
+    """An output path option, refused when given as the empty string (which would mean the cwd)."""
+    if value is None:
+        return None
+    if not value.strip():
+        fail(f"{option} must not be empty (a path, e.g. {option} report/)")
+    return Path(value)
+
+
 ResultsDirArg = Annotated[Path, typer.Argument(help="A results folder (every run below it) or one run directory.")]
 PaperCsvOpt = Annotated[Optional[Path], typer.Option(
     "--paper-csv", help="The paper's throughput points (default: results/paper/resnet50_t4_throughput.csv).")]
@@ -21,7 +31,7 @@ PaperCsvOpt = Annotated[Optional[Path], typer.Option(
 @app.command("plot")
 def plot_command(
     results_dir: ResultsDirArg,
-    out: Annotated[Optional[Path], typer.Option("--out", help=(
+    out: Annotated[Optional[str], typer.Option("--out", help=(
         "Figure folder (default: each folder of runs gets its own FOLDER/figures; with --out, "
         "OUT/<folder relative to RESULTS_DIR>)."))] = None,
     paper: Annotated[bool, typer.Option(
@@ -42,7 +52,7 @@ def plot_command(
     from actbench.plots import write_figures_per_folder
 
     try:
-        drawn = write_figures_per_folder(results_dir, out, with_paper=paper, paper_csv=paper_csv)
+        drawn = write_figures_per_folder(results_dir, _path("--out", out), with_paper=paper, paper_csv=paper_csv)
     except ValueError as exc:
         fail(str(exc))
     if not drawn:
@@ -70,8 +80,8 @@ def plot_command(
 @app.command("report")
 def report_command(
     results_dir: ResultsDirArg,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Markdown file (default: RESULTS_DIR/report.md).")] = None,
-    figures: Annotated[Optional[Path], typer.Option(
+    out: Annotated[Optional[str], typer.Option("--out", help="Markdown file (default: RESULTS_DIR/report.md).")] = None,
+    figures: Annotated[Optional[str], typer.Option(
         "--figures", help="Where the linked figures are drawn (default: RESULTS_DIR/figures).")] = None,
     no_figures: Annotated[bool, typer.Option("--no-figures", help="Tables only; draw and link no figures.")] = False,
     paper_csv: PaperCsvOpt = None,
@@ -85,7 +95,8 @@ def report_command(
     from actbench.report import write_report
 
     try:
-        result = write_report(results_dir, out, figures, draw_figures=not no_figures, paper_csv=paper_csv)
+        result = write_report(results_dir, _path("--out", out), _path("--figures", figures),
+                              draw_figures=not no_figures, paper_csv=paper_csv)
     except ValueError as exc:
         fail(str(exc))
     typer.echo(str(result.path))
