@@ -742,3 +742,23 @@ def test_a_paper_csv_that_is_a_fifo_is_refused_not_read(meta_run, tmp_path: Path
                            "--paper", "--paper-csv", str(fifo)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [f"actbench: error: '{fifo}' is a FIFO; expected a regular file"]
+
+
+def test_a_full_disk_while_a_command_writes_its_table_is_one_line_and_keeps_the_rows(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    import errno
+
+    from actbench.cli import app
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(csv.DictWriter, "writeheader", full)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["memory", "resnet18", "--strategies", "fp32", "--batch", "2", "--image-size",
+                                      "32", "--device", "meta", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert "table.csv" in lines[-1] and "No space left" in lines[-1] and "Traceback" not in result.stderr
+    (rows,) = out.glob("*/rows.jsonl")
+    assert len(rows.read_text().splitlines()) == 1

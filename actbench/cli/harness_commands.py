@@ -148,7 +148,7 @@ def _run_spec(spec, out: Path, dry_run: bool, force: bool = False, no_retry: boo
     store = _open_store(out, plan)
     outcome = _execute(store, plan, force=force, retry_failed=not no_retry, execution=execution)
     if plan.summary is not None:
-        store.write_summary(plan.summary(outcome))
+        _checked(lambda: store.write_summary(plan.summary(outcome)))
     return store, outcome
 
 
@@ -247,6 +247,7 @@ def _open_store(out: Path, plan):
 
 def _execute(store, plan, force: bool = False, retry_failed: bool = True, execution=None) -> Any:
     """Run the plan's search with progress on stderr; Ctrl-C, SIGTERM and SIGHUP keep every finished row."""
+    from actbench.results import OutputError, RunFileError
     from actbench.runner import EnvironmentCaptureError
     from actbench.scaleout import execute
 
@@ -264,14 +265,14 @@ def _execute(store, plan, force: bool = False, retry_failed: bool = True, execut
                          "fp32,swap,checkpoint)", code=1)
                 result = execute(plan, store, on_event=progress.on_event, options=execution,
                                  timeout_s=settings.timeout_s, retry_failed=retry_failed, force=force)
-        except EnvironmentCaptureError as exc:
+        except (EnvironmentCaptureError, OutputError, RunFileError) as exc:  # finished rows stay in rows.jsonl
             fail(str(exc))
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (Terminated)
-            store.write_table()
+            _checked(store.write_table)
             err.print(f"{interrupted_by(exc)}: {plural(len(store.read_rows()), 'finished row')} kept in "
                       f"{store.rows_path}", markup=False, soft_wrap=True)
             raise typer.Exit(interrupted_exit_code(exc))
-        store.write_table()
+        _checked(store.write_table)
     err.print(progress.summary(store.rows_path), markup=False, soft_wrap=True)
     return result
 
