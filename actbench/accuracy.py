@@ -40,6 +40,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from actbench.schema import error_line
+
 if TYPE_CHECKING:
     from actbench.executors import Executor
 
@@ -518,7 +520,7 @@ def _run_settings(cfg: AccuracyConfig, store: AccuracyStore, done: dict[str, Acc
                                                                           "bits": bits})))
         except Exception as exc:  # one failing setting is a row, not a dead experiment
             log.exception("accuracy: %s failed", label)
-            row = AccuracyRow(status="error", message=f"{type(exc).__name__}: {exc}"[:300], mean_bits=None,
+            row = AccuracyRow(status="error", message=error_line(exc), mean_bits=None,
                               train_loss_final=None, train_accuracy_final=None, test_loss=None,
                               test_accuracy=None, elapsed_s=time.perf_counter() - t0, **base)
         else:

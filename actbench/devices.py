@@ -74,6 +74,8 @@ class DeviceProfile:
     kernel_calls_per_sample: ClassVar[int] = 1
     #: bench-kernels' targets at 256 MiB: (fraction of a plain copy, speedup over the reference or None)
     kernel_targets: ClassVar[tuple[float, float | None]] = (0.5, 5.0)
+    #: what a report says about this device's rows beside the paper's GPU (None: nothing to add)
+    report_caveat: ClassVar[str | None] = None
 
     # --- questions asked before any work ---------------------------------------------------------
     def unavailable(self) -> str | None:
@@ -119,6 +121,9 @@ class CpuProfile(DeviceProfile):
     min_timed_seconds: ClassVar[float] = 2.0
     max_timed_steps: ClassVar[int] = 50
     max_timed_seconds: ClassVar[float] = 10.0
+    report_caveat: ClassVar[str | None] = ("**`cpu` rows are not GPU numbers**: bytes come from a live-storage tracker "
+                                           "(no allocator rounding, fragmentation or reserved memory), throughput is "
+                                           "CPU throughput.")
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,8 @@ class MetaProfile(DeviceProfile):
     predicts: ClassVar[bool] = True
     in_process: ClassVar[bool] = True
     default_steps: ClassVar[tuple[int, int]] = (1, 0)
+    report_caveat: ClassVar[str | None] = ("**`meta` rows are predictions** (fake tensors, no compute): sizes only, "
+                                           "no throughput; marked \"(predicted)\" everywhere.")
 
     def resolve_steps(self, command: str, warmup: int | None, timed: int | None) -> tuple[int, int]:
         if timed:

@@ -39,13 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
-import actbench
+from actbench.child_env import python_child_env
 from actbench.devices import profile
 from actbench.schema import DEFAULT_TIMEOUT_S, Measurement, PointConfig
 
 log = logging.getLogger(__name__)
 
-_PACKAGE_ROOT = str(Path(actbench.__file__).resolve().parent.parent)
 #: The worker reads this to die with its parent (see actbench.worker).
 PARENT_PID_ENV = "ACTBENCH_PARENT_PID"
 #: Environment variables that cap a CPU child's threads when several points run at once.
@@ -147,18 +146,6 @@ class ChildOutcome:
     returncode: int | None
     timed_out: bool
     stderr_tail: str
-
-
-def python_child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of every Python child actbench starts (with ``-P``, in a private directory).
-
-    The user's environment without their ``PYTHONPATH`` (a folder there could shadow ``json`` or
-    ``torch`` in the child); only this package's own root is on it, so the child imports this actbench.
-    """
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = _PACKAGE_ROOT
-    env.update(extra or {})
-    return env
 
 
 def _child_env(alloc_conf: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:

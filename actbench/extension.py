@@ -46,6 +46,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
+from actbench.schema import one_line
+
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
@@ -421,7 +423,7 @@ def build(p: BuildPlan, force: bool = False, verbose: bool = False) -> None:
 
 def _run_compile_child(p: BuildPlan, verbose: bool, build_log: Path) -> int:
     """``compile_here`` in a child; its exit code."""
-    from actbench.executors import python_child_env
+    from actbench.child_env import python_child_env
 
     fields = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(p).items()}
     extra = {"CUDA_HOME": p.cuda_home or ""} if p.with_cuda else {}
@@ -551,12 +553,12 @@ _NOT_A_CAUSE = ("Error building extension", "ninja: build stopped", "FAILED:")
 
 
 def _first_error_line(text: str) -> str:
-    """The compiler's first error line in a build's output (else its first line), at most 300 characters."""
-    lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+    """The compiler's first error line in a build's output (else its first line), as a stored message."""
+    lines = [one_line(line) for line in text.splitlines() if line.strip()]
     for line in lines:
         if _ERROR_LINE.search(line) and not line.startswith(_NOT_A_CAUSE):
-            return line[:300]
-    return (lines[0] if lines else "no output")[:300]
+            return line
+    return lines[0] if lines else "no output"
 
 
 def load(force_rebuild: bool = False, verbose: bool = False) -> BuildPlan:

@@ -58,7 +58,7 @@ def _run(args: tuple[str, ...], out: Path, log: Callable[[str], None]) -> float:
     Isolated as every child is (``-P``, a private working directory, no user ``PYTHONPATH``), so a
     ``json.py`` where the user stands never runs.
     """
-    from actbench.executors import python_child_env
+    from actbench.child_env import python_child_env
 
     command = [sys.executable, "-P", "-m", "actbench", *args, "--out", str(Path(out).absolute())]
     log(f"running: actbench {' '.join(args)}")

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from actbench import paper as paper_ref
 from actbench.analysis import (MULTIPLE_DEFINITIONS, BatchGroup, Run, ScaleGroup, Series, batch_groups,
                                find_result_runs, max_batch_table, memory_table, read_json, scale_groups)
+from actbench.devices import PROFILES
 from actbench.results import atomic_write_text, check_output
 
 GIB = 1 << 30
@@ -139,12 +140,10 @@ def _differences(runs: Sequence[Run]) -> list[str]:
         lines.append("- **L5 is a substitution**: the paper's forked PyTorch allocator (defragmentation) is not "
                      "available; actbench's L5 is L4 with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.")
     lines.append("- **Data**: synthetic random inputs and labels; no data loading in the timed region.")
-    if "cpu" in devices:
-        lines.append("- **`cpu` rows are not GPU numbers**: bytes come from a live-storage tracker (no allocator "
-                     "rounding, fragmentation or reserved memory), throughput is CPU throughput.")
-    if "meta" in devices:
-        lines.append("- **`meta` rows are predictions** (fake tensors, no compute): sizes only, no throughput; "
-                     "marked \"(predicted)\" everywhere.")
+    for device in devices:
+        caveat = PROFILES[device].report_caveat if device in PROFILES else None
+        if caveat is not None:
+            lines.append(f"- {caveat}")
     lines.append("- Paper throughput points were read off the published plot (±1 images/s, ±4 batch); the "
                  "nearest paper point within ±4 batch is used.")
     return lines + [""]

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from actbench.devices import profile
-from actbench.schema import DEFAULT_TIMEOUT_S, Measurement, PointConfig, ResultRow
+from actbench.schema import DEFAULT_TIMEOUT_S, Measurement, PointConfig, ResultRow, error_line
 
 log = logging.getLogger(__name__)
 
@@ -623,7 +623,7 @@ def run_shard(shard: Shard) -> dict[str, Any]:
         return {"rows": len(outcome.rows), "seconds": round(time.monotonic() - started, 1)}
     except Exception as exc:  # noqa: BLE001 - reported to the submitter, which writes the row
         log.exception("shard failed")
-        return {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}
+        return {"error": error_line(exc)}
     finally:
         if hasattr(executor, "close"):
             executor.close()

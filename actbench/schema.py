@@ -160,7 +160,22 @@ class Measurement:
     @classmethod
     def failure(cls, status: str, message: str, **extra: Any) -> "Measurement":
         """A point that could not be measured (or did not fit), with one line saying why."""
-        return cls(status=status, message=" ".join(message.split())[:300], **extra)
+        return cls(status=status, message=one_line(message), **extra)
+
+
+#: How long a stored message may be (rows, error replies of children).
+MESSAGE_LIMIT = 300
+
+
+def one_line(text: object, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` with its whitespace collapsed to single spaces, cut to ``limit`` characters (ending in …)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def error_line(exc: BaseException, limit: int = MESSAGE_LIMIT) -> str:
+    """An exception as one line: ``TypeName: message``."""
+    return one_line(f"{type(exc).__name__}: {exc}", limit)
 
 
 # --- the row -------------------------------------------------------------------------------------

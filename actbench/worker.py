@@ -29,6 +29,8 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from actbench.schema import error_line
+
 if TYPE_CHECKING:
     from actbench.schema import Measurement, PointConfig
 
@@ -108,7 +110,7 @@ def error_measurement(exc: BaseException, alloc_conf: str | None = None) -> "Mea
     from actbench.schema import Measurement
 
     logging.getLogger(__name__).debug("point failed", exc_info=exc)
-    message = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    message = error_line(exc)
     return Measurement(status="error", message=message, alloc_conf=alloc_conf)
 
 
@@ -143,7 +145,7 @@ def run_request(request: dict[str, Any], fault_spec: str | None) -> dict[str, An
             return {"result": task_function(request["name"])(request["args"])}
         except Exception as exc:  # the parent raises TaskError with this line
             traceback.print_exc(file=sys.stderr)
-            return {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}
+            return {"error": error_line(exc)}
     raise ValueError(f"unknown worker task '{task}'")
 
 
@@ -239,7 +241,7 @@ def serve() -> int:
             result = run_request(request, fault_spec)
         except Exception as exc:  # a malformed request: say so, stop serving
             traceback.print_exc(file=sys.stderr)
-            result = {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}
+            result = {"error": error_line(exc)}
             result["clean"] = False
         else:
             result["clean"] = True if _predicted(request) else release_point()

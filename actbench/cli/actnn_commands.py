@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from actbench.cli.app import (PRECISION_HELP, MeasuringDevice, app, check_precision, checked_out_dir, fail,
+from actbench.cli.app import (PRECISION_HELP, MeasuringDevice, Precision, app, checked_out_dir, fail,
                               require_device)
 from actbench.schema import DEFAULT_PRECISION, LEVEL_NAMES
 
@@ -54,8 +54,8 @@ def verify_grads_command(
     device: Annotated[MeasuringDevice, typer.Option(
         "--device", help="Where to compute the gradients.")] = MeasuringDevice.cpu,
     backend: Annotated[QuantBackend, typer.Option("--backend", help="Quantizer backend.")] = QuantBackend.extension,
-    precision: Annotated[str, typer.Option("--precision", help=PRECISION_HELP + (
-        " The reference is the unconverted model's gradient at the same precision."))] = DEFAULT_PRECISION,
+    precision: Annotated[Precision, typer.Option("--precision", help=PRECISION_HELP + (
+        " The reference is the unconverted model's gradient at the same precision."))] = Precision(DEFAULT_PRECISION),
     out: Annotated[Path, typer.Option("--out", parser=checked_out_dir,
                                       help="Directory for the CSV.")] = Path("runs/verify-grads"),
 ) -> None:
@@ -74,7 +74,7 @@ def verify_grads_command(
     from actbench.executors import InProcessExecutor, Task
     from actbench.model_names import ModelSpec, validate_model_spec
 
-    check_precision(precision)
+    precision = precision.value
     try:
         validate_model_spec(ModelSpec(model))
     except ValueError as exc:

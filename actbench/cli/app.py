@@ -96,16 +96,10 @@ Device = enum.Enum("Device", {name: name for name in DEVICE_NAMES}, type=str)
 MeasuringDevice = enum.Enum("MeasuringDevice", {name: name for name in MEASURING_DEVICES}, type=str)
 
 
-#: --precision of the commands that measure outside a run directory (trust, verify-grads); a plain
-#: string checked by :func:`check_precision`, so a bad value is one line naming the choices.
+#: --precision's help in the commands that measure outside a run directory (trust, verify-grads)
 PRECISION_HELP = "fp32, or forward and loss under autocast to bf16 / fp16 (fp16 with a gradient scaler)."
-
-
-def check_precision(value: str) -> str:
-    """``value`` if it is a precision; otherwise exit 2 with one line naming it and the choices."""
-    if value not in PRECISIONS:
-        fail(f"--precision must be one of {', '.join(PRECISIONS)}, got {value!r}")
-    return value
+#: --precision's choices, in every command that trains
+Precision = enum.Enum("Precision", {name: name for name in PRECISIONS}, type=str)
 
 
 #: What to do without a GPU when the question is memory or scale: predict it.

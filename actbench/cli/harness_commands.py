@@ -17,13 +17,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, Device, app, checked_out_dir,
-                              fail, interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
-from actbench.cli.progress import PointProgress, ensure_extension, one_line, plural
+from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, Device, Precision, app,
+                              checked_out_dir, fail, interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
+from actbench.cli.progress import PointProgress, ensure_extension, plural
 from actbench.commands import DEFAULT_STRATEGIES, PLAN_DEVICE
 from actbench.devices import PROFILES, profile
 from actbench.strategies import PLAIN_STRATEGIES
-from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, MIN_IMAGE_SIZE, PLAN_DIMENSIONS, PRECISIONS, RETRIED_STATUSES
+from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, PLAN_DIMENSIONS, PRECISIONS, RETRIED_STATUSES, one_line
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,6 @@ TimedOpt = Annotated[Optional[int], typer.Option("--timed-steps", help=(
     "passed and the spread (IQR) is within 10% of the median, within bounds (cpu: 2 s minimum, at most "
     "50 steps or 10 s; cuda: 1 s minimum, at most 200 steps or 20 s)."))]
 SegmentsOpt = Annotated[Optional[int], typer.Option("--checkpoint-segments", help="Checkpoint segments (default: one per block).")]
-Precision = enum.Enum("Precision", {name: name for name in PRECISIONS}, type=str)
 PrecisionOpt = Annotated[Precision, typer.Option("--precision", help=(
     "fp32, or autocast to bf16 / fp16 (fp16 with a gradient scaler), for every strategy; rows record it."))]
 TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", show_default=False, help=(

@@ -27,17 +27,14 @@ from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
+from actbench.schema import one_line
+
 #: What the user reads before the first-use build of the extension.
 EXTENSION_NOTICE = "building actbench's extension (first use, about a minute) ..."
 
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def one_line(text: str, limit: int = 120) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def row_result(row: Any) -> str:
@@ -218,7 +215,7 @@ def ensure_extension(strategies: Iterable[str], device: str, say: Callable[[str]
 def _ensure_in_child(say: Callable[[str], None], started: float) -> str | None:
     """The extension checked (and built) in an isolated child in a process group of its own, so the
     compilers it starts die with it; None when ready, else the one line that says why not."""
-    from actbench.executors import python_child_env
+    from actbench.child_env import python_child_env
 
     with tempfile.TemporaryDirectory(prefix="actbench-build-cwd-") as cwd:
         proc = subprocess.Popen([sys.executable, "-P", "-c", _CHILD_BUILD], stdin=subprocess.DEVNULL,

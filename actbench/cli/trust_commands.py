@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from actbench.cli.app import (PRECISION_HELP, MeasuringDevice, app, check_precision, checked_out_dir, fail,
+from actbench.cli.app import (PRECISION_HELP, MeasuringDevice, Precision, app, checked_out_dir, fail,
                               interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
 from actbench.cli.progress import ensure_extension
 from actbench.measure.trust import TRUST_MODELS, TRUST_STRATEGIES
@@ -32,7 +32,7 @@ def trust_command(
         "--strategies", help="Comma list of strategies and levels.")] = ",".join(TRUST_STRATEGIES),
     batch: Annotated[int, typer.Option("--batch", help="Batch size of every point.")] = 2,
     image_size: Annotated[int, typer.Option("--image-size", help="Input side in pixels.")] = 32,
-    precision: Annotated[str, typer.Option("--precision", help=PRECISION_HELP)] = DEFAULT_PRECISION,
+    precision: Annotated[Precision, typer.Option("--precision", help=PRECISION_HELP)] = Precision(DEFAULT_PRECISION),
     out: Annotated[Path, typer.Option("--out", parser=checked_out_dir, help=(
         "Folder for meta_vs_<device>.csv (meta_vs_<device>_<precision>.csv at bf16, fp16)."))] = Path("runs/trust"),
 ) -> None:
@@ -54,7 +54,7 @@ def trust_command(
     from actbench.parsing import parse_strategies
     from actbench.results import check_writable
 
-    check_precision(precision)
+    precision = precision.value
     if batch < 2:
         fail(f"--batch must be >= 2 (BatchNorm in train mode needs two samples), got {batch}")
     if image_size < MIN_IMAGE_SIZE:

@@ -20,7 +20,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from actbench.measure.tracker import LiveStorageTracker, unique_storage_bytes
-from actbench.schema import Measurement
+from actbench.schema import MESSAGE_LIMIT, Measurement, error_line, one_line
 from actbench.training.step import TrainingStep, training_loss
 
 
@@ -72,7 +72,7 @@ def classified(fill: Callable[[Measurement], None], alloc_conf: str | None = Non
     except (torch.OutOfMemoryError, RuntimeError, MemoryError) as exc:
         if not is_out_of_memory(exc):
             raise
-        result.status, result.message = "oom", " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        result.status, result.message = "oom", error_line(exc)
     result.elapsed_s = round(time.perf_counter() - started, 3)
     return result
 
@@ -131,4 +131,4 @@ def with_census(note: str | None, model: torch.nn.Module) -> str | None:
     census = last_forward_census(model)
     if census is None or not census.total_bytes:
         return note
-    return "; ".join(n for n in (note, census.describe_uncompressed(top=2)) if n)[:600]
+    return one_line("; ".join(n for n in (note, census.describe_uncompressed(top=2)) if n), 2 * MESSAGE_LIMIT)

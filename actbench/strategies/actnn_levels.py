@@ -6,7 +6,7 @@ from its :class:`~actbench.actnn.levels.LevelConfig` (bits, mixed precision, swa
 
 from __future__ import annotations
 
-from actbench.schema import LEVEL_NAMES
+from actbench.schema import LEVEL_NAMES, one_line
 from actbench.strategies.registry import PreparedModel, Strategy, add
 
 # Every floating saved activation is compressed at L1-L5, by a twin or the saved-tensor hook path
@@ -46,7 +46,7 @@ class ActNNLevel(Strategy):
         # In place: the model is the point's own (Strategy.prepare); a converted copy would leave the
         # caller's fp32 original alive on the device, counted in every cuda row of the level.
         conversion = convert(model, self.name, inplace=True)
-        note = " ".join(conversion.report.summary().split())[:300]
+        note = one_line(conversion.report.summary())
         return PreparedModel(model=conversion.model, note=note)
 
 
