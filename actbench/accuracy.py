@@ -334,6 +334,8 @@ def _level(cfg: AccuracyConfig, bits: float):
 
 def train_and_evaluate(cfg: AccuracyConfig, bits: float | None, data: Data | None = None) -> TrainOutcome:
     """Train one setting for ``cfg.steps`` SGD steps (same init, same batches for every setting)."""
+    from actbench.training.step import logits_and_loss
+
     data = make_data(cfg) if data is None else data
     model: nn.Module = cfg.build_model()
     controller = None
@@ -360,8 +362,7 @@ def train_and_evaluate(cfg: AccuracyConfig, bits: float | None, data: Data | Non
         idx = perm[pos:pos + cfg.batch_size]
         pos += cfg.batch_size
         x, y = data.train_x[idx], data.train_y[idx]
-        logits = model(x)
-        loss = F.cross_entropy(logits, y)
+        logits, loss = logits_and_loss(model, x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

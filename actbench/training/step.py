@@ -23,12 +23,20 @@ from actbench.strategies import HostScope, StrategyOptions, get
 from actbench.training.precision import autocast, check_precision, make_scaler
 
 
-def training_loss(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
-                  precision: str = DEFAULT_PRECISION, criterion: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+def logits_and_loss(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
+                    precision: str = DEFAULT_PRECISION,
+                    criterion: Callable[..., torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and loss as every step trains them (autocast at ``precision``, cross-entropy by default);
     measured steps, FLOP counts, accuracy runs and gradient checks all call this one."""
     with autocast(precision, images.device):
-        return (criterion or nn.functional.cross_entropy)(logits_of(model(images)), targets)
+        logits = logits_of(model(images))
+        return logits, (criterion or nn.functional.cross_entropy)(logits, targets)
+
+
+def training_loss(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
+                  precision: str = DEFAULT_PRECISION, criterion: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+    """The loss of :func:`logits_and_loss` alone."""
+    return logits_and_loss(model, images, targets, precision, criterion)[1]
 
 
 @dataclass
