@@ -23,7 +23,7 @@ from actbench.devices import holds_data
 __all__ = ["TorchDispatchMode", "tree_flatten", "dispatch_modes_disabled", "memtracker_class", "tensor_version",
            "fake_tensor_mode", "is_fake", "storage_identity", "parameters_on_meta", "fake_module",
            "forget_compiled_graphs", "clear_cublas_workspaces", "softmax_backward", "builtin_avg_pool2d",
-           "has_dispatch_kernel"]
+           "has_dispatch_kernel", "op_flops", "op_bytes_moved"]
 
 
 def tensor_version(tensor: "torch.Tensor") -> int:
@@ -220,3 +220,27 @@ def has_dispatch_kernel(qualified_op: str, dispatch_key: str) -> bool:
     import torch
 
     return bool(torch._C._dispatch_has_kernel_for_dispatch_key(qualified_op, dispatch_key))
+
+
+# --- the step-time model's per-op counts (actbench.planning.step_time) --------------------------------
+# torch.utils._runtime_estimation holds the views and creation ops that move no bytes and the bytes an
+# op reads and writes (broadcast dimensions read once); FlopCounterMode's formulas are in flop_registry.
+
+
+def op_flops(func: object, args: tuple, kwargs: dict, out: object) -> int:
+    """FLOPs of one ATen op by FlopCounterMode's formula for it (2 per multiply-add); 0 without one."""
+    from torch.utils.flop_counter import flop_registry
+
+    formula = flop_registry.get(getattr(func, "overloadpacket", func))
+    return 0 if formula is None else int(formula(*args, **kwargs, out_val=out))
+
+
+def op_bytes_moved(func: object, inputs: list, outputs: list) -> int:
+    """DRAM bytes one ATen op reads and writes (its tensor inputs and outputs); 0 for a view or a creation
+    op that PyTorch's runtime estimator ignores."""
+    import torch
+    from torch.utils._runtime_estimation import _IGNORE_OPS, get_num_bytes
+
+    if getattr(func, "overloadpacket", func) in _IGNORE_OPS:
+        return 0
+    return sum(get_num_bytes(t) for t in (*inputs, *outputs) if isinstance(t, torch.Tensor) and holds_data(t))

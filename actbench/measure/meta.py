@@ -31,6 +31,8 @@ from actbench.measure.accounting import (OverBudget, check_budget, check_host_bu
                                          file_offloads_as_host, model_breakdown, tracked_memory_step, with_census)
 from actbench.measure.allocator import AllocatorConfig, pinned_host_peak, replay_steps
 from actbench.measure.tracker import LiveStorageTracker
+from actbench.planning.device_models import selected_device_model
+from actbench.planning.step_time import OpCost, OpRecorder, fill_prediction
 from actbench.models import build_model, grown_resnet152_layers, real_depth
 from actbench.schema import GROWABLE_MODEL, Measurement, PointConfig
 from actbench.strategies import StrategyOptions
@@ -61,12 +63,15 @@ class StepTrace:
     host: tuple[tuple[int, int], ...]
     #: handles allocated on CUDA's side stream (L4/L5's prefetched copies)
     side_stream: frozenset[int] = frozenset()
+    #: the step's ops for the step-time model (actbench/planning/step_time.py)
+    ops: tuple[OpCost, ...] = ()
 
     @classmethod
     def of(cls, tracker: LiveStorageTracker) -> "StepTrace":
         events = tracker.device_events or []
+        ops = tuple(tracker.observer.ops) if isinstance(tracker.observer, OpRecorder) else ()
         return cls(tuple(events[:tracker.step_start]), tuple(events[tracker.step_start:]),
-                   tuple(tracker.host_events or ()), frozenset(tracker.side_stream_serials))
+                   tuple(tracker.host_events or ()), frozenset(tracker.side_stream_serials), ops)
 
 
 #: Traces kept for points a twin strategy may reuse (L5 replays L4's step with its own allocator setting).
@@ -122,6 +127,7 @@ class MetaSessions:
             while len(self._traces) > _TRACES_KEPT:
                 del self._traces[next(iter(self._traces))]
         predict_reserved(point, result, self._traces[twin])
+        fill_prediction(result, self._traces[twin].ops, selected_device_model(point.gpu), point.batch_size)
         check_budget(result, point.budget_bytes, predicted=True)
         check_host_budget(pinned_host_peak(self._traces[twin].host), point.host_budget_bytes,
                           "predicted: power-of-two pinned blocks, cached per size")
@@ -144,7 +150,8 @@ class MetaSessions:
             if key != self._key:
                 _warm_optimizer_state(session.step, session.trained)
             session.step.zero_grad()
-            tracker = LiveStorageTracker(record=True)
+            recorder = OpRecorder(overlaps_copies=strategies.get(point.strategy).overlaps_host_copies)
+            tracker = LiveStorageTracker(record=True, observer=recorder)
             session.host_scope.tracker = tracker
             file_offloads_as_host(session.step.model, tracker)
             tracked_memory_step(session.step, images, targets, tracker, result)
