@@ -20,6 +20,7 @@ from rich.text import Text
 from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, Device, app, fail,
                               interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
 from actbench.cli.progress import PointProgress, ensure_extension, one_line, plural
+from actbench.cli.speed_commands import DeviceModelOpt, use_device_model
 from actbench.commands import DEFAULT_STRATEGIES, PLAN_DEVICE
 from actbench.devices import PROFILES, profile
 from actbench.strategies import PLAIN_STRATEGIES
@@ -166,6 +167,7 @@ def _launch(command: str, options: dict[str, Any], **fields: Any):
     Returns (store, outcome), or None after a dry run.
     """
     given = dict(options)
+    use_device_model(given.pop("device_model", None))
     switches = {name: given.pop(name) for name in _RUN_SWITCHES if name in given}
     execution = _execution(**{name: given.pop(name) for name in _EXECUTION_OPTIONS if name in given})
     strategies = _strategies(given.pop("strategies"), given.pop("levels"), given.pop("no_baseline"))
@@ -398,6 +400,7 @@ def sweep_batch(
     device: DeviceOpt = Device.cuda,
     budget: BudgetOpt = None,
     gpu: GpuOpt = None,
+    device_model: DeviceModelOpt = None,
     host_budget: HostBudgetOpt = None,
     out: OutOpt = DEFAULT_OUT,
     stop_after: Annotated[int, typer.Option("--stop-after", help="Stop a strategy after k consecutive failures.")] = 2,
@@ -502,6 +505,7 @@ def throughput(
     device: DeviceOpt = Device.cuda,
     budget: BudgetOpt = None,
     gpu: GpuOpt = None,
+    device_model: DeviceModelOpt = None,
     host_budget: HostBudgetOpt = None,
     out: OutOpt = DEFAULT_OUT,
     extra_blocks: ExtraBlocksOpt = 0,
@@ -547,6 +551,7 @@ def memory(
     device: DeviceOpt = Device.cuda,
     budget: BudgetOpt = None,
     gpu: GpuOpt = None,
+    device_model: DeviceModelOpt = None,
     host_budget: HostBudgetOpt = None,
     out: OutOpt = DEFAULT_OUT,
     extra_blocks: ExtraBlocksOpt = 0,

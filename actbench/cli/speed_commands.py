@@ -1,0 +1,89 @@
+"""Speed commands: ``actbench calibrate`` (this machine's device model) and the ``--device-model`` option.
+
+Thin: validate, call actbench.planning, print. The step-time model and the device models are in
+:mod:`actbench.planning`; docs/design.md §11 says how a step is priced.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from actbench.cli.app import MeasuringDevice, app, fail, require_device
+
+#: ``--device-model FILE``, shared by the commands whose rows carry a predicted step time.
+DeviceModelOpt = Annotated[Optional[Path], typer.Option("--device-model", help=(
+    "Device-model JSON file (from `actbench calibrate`) to predict each row's step time on; meta rows "
+    "with --gpu use that GPU's built-in model without it."))]
+
+
+def use_device_model(path: Optional[Path]) -> None:
+    """Load ``path`` up front (exit 2 with one line when it is not a device model) and have every point of
+    this run, in this process and its children, predicted on it."""
+    from actbench.planning.device_models import DEVICE_MODEL_ENV, load_device_model
+
+    if path is None:
+        return
+    try:
+        load_device_model(path)
+    except ValueError as exc:
+        fail(f"--device-model: {exc}")
+    os.environ[DEVICE_MODEL_ENV] = str(Path(path).resolve())
+
+
+@app.command("calibrate")
+def calibrate_command(
+    device: Annotated[MeasuringDevice, typer.Option("--device", help="The device of this machine to measure.")] = MeasuringDevice.cpu,
+    out: Annotated[Optional[Path], typer.Option("--out", help=(
+        "Device-model file to write (default runs/device_models/<device>.json).")) ] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="The model's name in rows (default calibrated-<device>).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Small probes (seconds; for tests): a rough model.")] = False,
+) -> None:
+    """Measure this machine's device and write its device model (JSON) for --device-model.
+
+    Times matmuls and convolutions at a few shapes and dtypes, copies, elementwise ops, reductions, a
+    tiny op's cost per call and, on cuda, the kernel launch gap and pinned host<->device copies. Under a
+    minute on a CPU (the machine should be otherwise idle: a shared CPU gives a slower, noisier model).
+
+    \b
+    Examples:
+      actbench calibrate --device cpu
+      actbench throughput resnet18 --device cpu --batch 8 --image-size 64 --device-model runs/device_models/cpu.json
+    """
+    from actbench.planning.device_models import save_device_model
+
+    if name is not None and not name.strip():
+        fail("--name is empty: give the model a name, e.g. --name my-laptop")
+    require_device(device.value)
+    path = out if out is not None else Path("runs/device_models") / f"{device.value}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"--out: cannot create folder '{path.parent}': {exc.strerror or exc}")
+    if path.is_dir():
+        fail(f"--out '{path}' is a folder; give a file name, e.g. {path / (device.value + '.json')}")
+    model = _calibrated(device.value, quick, name)
+    try:
+        save_device_model(model, path)
+    except OSError as exc:
+        fail(f"--out: cannot write '{path}': {exc.strerror or exc}")
+    _print_model(model, path)
+
+
+def _calibrated(device: str, quick: bool, name: Optional[str]):
+    from actbench.planning.calibrate import FULL, QUICK, calibrate
+
+    typer.echo(f"calibrating {device}{' (quick)' if quick else ''} ...", err=True)
+    return calibrate(device, QUICK if quick else FULL, name=name.strip() if name else None)
+
+
+def _print_model(model, path: Path) -> None:
+    peaks = ", ".join(f"{d} {v / 1e9:.1f}" for d, v in model.peak_flops.items())
+    typer.echo(f"{model.name} ({model.label}) -> {path}")
+    typer.echo(f"  peak GFLOP/s {peaks} (x {model.compute_efficiency:.2f} in a step); DRAM "
+               f"{model.dram_bytes_per_s / 1e9:.2f} GB/s (x {model.memory_efficiency:.2f}); copies "
+               f"{model.h2d_bytes_per_s / 1e9:.2f}/{model.d2h_bytes_per_s / 1e9:.2f} GB/s; host "
+               f"{model.host_op_s * 1e6:.2f} us/op; launch {model.launch_s * 1e6:.2f} us")
