@@ -87,3 +87,54 @@ def _print_model(model, path: Path) -> None:
                f"{model.dram_bytes_per_s / 1e9:.2f} GB/s (x {model.memory_efficiency:.2f}); copies "
                f"{model.h2d_bytes_per_s / 1e9:.2f}/{model.d2h_bytes_per_s / 1e9:.2f} GB/s; host "
                f"{model.host_op_s * 1e6:.2f} us/op; launch {model.launch_s * 1e6:.2f} us")
+
+
+def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...], batch: int, image_size: int,
+                precision: str, out: Path, model_path: Path) -> None:
+    """``actbench trust --device-model FILE``: predicted ÷ measured step time per point, printed as each
+    finishes, ``OUT/speed_vs_<device>.csv`` kept current; exit 1 if a point failed."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from actbench.measure.trust import compare_speed, same_speed_order, speed_csv_name, write_speed_csv
+    from actbench.planning.device_models import load_device_model
+
+    try:
+        speed_model = load_device_model(model_path)
+    except ValueError as exc:
+        fail(f"--device-model: {exc}")
+    path = out / speed_csv_name(device, precision)
+    console, done = Console(), []
+
+    def on_point(c) -> None:
+        done.append(c)
+        write_speed_csv(done, path)
+        console.print(f"{c.model:12s} {c.strategy:10s} predicted {_seconds(c.predicted_step_s)}  measured "
+                      f"{_seconds(c.measured_step_s)} (spread {_share(c.measured_spread)})  ratio "
+                      f"{_share(c.step_ratio, '.3f')}  {c.predicted_status}/{c.measured_status} {c.message}",
+                      highlight=False, markup=False)
+
+    typer.echo(f"timing {len(models) * len(strategies)} points on {device}, each also predicted on meta with "
+               f"{speed_model.name} ...", err=True)
+    rows = compare_speed(device, speed_model, models, strategies, batch, image_size, on_point=on_point,
+                         precision=precision)
+    table = Table(title=f"predicted ({speed_model.name}) ÷ measured step time on {device}, batch {batch}, "
+                        f"{image_size}px -> {path}")
+    for col in ("model", "strategy", "predicted s", "measured s", "ratio", "status"):
+        table.add_column(col)
+    for c in rows:
+        table.add_row(c.model, c.strategy, _seconds(c.predicted_step_s), _seconds(c.measured_step_s),
+                      _share(c.step_ratio, ".3f"), f"{c.predicted_status}/{c.measured_status}")
+    console.print(table)
+    console.print(f"order of strategies by speed: {'as measured' if same_speed_order(rows) else 'NOT as measured'}",
+                  highlight=False)
+    if not all(c.predicted_status == "ok" and c.measured_status == "ok" for c in rows):
+        raise typer.Exit(1)
+
+
+def _seconds(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _share(value: Optional[float], spec: str = ".0%") -> str:
+    return "-" if value is None else format(value, spec)

@@ -31,7 +31,7 @@ from actbench.measure.accounting import (OverBudget, check_budget, check_host_bu
                                          file_offloads_as_host, model_breakdown, tracked_memory_step, with_census)
 from actbench.measure.allocator import AllocatorConfig, pinned_host_peak, replay_steps
 from actbench.measure.tracker import LiveStorageTracker
-from actbench.planning.device_models import selected_device_model
+from actbench.planning.device_models import DeviceModel, selected_device_model
 from actbench.planning.step_time import OpCost, OpRecorder, fill_prediction
 from actbench.models import build_model, grown_resnet152_layers, real_depth
 from actbench.schema import GROWABLE_MODEL, Measurement, PointConfig
@@ -93,7 +93,9 @@ class _Session:
 class MetaSessions:
     """Measures ``meta`` points, reusing the last built model when only the batch size changes."""
 
-    def __init__(self) -> None:
+    def __init__(self, speed_model: DeviceModel | None = None) -> None:
+        #: the device model every point's step time is priced on (None: the point's, ``selected_device_model``)
+        self.speed_model = speed_model
         self._key: PointConfig | None = None
         self._session: _Session | None = None
         self._flops: dict[tuple, tuple[float, float]] = {}
@@ -127,7 +129,8 @@ class MetaSessions:
             while len(self._traces) > _TRACES_KEPT:
                 del self._traces[next(iter(self._traces))]
         predict_reserved(point, result, self._traces[twin])
-        fill_prediction(result, self._traces[twin].ops, selected_device_model(point.gpu), point.batch_size)
+        fill_prediction(result, self._traces[twin].ops, self.speed_model or selected_device_model(point.gpu),
+                        point.batch_size)
         check_budget(result, point.budget_bytes, predicted=True)
         check_host_budget(pinned_host_peak(self._traces[twin].host), point.host_budget_bytes,
                           "predicted: power-of-two pinned blocks, cached per size")
