@@ -21,6 +21,7 @@ from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEA
                               interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
 from actbench.cli.progress import PointProgress, ensure_extension, one_line, plural
 from actbench.cli.speed_commands import DeviceModelOpt, use_device_model
+from actbench.gpus import GPU_NAMES
 from actbench.commands import DEFAULT_STRATEGIES, PLAN_DEVICE
 from actbench.devices import PROFILES, profile
 from actbench.strategies import PLAIN_STRATEGIES
@@ -49,7 +50,7 @@ DeviceOpt = Annotated[Device, typer.Option(
 BudgetOpt = Annotated[Optional[str], typer.Option("--budget", help=(
     "Memory cap, e.g. 16GiB (cuda: enforced; cpu and meta: peak compared). Required for searches on meta."))]
 GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help=(
-    "meta: plan for a GPU model (t4, l4, a10, a100-40gb, a100-80gb, h100-80gb, h200, rtx4090): its memory less "
+    f"meta: plan for a GPU model ({', '.join(GPU_NAMES)}): its memory less "
     "ECC and the CUDA context, and out-of-memory decided on the reserved bytes of a caching-allocator model "
     "(docs/design.md §10). Instead of --budget."))]
 HostBudgetOpt = Annotated[Optional[str], typer.Option("--host-budget", help=(

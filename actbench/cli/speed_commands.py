@@ -138,3 +138,80 @@ def _seconds(value: Optional[float]) -> str:
 
 def _share(value: Optional[float], spec: str = ".0%") -> str:
     return "-" if value is None else format(value, spec)
+
+
+#: What ``fastest`` compares without --strategies: the baseline, the classic savers and every ActNN level.
+FASTEST_DEFAULT = "fp32,checkpoint,swap,L0,L1,L2,L3,L4,L5"
+
+
+@app.command("fastest")
+def fastest_command(
+    model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
+    gpu: Annotated[str, typer.Option("--gpu", help="The GPU to plan for (a profile of actbench/gpus.py).")],
+    batch: Annotated[int, typer.Option("--batch", help="Batch size to train at.")],
+    image_size: Annotated[int, typer.Option("--image-size", help="Input side in pixels.")] = 224,
+    strategies: Annotated[str, typer.Option("--strategies", help="Comma list of strategies and levels.")] = FASTEST_DEFAULT,
+) -> None:
+    """Which strategy trains MODEL at BATCH fastest on a GPU you may not have (predicted on meta).
+
+    Per strategy: fits or not on the GPU (the caching-allocator model, docs/design.md §10), predicted
+    peak and reserved bytes, and predicted samples/s on the GPU's built-in speed model (§11); those that
+    fit come first, fastest first.
+
+    \b
+    Examples:
+      actbench fastest resnet50 --gpu t4 --batch 300
+      actbench fastest resnet18 --gpu a100-80gb --batch 1024 --image-size 128 --strategies fp32,L3,swap
+    """
+    from actbench.gpus import gpu_profile
+    from actbench.model_names import ModelSpec, validate_model_spec
+    from actbench.parsing import parse_strategies
+    from actbench.schema import LIMITS, MIN_IMAGE_SIZE
+
+    try:
+        profile_ = gpu_profile(gpu)
+        validate_model_spec(ModelSpec(model))
+        chosen = parse_strategies(strategies)
+    except ValueError as exc:
+        fail(str(exc))
+    if not 2 <= batch <= LIMITS["batch"]:
+        fail(f"--batch must be in 2..{LIMITS['batch']} (BatchNorm in train mode needs two samples), got {batch}")
+    if not MIN_IMAGE_SIZE <= image_size <= LIMITS["resolution"]:
+        fail(f"--image-size must be in {MIN_IMAGE_SIZE}..{LIMITS['resolution']} pixels, got {image_size}")
+    if not chosen:
+        fail("--strategies is empty: give at least one of fp32, swap, checkpoint, L0..L5")
+    _print_choices(model, profile_, batch, image_size, _choices(model, profile_, batch, image_size, chosen))
+
+
+def _choices(model: str, gpu, batch: int, image_size: int, chosen: tuple[str, ...]) -> list:
+    from actbench.measure.meta import MetaSessions
+    from actbench.planning.device_models import gpu_speed_model
+    from actbench.planning.step_time import StrategyChoice
+    from actbench.schema import ModelSpec, PointConfig
+
+    sessions = MetaSessions(speed_model=gpu_speed_model(gpu.name))
+    out = []
+    for strategy in chosen:
+        typer.echo(f"predicting {model} {strategy} b{batch} {image_size}px on {gpu.name} ...", err=True)
+        m = sessions.measure_point(PointConfig(ModelSpec(model), strategy, batch, image_size, "meta",
+                                               budget_bytes=gpu.usable_bytes, timed_steps=0, gpu=gpu.name))
+        out.append(StrategyChoice(strategy, m.status, m.peak_alloc_bytes, m.reserved_bytes,
+                                  m.predicted_samples_per_s, m.message))
+    return out
+
+
+def _print_choices(model: str, gpu, batch: int, image_size: int, choices: list) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from actbench.parsing import format_bytes
+    from actbench.planning.step_time import fastest_first
+
+    table = Table(title=f"{model} batch {batch}, {image_size}px on {gpu.describe()} (predicted on meta)")
+    for col in ("strategy", "fits", "peak", "reserved", "samples/s (predicted)", "message"):
+        table.add_column(col)
+    for c in fastest_first(choices):
+        speed = "-" if c.predicted_samples_per_s is None or not c.fits else f"{c.predicted_samples_per_s:.1f}"
+        table.add_row(c.strategy, "yes" if c.fits else "no", format_bytes(c.peak_alloc_bytes),
+                      format_bytes(c.reserved_bytes), speed, c.message[:60])
+    Console().print(table)

@@ -136,3 +136,25 @@ def fill_prediction(result: Any, ops: list[OpCost] | tuple[OpCost, ...], model: 
     result.predicted_step_s = prediction.step_s
     result.predicted_samples_per_s = prediction.samples_per_s(batch_size)
     result.device_model = model.name
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """One strategy at one batch on a named GPU: whether it fits, its predicted bytes and speed."""
+
+    strategy: str
+    status: str
+    peak_alloc_bytes: int | None
+    reserved_bytes: int | None
+    predicted_samples_per_s: float | None
+    message: str
+
+    @property
+    def fits(self) -> bool:
+        return self.status == "ok"
+
+
+def fastest_first(choices: list[StrategyChoice]) -> list[StrategyChoice]:
+    """Those that fit, fastest first, then those that do not (in the order given)."""
+    fitting = sorted((c for c in choices if c.fits), key=lambda c: -(c.predicted_samples_per_s or 0.0))
+    return fitting + [c for c in choices if not c.fits]
