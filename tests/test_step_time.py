@@ -73,7 +73,9 @@ def test_the_recorder_counts_flops_and_bytes_of_real_ops() -> None:
         c = a @ b
         c.view(-1)
         c.relu()
-    mm, view, relu = recorder.ops
+    recorder.observe(torch.ops.prim.device.default, (c,), {}, c.device, False)  # a query, as fake tensors see it
+    mm, view, relu, query = recorder.ops
+    assert query.kind == HOST_ONLY and query.bytes_moved == 0
     assert (mm.kind, mm.flops, mm.bytes_moved, mm.dtype) == (KERNEL, 2 * 4 * 8 * 16, (32 + 128 + 64) * 4, "fp32")
     assert view.kind == HOST_ONLY
     assert (relu.kind, relu.flops, relu.bytes_moved) == (KERNEL, 0, 2 * 64 * 4)

@@ -60,6 +60,9 @@ class OpRecorder:
             kind = OVERLAPPED_COPY if self.overlaps_copies else COPY
             self.ops.append(OpCost(name, kind, bytes_moved=sum(t.untyped_storage().nbytes() for t in outputs)))
             return
+        if not outputs:  # a query (its device, a size): no kernel runs
+            self.ops.append(OpCost(name, HOST_ONLY))
+            return
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         moved = op_bytes_moved(func, inputs, outputs)
         flops = op_flops(func, args, kwargs, out)
