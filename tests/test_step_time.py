@@ -96,6 +96,18 @@ def test_the_recorder_sees_copies_between_device_and_host() -> None:
     assert OpRecorder(overlaps_copies=True).overlaps_copies
 
 
+def test_the_observer_without_a_tracker_sees_copies_across_devices() -> None:
+    from actbench.measure.tracker import OpObserver
+
+    recorder = OpRecorder(overlaps_copies=True)
+    x = torch.randn(1000)
+    with OpObserver(recorder):
+        x.to("meta")  # a copy to another device
+        x.clone()  # a copy on the same device
+    assert [op.kind for op in recorder.ops] == [OVERLAPPED_COPY, KERNEL]
+    assert recorder.ops[0].bytes_moved == 4000
+
+
 # --- the built-in device models -----------------------------------------------------------------------
 def test_every_gpu_profile_has_a_speed_model_with_its_sources() -> None:
     assert tuple(GPU_SPEED_MODELS) == GPU_NAMES

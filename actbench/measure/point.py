@@ -20,7 +20,7 @@ from actbench import strategies
 from actbench.devices import DeviceProfile, exact_steps, profile
 from actbench.measure.accounting import (check_budget, check_host_budget, classified, count_flops, file_offloads_as_host,
                                          model_breakdown, tracked_memory_step, with_census)
-from actbench.measure.tracker import LiveStorageTracker
+from actbench.measure.tracker import LiveStorageTracker, OpObserver
 from actbench.models import build_model, real_depth
 from actbench.planning.device_models import selected_device_model
 from actbench.planning.step_time import OpRecorder, fill_prediction
@@ -163,7 +163,8 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
         settled = step.settle_loss_scale(images, targets)  # fp16: until the gradient scaler stops skipping steps
         step.zero_grad()
         if tracker is None:
-            prof.allocator_memory_step(step, images, targets, device, result)
+            with OpObserver(recorder) if speed_model is not None else contextlib.nullcontext():
+                prof.allocator_memory_step(step, images, targets, device, result)
         else:
             tracked_memory_step(step, images, targets, tracker, result)
     clock.count += warmup_before + settled + 1  # + the memory step

@@ -186,6 +186,25 @@ class LiveStorageTracker(TorchDispatchMode):
         return out
 
 
+class OpObserver(TorchDispatchMode):
+    """Shows every op to ``observer`` where no live-storage tracker runs (cuda, whose caching allocator
+    counts the bytes): a copy is a copy op whose tensors are on more than one device."""
+
+    def __init__(self, observer: Any) -> None:
+        super().__init__()
+        self.observer = observer
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        copy = False
+        if getattr(getattr(func, "overloadpacket", None), "__name__", None) in _COPY_OPS:
+            devices = {t.device for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)}
+            copy = len(devices) > 1
+        self.observer.observe(func, args, kwargs, out, copy)
+        return out
+
+
 def unique_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind ``tensors`` (shared storages counted once)."""
     seen: set[tuple[str, int]] = set()
