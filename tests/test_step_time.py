@@ -39,6 +39,13 @@ def test_a_dtype_runs_at_its_own_peak_and_one_without_a_peak_at_fp32s() -> None:
     assert fp16.device_s == pytest.approx(4e9 / (1e12 * 0.5) + 5e-6)
 
 
+def test_a_backward_kernel_runs_at_the_models_backward_efficiency() -> None:
+    slow_backward = dataclasses.replace(ROUND, backward_efficiency=0.25)
+    grad = OpCost("convolution_backward", KERNEL, flops=10**9, convolution=True, backward=True)
+    assert predict_step([grad], slow_backward).device_s == pytest.approx(1e9 / (1e12 * 0.5 * 0.25) + 5e-6)
+    assert predict_step([grad], ROUND).device_s == pytest.approx(1e9 / (1e12 * 0.5) + 5e-6)
+
+
 def test_fp32_convolutions_run_as_tf32_where_the_device_does_that() -> None:
     tf32 = dataclasses.replace(ROUND, peak_flops=MappingProxyType({"fp32": 1e12, "tf32": 8e12}),
                                conv_fp32_as_tf32=True)
@@ -75,6 +82,7 @@ def test_the_recorder_counts_flops_and_bytes_of_real_ops() -> None:
         c.relu()
     recorder.observe(torch.ops.prim.device.default, (c,), {}, c.device, False)  # a query, as fake tensors see it
     mm, view, relu, query = recorder.ops
+    assert not mm.backward and not relu.backward
     assert query.kind == HOST_ONLY and query.bytes_moved == 0
     assert (mm.kind, mm.flops, mm.bytes_moved, mm.dtype) == (KERNEL, 2 * 4 * 8 * 16, (32 + 128 + 64) * 4, "fp32")
     assert view.kind == HOST_ONLY

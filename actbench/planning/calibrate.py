@@ -75,6 +75,22 @@ def conv_rates(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes, dty
     return rates
 
 
+def conv_backward_ratio(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> float:
+    """Median over ``sizes.conv`` of a convolution's backward FLOP/s (input and weight gradients, twice
+    the forward's FLOPs) over its forward FLOP/s, fp32."""
+    ratios = []
+    for batch, channels, side in sizes.conv:
+        x = torch.randn(batch, channels, side, side, device=device, requires_grad=True)
+        w = torch.randn(channels, channels, 3, 3, device=device, requires_grad=True)
+        y = torch.nn.functional.conv2d(x, w, padding=1)
+        grad = torch.randn_like(y)
+        forward = _seconds(lambda: torch.nn.functional.conv2d(x, w, padding=1), prof, device, sizes.repeats)
+        backward = _seconds(lambda: torch.autograd.grad(y, (x, w), grad, retain_graph=True), prof, device,
+                            sizes.repeats)
+        ratios.append(2 * forward / backward)
+    return statistics.median(ratios)
+
+
 def memory_rates(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> dict[str, float]:
     """Bytes/s read plus written by a copy, an elementwise add and a reduction over fp32 vectors."""
     a = torch.randn(sizes.stream_elements, device=device)
@@ -141,6 +157,7 @@ def calibrate(device_name: str, sizes: ProbeSizes = FULL, name: str | None = Non
     smaller = ProbeSizes(sizes.matmul[:2], sizes.conv, sizes.stream_elements, sizes.repeats, sizes.tiny_ops)
     for dtype in ("bf16", "fp16") if prof.async_host_copies else ("bf16",):  # fp16 on a CPU: not a training dtype
         rates[dtype] = matmul_rates(prof, device, smaller, _DTYPES[dtype])
+    backward = conv_backward_ratio(prof, device, sizes)
     memory = memory_rates(prof, device, sizes)
     host_op = host_op_seconds(prof, device, sizes)
     launch = launch_gap_seconds(prof, device, sizes) if prof.async_host_copies else 0.0
@@ -154,6 +171,7 @@ def calibrate(device_name: str, sizes: ProbeSizes = FULL, name: str | None = Non
                "dram": "calibrate: " + ", ".join(f"{k} {v / 1e9:.2f} GB/s" for k, v in memory.items()),
                "copies": f"calibrate: host-to-device {h2d / 1e9:.2f} GB/s, device-to-host {d2h / 1e9:.2f} GB/s"
                          + ("" if prof.pins_host_memory else " (a copy in memory: host and device are one)"),
+               "backward": f"calibrate: convolution backward at {backward:.2f} of the forward's FLOP/s",
                "host_op": f"calibrate: {host_op * 1e6:.2f} us per one-element add_",
                "launch": (f"calibrate: {launch * 1e6:.2f} us per kernel of a replayed CUDA graph"
                           if prof.async_host_copies else "calibrate: no separate device (the host op cost covers it)"),
@@ -162,6 +180,6 @@ def calibrate(device_name: str, sizes: ProbeSizes = FULL, name: str | None = Non
         name=name or f"calibrated-{device_name}", label=label, peak_flops=MappingProxyType(peaks),
         dram_bytes_per_s=dram, h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h, launch_s=launch, host_op_s=host_op,
         compute_efficiency=statistics.median(rates["fp32"]) / peaks["fp32"],
-        memory_efficiency=statistics.median(memory.values()) / dram,
+        memory_efficiency=statistics.median(memory.values()) / dram, backward_efficiency=backward,
         host_overlaps_device=prof.async_host_copies, async_copies=prof.async_host_copies,
         conv_fp32_as_tf32=False, calibrated=True, sources=MappingProxyType(sources))

@@ -50,6 +50,9 @@ class DeviceModel:
     host_op_s: float
     compute_efficiency: float = 1.0
     memory_efficiency: float = 1.0
+    #: FLOP/s of backward kernels (a convolution's input and weight gradients) over forward ones at the
+    #: same shapes; 1.0 in the datasheet models (assumed), measured by ``calibrate``
+    backward_efficiency: float = 1.0
     pcie_generation: int | None = None
     host_overlaps_device: bool = True
     async_copies: bool = True
@@ -84,7 +87,7 @@ class DeviceModel:
             raise ValueError(f"{origin}: peak_flops must map {', '.join(PEAK_DTYPES)} (fp32 required) to FLOP/s, "
                              f"got {peaks!r}")
         for name in ("dram_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "compute_efficiency",
-                     "memory_efficiency"):
+                     "memory_efficiency", "backward_efficiency"):
             if name in values and not (isinstance(values[name], (int, float)) and values[name] > 0):
                 raise ValueError(f"{origin}: {name} must be a positive number, got {values[name]!r}")
         for name in ("launch_s", "host_op_s"):

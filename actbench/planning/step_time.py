@@ -40,6 +40,8 @@ class OpCost:
     bytes_moved: int = 0
     dtype: str = "fp32"
     convolution: bool = False
+    #: a backward kernel (its FLOP/s are the device model's ``backward_efficiency`` of a forward one's)
+    backward: bool = False
 
 
 @dataclass
@@ -70,7 +72,7 @@ class OpRecorder:
             self.ops.append(OpCost(name, HOST_ONLY))
             return
         dtype = next((_DTYPES[t.dtype] for t in outputs if t.dtype in _DTYPES), "fp32")
-        self.ops.append(OpCost(name, KERNEL, flops, moved, dtype, name in _CONVOLUTIONS))
+        self.ops.append(OpCost(name, KERNEL, flops, moved, dtype, name in _CONVOLUTIONS, name.endswith("_backward")))
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ class StepPrediction:
 def kernel_seconds(op: OpCost, model: DeviceModel) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one kernel on ``model``, launch not included."""
     dtype = "tf32" if op.dtype == "fp32" and op.convolution and model.conv_fp32_as_tf32 else op.dtype
-    compute = op.flops / (model.peak_for(dtype) * model.compute_efficiency) if op.flops else 0.0
+    rate = model.peak_for(dtype) * model.compute_efficiency * (model.backward_efficiency if op.backward else 1.0)
+    compute = op.flops / rate if op.flops else 0.0
     memory = op.bytes_moved / (model.dram_bytes_per_s * model.memory_efficiency)
     return compute, memory
 
