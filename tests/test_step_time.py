@@ -46,6 +46,16 @@ def test_a_backward_kernel_runs_at_the_models_backward_efficiency() -> None:
     assert predict_step([grad], ROUND).device_s == pytest.approx(1e9 / (1e12 * 0.5) + 5e-6)
 
 
+def test_tensor_core_dtypes_run_at_their_own_efficiency() -> None:
+    tensor = dataclasses.replace(ROUND, tensor_core_efficiency=0.25)
+    bf16 = OpCost("mm", KERNEL, flops=10**9, dtype="bf16")
+    fp32 = OpCost("mm", KERNEL, flops=10**9)
+    assert predict_step([bf16], tensor).device_s == pytest.approx(1e9 / (4e12 * 0.25) + 5e-6)
+    assert predict_step([fp32], tensor).device_s == pytest.approx(1e9 / (1e12 * 0.5) + 5e-6)
+    assert gpu_speed_model("a100-80gb").efficiency_for("tf32") == 0.25
+    assert gpu_speed_model("t4").efficiency_for("bf16") == 0.6  # no bf16 unit: runs at fp32's peak and efficiency
+
+
 def test_fp32_convolutions_run_as_tf32_where_the_device_does_that() -> None:
     tf32 = dataclasses.replace(ROUND, peak_flops=MappingProxyType({"fp32": 1e12, "tf32": 8e12}),
                                conv_fp32_as_tf32=True)

@@ -50,6 +50,8 @@ class DeviceModel:
     host_op_s: float
     compute_efficiency: float = 1.0
     memory_efficiency: float = 1.0
+    #: fraction of a tensor-core peak (tf32, bf16, fp16) a step's kernels reach; None: ``compute_efficiency``
+    tensor_core_efficiency: float | None = None
     #: FLOP/s of backward kernels (a convolution's input and weight gradients) over forward ones at the
     #: same shapes; 1.0 in the datasheet models (assumed), measured by ``calibrate``
     backward_efficiency: float = 1.0
@@ -64,6 +66,13 @@ class DeviceModel:
     def peak_for(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (fp32's where the device has no faster unit for it)."""
         return self.peak_flops.get(dtype) or self.peak_flops["fp32"]
+
+    def efficiency_for(self, dtype: str) -> float:
+        """The fraction of :meth:`peak_for` a step's kernels reach in ``dtype``."""
+        on_tensor_cores = dtype != "fp32" and dtype in self.peak_flops
+        if on_tensor_cores and self.tensor_core_efficiency is not None:
+            return self.tensor_core_efficiency
+        return self.compute_efficiency
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -93,6 +102,9 @@ class DeviceModel:
         for name in ("launch_s", "host_op_s"):
             if not (isinstance(values[name], (int, float)) and values[name] >= 0):
                 raise ValueError(f"{origin}: {name} must be a number >= 0, got {values[name]!r}")
+        tensor = values.get("tensor_core_efficiency")
+        if tensor is not None and not (isinstance(tensor, (int, float)) and tensor > 0):
+            raise ValueError(f"{origin}: tensor_core_efficiency must be a positive number or null, got {tensor!r}")
         if any(not (isinstance(v, (int, float)) and v > 0) for v in peaks.values()):
             raise ValueError(f"{origin}: every peak_flops value must be a positive number, got {peaks!r}")
         values["peak_flops"] = MappingProxyType(dict(peaks))
@@ -133,9 +145,14 @@ GPU_HOST_OP_S = 10e-6
 #: and normalisation kernels); assumed until ``calibrate --device cuda`` measures them.
 GPU_COMPUTE_EFFICIENCY = 0.6
 GPU_MEMORY_EFFICIENCY = 0.8
+#: Tensor-core kernels reach a smaller share of their far higher peak: a quarter, set from NVIDIA
+#: DeepLearningExamples' ResNet-50 v1.5 on V100 with AMP (1200 img/s x 24.6 GFLOP per image ~ 24% of
+#: 125 TFLOPS); the TF32 and bf16 predictions on A100 are checks outside that setting (docs/design.md §11).
+GPU_TENSOR_CORE_EFFICIENCY = 0.25
 
 _ASSUMED = ("launch: assumed 4 us between kernels; host_op: assumed 10 us of eager dispatch per op; efficiencies: "
-            "assumed 0.6 of peak FLOP/s and 0.8 of DRAM bandwidth (calibrate --device cuda measures them)")
+            "assumed 0.6 of peak FLOP/s and 0.8 of DRAM bandwidth (calibrate --device cuda measures them); "
+            "tensor cores 0.25 of their peak (from DeepLearningExamples' ResNet-50 V100 AMP: 1200 img/s)")
 
 
 def _gpu(name: str, label: str, tflops: Mapping[str, float], dram_gb_s: float, pcie: int, sheet: str,
@@ -146,7 +163,8 @@ def _gpu(name: str, label: str, tflops: Mapping[str, float], dram_gb_s: float, p
         name=name, label=label, peak_flops=MappingProxyType({d: v * TERA for d, v in tflops.items()}),
         dram_bytes_per_s=dram_gb_s * GB, h2d_bytes_per_s=bandwidth, d2h_bytes_per_s=bandwidth,
         launch_s=GPU_LAUNCH_S, host_op_s=GPU_HOST_OP_S, compute_efficiency=GPU_COMPUTE_EFFICIENCY,
-        memory_efficiency=GPU_MEMORY_EFFICIENCY, pcie_generation=pcie, conv_fp32_as_tf32=tf32_convs,
+        memory_efficiency=GPU_MEMORY_EFFICIENCY, tensor_core_efficiency=GPU_TENSOR_CORE_EFFICIENCY,
+        pcie_generation=pcie, conv_fp32_as_tf32=tf32_convs,
         sources=MappingProxyType({
             "peaks": f"{sheet}: dense TFLOPS {peaks} (no sparsity)", "dram": f"{sheet}: {dram_gb_s:g} GB/s",
             "pcie": f"{sheet}: PCIe Gen{pcie} x16; effective pinned {bandwidth / GB:g} GB/s each way "

@@ -96,7 +96,7 @@ class StepPrediction:
 def kernel_seconds(op: OpCost, model: DeviceModel) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one kernel on ``model``, launch not included."""
     dtype = "tf32" if op.dtype == "fp32" and op.convolution and model.conv_fp32_as_tf32 else op.dtype
-    rate = model.peak_for(dtype) * model.compute_efficiency * (model.backward_efficiency if op.backward else 1.0)
+    rate = model.peak_for(dtype) * model.efficiency_for(dtype) * (model.backward_efficiency if op.backward else 1.0)
     compute = op.flops / rate if op.flops else 0.0
     memory = op.bytes_moved / (model.dram_bytes_per_s * model.memory_efficiency)
     return compute, memory
