@@ -166,3 +166,31 @@ def test_meta_rows_with_a_gpu_carry_its_predicted_speed(monkeypatch) -> None:
     assert a100.device_model == "a100-80gb" and a100.predicted_step_s < rows["fp32"].predicted_step_s
     plain = sessions.measure_point(PointConfig(ModelSpec("resnet18"), "fp32", 32, 160, "meta"))
     assert plain.predicted_step_s is None and plain.device_model is None  # an idealised device has no speed
+
+
+# --- fastest: the user's question -----------------------------------------------------------------
+def test_fastest_first_puts_what_fits_first_fastest_first() -> None:
+    from actbench.planning.step_time import StrategyChoice, fastest_first
+
+    choices = [StrategyChoice("fp32", "over_budget", 10, 12, 50.0, "too big"),
+               StrategyChoice("L3", "ok", 3, 4, 40.0, ""), StrategyChoice("L2", "ok", 4, 5, 45.0, ""),
+               StrategyChoice("swap", "ok", 2, 3, 10.0, "")]
+    assert [c.strategy for c in fastest_first(choices)] == ["L2", "L3", "swap", "fp32"]
+
+
+def test_fastest_command_answers_for_a_named_gpu_and_refuses_bad_input() -> None:
+    from typer.testing import CliRunner
+
+    from actbench.cli import app
+
+    runner = CliRunner()
+    bad = runner.invoke(app, ["fastest", "resnet18", "--gpu", "t5", "--batch", "8"])
+    assert bad.exit_code == 2 and bad.output.strip().endswith("unknown GPU 't5'; choose t4, v100, l4, a10, a100-40gb, "
+                                                              "a100-80gb, h100-80gb, h200, rtx3090, rtx4090")
+    assert runner.invoke(app, ["fastest", "resnet18", "--gpu", "t4", "--batch", "1"]).exit_code == 2
+    result = runner.invoke(app, ["fastest", "resnet18", "--gpu", "t4", "--batch", "8", "--image-size", "32",
+                                 "--strategies", "fp32,swap"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    table = result.stdout[result.stdout.index("strategy"):]
+    assert table.index("fp32") < table.index("swap")  # both fit; swap crosses PCIe: slower
+    assert "samples/s" in table and "predicted" in result.stdout
