@@ -31,14 +31,14 @@ class ProbeSizes:
 
     matmul: tuple[int, ...]
     conv: tuple[tuple[int, int, int], ...]  # (batch, channels, side) of a 3x3 convolution
-    stream_elements: int
+    stream_elements: tuple[int, ...]  # fp32 vector lengths of the memory probes (a step's tensors range widely)
     repeats: int
     tiny_ops: int
 
 
-QUICK = ProbeSizes(matmul=(128, 256), conv=((2, 32, 16),), stream_elements=1 << 20, repeats=3, tiny_ops=200)
-FULL = ProbeSizes(matmul=(256, 512, 1024), conv=((8, 64, 56), (8, 128, 28), (8, 256, 14)),
-                  stream_elements=1 << 24, repeats=5, tiny_ops=2000)
+QUICK = ProbeSizes(matmul=(128, 256), conv=((2, 32, 16),), stream_elements=(1 << 18,), repeats=3, tiny_ops=200)
+FULL = ProbeSizes(matmul=(256, 512, 1024), conv=((8, 64, 56), (8, 128, 28), (8, 256, 14), (8, 512, 7)),
+                  stream_elements=(1 << 16, 1 << 20, 1 << 24), repeats=5, tiny_ops=2000)
 
 
 def _seconds(fn: Callable[[], object], prof: DeviceProfile, device: torch.device, repeats: int) -> float:
@@ -92,13 +92,16 @@ def conv_backward_ratio(prof: DeviceProfile, device: torch.device, sizes: ProbeS
 
 
 def memory_rates(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> dict[str, float]:
-    """Bytes/s read plus written by a copy, an elementwise add and a reduction over fp32 vectors."""
-    a = torch.randn(sizes.stream_elements, device=device)
-    b = torch.randn(sizes.stream_elements, device=device)
-    nbytes = a.numel() * a.element_size()
-    return {"copy": 2 * nbytes / _seconds(a.clone, prof, device, sizes.repeats),
-            "elementwise": 3 * nbytes / _seconds(lambda: a + b, prof, device, sizes.repeats),
-            "reduction": nbytes / _seconds(a.sum, prof, device, sizes.repeats)}
+    """Bytes/s read plus written by a copy, an elementwise add and a reduction over fp32 vectors of each
+    length in ``sizes.stream_elements`` (``copy@N`` and so on)."""
+    rates = {}
+    for n in sizes.stream_elements:
+        a, b = torch.randn(n, device=device), torch.randn(n, device=device)
+        nbytes = a.numel() * a.element_size()
+        rates[f"copy@{n}"] = 2 * nbytes / _seconds(a.clone, prof, device, sizes.repeats)
+        rates[f"elementwise@{n}"] = 3 * nbytes / _seconds(lambda: a + b, prof, device, sizes.repeats)
+        rates[f"reduction@{n}"] = nbytes / _seconds(a.sum, prof, device, sizes.repeats)
+    return rates
 
 
 def host_op_seconds(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> float:
@@ -129,12 +132,17 @@ def launch_gap_seconds(prof: DeviceProfile, device: torch.device, sizes: ProbeSi
 
 def pinned_copy_rates(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> tuple[float, float]:
     """(host-to-device, device-to-host) bytes/s of copies between pinned host memory and the device."""
-    host = torch.empty(sizes.stream_elements, pin_memory=True)
-    dev = torch.empty(sizes.stream_elements, device=device)
+    host = torch.empty(max(sizes.stream_elements), pin_memory=True)
+    dev = torch.empty(max(sizes.stream_elements), device=device)
     nbytes = host.numel() * host.element_size()
     h2d = nbytes / _seconds(lambda: dev.copy_(host, non_blocking=True), prof, device, sizes.repeats)
     d2h = nbytes / _seconds(lambda: host.copy_(dev, non_blocking=True), prof, device, sizes.repeats)
     return h2d, d2h
+
+
+def _median_copy(memory: dict[str, float]) -> float:
+    """Bytes/s of a copy in memory, as a "host copy" of that many tensor bytes (half the bytes moved)."""
+    return statistics.median(v for k, v in memory.items() if k.startswith("copy@")) / 2
 
 
 def _device_label(prof: DeviceProfile, device: torch.device) -> str:
@@ -162,7 +170,7 @@ def calibrate(device_name: str, sizes: ProbeSizes = FULL, name: str | None = Non
     host_op = host_op_seconds(prof, device, sizes)
     launch = launch_gap_seconds(prof, device, sizes) if prof.async_host_copies else 0.0
     h2d, d2h = (pinned_copy_rates(prof, device, sizes) if prof.pins_host_memory
-                else (memory["copy"] / 2, memory["copy"] / 2))
+                else (_median_copy(memory), _median_copy(memory)))
     peaks = {dtype: max(values) for dtype, values in rates.items()}
     dram = max(memory.values())
     label = _device_label(prof, device)
