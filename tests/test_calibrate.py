@@ -36,7 +36,8 @@ def test_calibrate_writes_a_device_model_file_that_loads(calibrated: Path) -> No
         assert data[name] > 0, name
     assert 0 < data["compute_efficiency"] <= 1 and 0 < data["memory_efficiency"] <= 1
     assert data["host_overlaps_device"] is False and data["launch_s"] == 0  # a CPU: one core dispatches and computes
-    assert {"peaks", "dram", "copies", "backward", "host_op", "machine"} <= set(data["sources"])
+    assert {"peaks", "dram", "copies", "backward", "extension", "host_op", "machine"} <= set(data["sources"])
+    assert data["extension_bytes_per_s"] > 0  # the extension is built here
     assert data["backward_efficiency"] > 0
     model = load_device_model(calibrated)
     assert model.peak_for("fp32") == data["peak_flops"]["fp32"]
@@ -55,6 +56,7 @@ def test_a_saved_model_loads_as_it_was(tmp_path: Path) -> None:
     (lambda d: d.update(peak_flops={"fp8": 1e12}), "peak_flops must map fp32, tf32, bf16, fp16"),
     (lambda d: d.update(host_op_s="fast"), "host_op_s must be a number >= 0, got 'fast'"),
     (lambda d: d.update(backward_efficiency=0), "backward_efficiency must be a positive number, got 0"),
+    (lambda d: d.update(extension_bytes_per_s=-2), "extension_bytes_per_s must be a positive number or null, got -2"),
 ])
 def test_a_bad_model_file_is_refused_naming_what_is_wrong(tmp_path: Path, change, message: str) -> None:
     data = gpu_speed_model("t4").to_dict()

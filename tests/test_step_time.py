@@ -56,6 +56,26 @@ def test_tensor_core_dtypes_run_at_their_own_efficiency() -> None:
     assert gpu_speed_model("t4").efficiency_for("bf16") == 0.6  # no bf16 unit: runs at fp32's peak and efficiency
 
 
+def test_the_extensions_ops_run_at_its_own_bandwidth_when_the_model_has_one() -> None:
+    pack = OpCost("quantize", KERNEL, bytes_moved=10**8, extension=True)
+    assert predict_step([pack], ROUND).device_s == pytest.approx(1e8 / (100e9 * 0.5) + 5e-6)  # DRAM's
+    measured = dataclasses.replace(ROUND, extension_bytes_per_s=1e9)
+    assert predict_step([pack], measured).device_s == pytest.approx(1e8 / 1e9 + 5e-6)
+
+
+def test_the_recorder_marks_the_extensions_ops() -> None:
+    from actbench import ops
+
+    ops.ensure_loaded()
+    recorder = OpRecorder()
+    x = torch.randn(4, 256)
+    with LiveStorageTracker(observer=recorder):
+        ops.dequantize(ops.quantize(x, 2))
+    marked = {op.name for op in recorder.ops if op.extension}
+    assert {"quantize", "dequantize"} <= marked and not any(op.extension for op in recorder.ops
+                                                             if op.name not in marked)
+
+
 def test_fp32_convolutions_run_as_tf32_where_the_device_does_that() -> None:
     tf32 = dataclasses.replace(ROUND, peak_flops=MappingProxyType({"fp32": 1e12, "tf32": 8e12}),
                                conv_fp32_as_tf32=True)

@@ -140,6 +140,24 @@ def pinned_copy_rates(prof: DeviceProfile, device: torch.device, sizes: ProbeSiz
     return h2d, d2h
 
 
+def extension_rate(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> float | None:
+    """Bytes/s the extension's ops move in a 2-bit quantize and dequantize (each op's inputs and outputs,
+    as the step-time model counts them); None when the extension cannot be loaded here."""
+    from actbench import ops
+    from actbench.extension import ExtensionError
+
+    try:
+        ops.ensure_loaded()
+    except (ExtensionError, OSError, RuntimeError):
+        return None
+    x = torch.randn(256, 4096, device=device)  # 4 MiB, the size of a small step's activations
+    packed = ops.quantize(x, 2)
+    # group_minmax and quantize read x, dequantize writes it; quantize writes the packed bytes, dequantize reads them
+    moved = 3 * x.numel() * x.element_size() + 2 * packed.nbytes
+    seconds = _seconds(lambda: ops.dequantize(ops.quantize(x, 2)), prof, device, sizes.repeats)
+    return moved / seconds
+
+
 def _median_copy(memory: dict[str, float]) -> float:
     """Bytes/s of a copy in memory, as a "host copy" of that many tensor bytes (half the bytes moved)."""
     return statistics.median(v for k, v in memory.items() if k.startswith("copy@")) / 2
@@ -166,6 +184,7 @@ def calibrate(device_name: str, sizes: ProbeSizes = FULL, name: str | None = Non
     for dtype in ("bf16", "fp16") if prof.async_host_copies else ("bf16",):  # fp16 on a CPU: not a training dtype
         rates[dtype] = matmul_rates(prof, device, smaller, _DTYPES[dtype])
     backward = conv_backward_ratio(prof, device, sizes)
+    extension = extension_rate(prof, device, sizes)
     memory = memory_rates(prof, device, sizes)
     host_op = host_op_seconds(prof, device, sizes)
     launch = launch_gap_seconds(prof, device, sizes) if prof.async_host_copies else 0.0
@@ -180,6 +199,9 @@ def calibrate(device_name: str, sizes: ProbeSizes = FULL, name: str | None = Non
                "copies": f"calibrate: host-to-device {h2d / 1e9:.2f} GB/s, device-to-host {d2h / 1e9:.2f} GB/s"
                          + ("" if prof.pins_host_memory else " (a copy in memory: host and device are one)"),
                "backward": f"calibrate: convolution backward at {backward:.2f} of the forward's FLOP/s",
+               "extension": ("calibrate: the extension could not be loaded: its ops priced at DRAM bandwidth"
+                             if extension is None else
+                             f"calibrate: 2-bit quantize + dequantize of 4 MiB move {extension / 1e9:.2f} GB/s"),
                "host_op": f"calibrate: {host_op * 1e6:.2f} us per one-element add_",
                "launch": (f"calibrate: {launch * 1e6:.2f} us per kernel of a replayed CUDA graph"
                           if prof.async_host_copies else "calibrate: no separate device (the host op cost covers it)"),
@@ -189,5 +211,6 @@ def calibrate(device_name: str, sizes: ProbeSizes = FULL, name: str | None = Non
         dram_bytes_per_s=dram, h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h, launch_s=launch, host_op_s=host_op,
         compute_efficiency=statistics.median(rates["fp32"]) / peaks["fp32"],
         memory_efficiency=statistics.median(memory.values()) / dram, backward_efficiency=backward,
+        extension_bytes_per_s=extension,
         host_overlaps_device=prof.async_host_copies, async_copies=prof.async_host_copies,
         conv_fp32_as_tf32=False, calibrated=True, sources=MappingProxyType(sources))

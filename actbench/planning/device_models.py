@@ -52,6 +52,9 @@ class DeviceModel:
     memory_efficiency: float = 1.0
     #: fraction of a tensor-core peak (tf32, bf16, fp16) a step's kernels reach; None: ``compute_efficiency``
     tensor_core_efficiency: float | None = None
+    #: bytes/s the extension's own ops (``actbench::``, ActNN's quantize and pack) move, which cost more
+    #: per byte than a copy; None: DRAM bandwidth, as any memory-bound kernel
+    extension_bytes_per_s: float | None = None
     #: FLOP/s of backward kernels (a convolution's input and weight gradients) over forward ones at the
     #: same shapes; 1.0 in the datasheet models (assumed), measured by ``calibrate``
     backward_efficiency: float = 1.0
@@ -102,6 +105,10 @@ class DeviceModel:
         for name in ("launch_s", "host_op_s"):
             if not (isinstance(values[name], (int, float)) and values[name] >= 0):
                 raise ValueError(f"{origin}: {name} must be a number >= 0, got {values[name]!r}")
+        for name in ("tensor_core_efficiency", "extension_bytes_per_s"):
+            optional = values.get(name)
+            if optional is not None and not (isinstance(optional, (int, float)) and optional > 0):
+                raise ValueError(f"{origin}: {name} must be a positive number or null, got {optional!r}")
         tensor = values.get("tensor_core_efficiency")
         if tensor is not None and not (isinstance(tensor, (int, float)) and tensor > 0):
             raise ValueError(f"{origin}: tensor_core_efficiency must be a positive number or null, got {tensor!r}")

@@ -26,6 +26,8 @@ from actbench.planning.device_models import DeviceModel
 
 #: Op kinds of a record: a device kernel, a copy between device and host (serial or overlapped), host-only.
 KERNEL, COPY, OVERLAPPED_COPY, HOST_ONLY = "kernel", "copy", "overlapped_copy", "host"
+#: The operator namespace of the extension's ops (csrc/registration.cpp)
+EXTENSION_NAMESPACE = "actbench"
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _CONVOLUTIONS = frozenset(("convolution", "convolution_backward", "_convolution", "cudnn_convolution"))
 
@@ -42,6 +44,8 @@ class OpCost:
     convolution: bool = False
     #: a backward kernel (its FLOP/s are the device model's ``backward_efficiency`` of a forward one's)
     backward: bool = False
+    #: one of the extension's own ops (``actbench::``), priced at the model's ``extension_bytes_per_s``
+    extension: bool = False
 
 
 @dataclass
@@ -72,7 +76,8 @@ class OpRecorder:
             self.ops.append(OpCost(name, HOST_ONLY))
             return
         dtype = next((_DTYPES[t.dtype] for t in outputs if t.dtype in _DTYPES), "fp32")
-        self.ops.append(OpCost(name, KERNEL, flops, moved, dtype, name in _CONVOLUTIONS, name.endswith("_backward")))
+        self.ops.append(OpCost(name, KERNEL, flops, moved, dtype, name in _CONVOLUTIONS, name.endswith("_backward"),
+                               getattr(func, "namespace", None) == EXTENSION_NAMESPACE))
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,8 @@ def kernel_seconds(op: OpCost, model: DeviceModel) -> tuple[float, float]:
     dtype = "tf32" if op.dtype == "fp32" and op.convolution and model.conv_fp32_as_tf32 else op.dtype
     rate = model.peak_for(dtype) * model.efficiency_for(dtype) * (model.backward_efficiency if op.backward else 1.0)
     compute = op.flops / rate if op.flops else 0.0
+    if op.extension and model.extension_bytes_per_s is not None:
+        return compute, op.bytes_moved / model.extension_bytes_per_s
     memory = op.bytes_moved / (model.dram_bytes_per_s * model.memory_efficiency)
     return compute, memory
 
