@@ -237,10 +237,20 @@ def op_flops(func: object, args: tuple, kwargs: dict, out: object) -> int:
 
 def op_bytes_moved(func: object, inputs: list, outputs: list) -> int:
     """DRAM bytes one ATen op reads and writes (its tensor inputs and outputs); 0 for a view or a creation
-    op that PyTorch's runtime estimator ignores."""
-    import torch
-    from torch.utils._runtime_estimation import _IGNORE_OPS, get_num_bytes
+    op that PyTorch's runtime estimator ignores.
+
+    Counted as its ``get_num_bytes`` counts them (a broadcast dimension, stride 0, is read once), on the
+    concrete shapes of a traced step: its symbolic-shape checks cost a meta step as much again.
+    """
+    from torch.utils._runtime_estimation import _IGNORE_OPS
 
     if getattr(func, "overloadpacket", func) in _IGNORE_OPS:
         return 0
-    return sum(get_num_bytes(t) for t in (*inputs, *outputs) if isinstance(t, torch.Tensor) and holds_data(t))
+    total = 0
+    for t in (*inputs, *outputs):
+        n = t.element_size()
+        for size, stride in zip(t.shape, t.stride()):
+            if stride:
+                n *= size
+        total += n
+    return total

@@ -186,6 +186,10 @@ def test_meta_rows_with_a_gpu_carry_its_predicted_speed(monkeypatch) -> None:
     assert a100.device_model == "a100-80gb" and a100.predicted_step_s < rows["fp32"].predicted_step_s
     plain = sessions.measure_point(PointConfig(ModelSpec("resnet18"), "fp32", 32, 160, "meta"))
     assert plain.predicted_step_s is None and plain.device_model is None  # an idealised device has no speed
+    first_plain = sessions.measure_point(PointConfig(ModelSpec("resnet18"), "L3", 32, 160, "meta"))
+    then_gpu = sessions.measure_point(PointConfig(ModelSpec("resnet18"), "L3", 32, 160, "meta", gpu="t4"))
+    assert first_plain.predicted_step_s is None and then_gpu.predicted_step_s > 0  # stepped again, with its ops
+    assert then_gpu.peak_alloc_bytes == first_plain.peak_alloc_bytes
 
 
 # --- fastest: the user's question -----------------------------------------------------------------

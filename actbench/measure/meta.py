@@ -117,25 +117,28 @@ class MetaSessions:
             raise ValueError(f"MetaSessions predicts points of a predicting device, got device '{point.device}'")
         twin_name = strategies.get(point.strategy).same_on_meta_as or point.strategy
         twin = dataclasses.replace(point, strategy=twin_name, budget_bytes=None, gpu=None, host_budget_bytes=None)
-        if twin in self._done and fault is None and twin in self._traces:
+        speed_model = self.speed_model or selected_device_model(point.gpu)
+        # the op record costs a meta step about half again: made only when a device model will price it
+        priced = speed_model is None or (twin in self._traces and bool(self._traces[twin].ops))
+        if twin in self._done and fault is None and twin in self._traces and priced:
             for f in dataclasses.fields(Measurement):
                 if f.name not in ("status", "message", "elapsed_s", "alloc_conf"):
                     setattr(result, f.name, getattr(self._done[twin], f.name))
             result.strategy_note = self._done[twin].strategy_note
         else:
-            trace = self._measure(point, result, fault)
+            trace = self._measure(point, result, fault, record_ops=speed_model is not None)
             self._done[twin] = dataclasses.replace(result)
             self._traces[twin] = trace
             while len(self._traces) > _TRACES_KEPT:
                 del self._traces[next(iter(self._traces))]
         predict_reserved(point, result, self._traces[twin])
-        fill_prediction(result, self._traces[twin].ops, self.speed_model or selected_device_model(point.gpu),
-                        point.batch_size)
+        fill_prediction(result, self._traces[twin].ops, speed_model, point.batch_size)
         check_budget(result, point.budget_bytes, predicted=True)
         check_host_budget(pinned_host_peak(self._traces[twin].host), point.host_budget_bytes,
                           "predicted: power-of-two pinned blocks, cached per size")
 
-    def _measure(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None) -> StepTrace:
+    def _measure(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None,
+                 record_ops: bool = False) -> StepTrace:
         key = dataclasses.replace(point, batch_size=0, budget_bytes=None, warmup_steps=0, timed_steps=0, gpu=None,
                                   host_budget_bytes=None)
         torch.manual_seed(point.seed)
@@ -154,7 +157,7 @@ class MetaSessions:
                 _warm_optimizer_state(session.step, session.trained)
             session.step.zero_grad()
             recorder = OpRecorder(overlaps_copies=strategies.get(point.strategy).overlaps_host_copies)
-            tracker = LiveStorageTracker(record=True, observer=recorder)
+            tracker = LiveStorageTracker(record=True, observer=recorder if record_ops else None)
             session.host_scope.tracker = tracker
             file_offloads_as_host(session.step.model, tracker)
             tracked_memory_step(session.step, images, targets, tracker, result)

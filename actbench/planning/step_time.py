@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from actbench.compat import op_bytes_moved, op_flops, tree_flatten
+from actbench.compat import op_bytes_moved, op_flops
 from actbench.planning.device_models import DeviceModel
 
 #: Op kinds of a record: a device kernel, a copy between device and host (serial or overlapped), host-only.
@@ -60,8 +60,8 @@ class OpRecorder:
 
     def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, copy: bool) -> None:
         """Record one op; ``copy``: it moves bytes between device and host storages."""
-        name = getattr(getattr(func, "overloadpacket", func), "__name__", str(func))
-        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        name = getattr(getattr(func, "overloadpacket", func), "__name__", None) or str(func)
+        outputs = _tensors(out)
         if copy:
             kind = OVERLAPPED_COPY if self.overlaps_copies else COPY
             self.ops.append(OpCost(name, kind, bytes_moved=sum(t.untyped_storage().nbytes() for t in outputs)))
@@ -69,7 +69,7 @@ class OpRecorder:
         if not outputs:  # a query (its device, a size): no kernel runs
             self.ops.append(OpCost(name, HOST_ONLY))
             return
-        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        inputs = _tensors(args) + _tensors(tuple(kwargs.values()))
         moved = op_bytes_moved(func, inputs, outputs)
         flops = op_flops(func, args, kwargs, out)
         if not moved and not flops:
@@ -78,6 +78,16 @@ class OpRecorder:
         dtype = next((_DTYPES[t.dtype] for t in outputs if t.dtype in _DTYPES), "fp32")
         self.ops.append(OpCost(name, KERNEL, flops, moved, dtype, name in _CONVOLUTIONS, name.endswith("_backward"),
                                getattr(func, "namespace", None) == EXTENSION_NAMESPACE))
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in an op's arguments or outputs (nested in tuples and lists); a cheaper walk than
+    pytree's for every op of a step."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
 
 
 @dataclass(frozen=True)
