@@ -23,7 +23,7 @@ from actbench.devices import holds_data
 __all__ = ["TorchDispatchMode", "tree_flatten", "dispatch_modes_disabled", "memtracker_class", "tensor_version",
            "fake_tensor_mode", "is_fake", "storage_identity", "parameters_on_meta", "fake_module",
            "forget_compiled_graphs", "clear_cublas_workspaces", "softmax_backward", "builtin_avg_pool2d",
-           "has_dispatch_kernel"]
+           "has_dispatch_kernel", "op_flops", "op_bytes_moved"]
 
 
 def tensor_version(tensor: "torch.Tensor") -> int:
@@ -220,3 +220,37 @@ def has_dispatch_kernel(qualified_op: str, dispatch_key: str) -> bool:
     import torch
 
     return bool(torch._C._dispatch_has_kernel_for_dispatch_key(qualified_op, dispatch_key))
+
+
+# --- the step-time model's per-op counts (actbench.planning.step_time) --------------------------------
+# torch.utils._runtime_estimation holds the views and creation ops that move no bytes and the bytes an
+# op reads and writes (broadcast dimensions read once); FlopCounterMode's formulas are in flop_registry.
+
+
+def op_flops(func: object, args: tuple, kwargs: dict, out: object) -> int:
+    """FLOPs of one ATen op by FlopCounterMode's formula for it (2 per multiply-add); 0 without one."""
+    from torch.utils.flop_counter import flop_registry
+
+    formula = flop_registry.get(getattr(func, "overloadpacket", func))
+    return 0 if formula is None else int(formula(*args, **kwargs, out_val=out))
+
+
+def op_bytes_moved(func: object, inputs: list, outputs: list) -> int:
+    """DRAM bytes one ATen op reads and writes (its tensor inputs and outputs); 0 for a view or a creation
+    op that PyTorch's runtime estimator ignores.
+
+    Counted as its ``get_num_bytes`` counts them (a broadcast dimension, stride 0, is read once), on the
+    concrete shapes of a traced step: its symbolic-shape checks cost a meta step as much again.
+    """
+    from torch.utils._runtime_estimation import _IGNORE_OPS
+
+    if getattr(func, "overloadpacket", func) in _IGNORE_OPS:
+        return 0
+    total = 0
+    for t in (*inputs, *outputs):
+        n = t.element_size()
+        for size, stride in zip(t.shape, t.stride()):
+            if stride:
+                n *= size
+        total += n
+    return total

@@ -103,12 +103,15 @@ def _profile(name: str, label: str, gib: int, cc: tuple[int, int], ecc_inband: b
 #: Every profile by name (the CLI's ``--gpu`` choices, in this order).
 GPU_PROFILES: Mapping[str, GpuProfile] = MappingProxyType({p.name: p for p in (
     _profile("t4", "NVIDIA T4", 16, (7, 5), True, _GDDR_ECC),
+    _profile("v100", "NVIDIA V100 SXM2 16GB", 16, (7, 0), False, _NO_ECC),
     _profile("l4", "NVIDIA L4", 24, (8, 9), True, _GDDR_ECC),
     _profile("a10", "NVIDIA A10", 24, (8, 6), True, _GDDR_ECC),
     _profile("a100-40gb", "NVIDIA A100 40GB", 40, (8, 0), False, _NO_ECC),
     _profile("a100-80gb", "NVIDIA A100 80GB", 80, (8, 0), False, _NO_ECC),
     _profile("h100-80gb", "NVIDIA H100 80GB", 80, (9, 0), False, _NO_ECC),
     _profile("h200", "NVIDIA H200", 141, (9, 0), False, _NO_ECC),
+    _profile("rtx3090", "NVIDIA GeForce RTX 3090", 24, (8, 6), False,
+             "GeForce: ECC off, the whole capacity is usable"),
     _profile("rtx4090", "NVIDIA GeForce RTX 4090", 24, (8, 9), False,
              "GeForce: ECC off, the whole capacity is usable"),
 )})

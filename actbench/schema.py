@@ -151,6 +151,11 @@ class Measurement:
     strategy_note: str | None = None
     alloc_conf: str | None = None
     elapsed_s: float | None = None
+    #: the step-time model's prediction (actbench/planning/step_time.py), never a measurement, and the
+    #: device model it priced the step on (a GPU profile's name or a calibrated model's)
+    predicted_step_s: float | None = None
+    predicted_samples_per_s: float | None = None
+    device_model: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Measurement":
@@ -192,6 +197,7 @@ COLUMNS: tuple[str, ...] = (
     "strategy", "batch_size", "image_size", "device", "budget_bytes", "precision", "gpu", "host_budget_bytes",
     "activation_bytes", "peak_alloc_bytes", "reserved_bytes", "model_bytes", "param_bytes", "grad_bytes",
     "optimizer_state_bytes", "host_bytes", "samples_per_s_median", "samples_per_s_iqr", "step_time_s_median",
+    "predicted_step_s", "predicted_samples_per_s", "device_model",
     "flops_per_sample", "forward_flops_per_sample", "num_params", "checkpoint_segments", "warmup_steps",
     "timed_steps", "steps_run", "steps_s", "strategy_note", "alloc_conf", "elapsed_s", "finished_at",
 )

@@ -87,6 +87,11 @@ keep "$SCRATCH/sweep-batch_resnet50_cuda_*/table.csv" sweep_table.csv
 # alive on cuda, so their peak_ratio should sit beside fp32's; checkpoint's and sac's meta warm-up
 # now gives every wrapped parameter its momentum, as the real warm-up on cuda does.)
 step meta_vs_cuda 180 "$PY" -m actbench trust --device cuda --batch 16 --image-size 224 --out "$OUT"
+# the step-time model: this GPU calibrated (device-model JSON), then predicted ÷ measured step time
+# per strategy on that model (speed_vs_cuda.csv), both brought back
+step calibrate_cuda 120 "$PY" -m actbench calibrate --device cuda --out "$OUT/device_model_cuda.json"
+step speed_vs_cuda 300 "$PY" -m actbench trust --device cuda --models resnet50 --strategies fp32,L0,L3,L4,checkpoint,swap \
+    --batch 64 --image-size 224 --device-model "$OUT/device_model_cuda.json" --out "$OUT"
 # issue 14: one point's caching-allocator history and segments (memory_snapshot.pickle, no stack traces)
 # and the CUDA context, beside meta's caching-allocator model of the same point (memory_snapshot.json)
 step memory_snapshot 120 "$PY" scripts/memory_snapshot.py "$OUT" fp32 64

@@ -163,7 +163,8 @@ def test_pinned_host_memory_rounds_to_powers_of_two_and_caches_per_size() -> Non
 
 # --- GPU profiles -----------------------------------------------------------------------------------
 def test_gpu_profiles_carry_their_documented_values() -> None:
-    assert GPU_NAMES == ("t4", "l4", "a10", "a100-40gb", "a100-80gb", "h100-80gb", "h200", "rtx4090")
+    assert GPU_NAMES == ("t4", "v100", "l4", "a10", "a100-40gb", "a100-80gb", "h100-80gb", "h200", "rtx3090",
+                         "rtx4090")
     t4 = gpu_profile("t4")
     assert t4.memory_bytes == 16 * GIB and t4.ecc_reserved_bytes == 1 * GIB and t4.context_bytes == 512 * MIB
     assert t4.usable_bytes == 16 * GIB - 1 * GIB - 512 * MIB
@@ -178,7 +179,7 @@ def test_gpu_profiles_carry_their_documented_values() -> None:
 
 
 def test_an_unknown_gpu_is_refused_naming_the_choices() -> None:
-    with pytest.raises(ValueError, match=r"unknown GPU 't5'; choose t4, l4, .*rtx4090"):
+    with pytest.raises(ValueError, match=r"unknown GPU 't5'; choose t4, v100, l4, .*rtx4090"):
         gpu_profile("t5")
 
 

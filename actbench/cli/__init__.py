@@ -8,6 +8,7 @@ from actbench.cli import actnn_commands  # noqa: F401  (registers verify-grads)
 from actbench.cli import report_commands  # noqa: F401  (registers plot, report)
 from actbench.cli import experiment_commands  # noqa: F401  (registers run)
 from actbench.cli import bench_commands  # noqa: F401  (registers bench-harness)
+from actbench.cli import speed_commands  # noqa: F401  (registers calibrate)
 
 
 @app.callback()

@@ -18,12 +18,15 @@ from rich.table import Table
 from rich.text import Text
 
 from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, Device, Precision, app,
-                              checked_out_dir, fail, interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
+                              checked_out_dir, fail, interrupted_by, interrupted_exit_code, require_device,
+                              terminate_like_ctrl_c)
 from actbench.cli.progress import PointProgress, ensure_extension, plural
+from actbench.cli.speed_commands import DeviceModelOpt, use_device_model
+from actbench.gpus import GPU_NAMES
 from actbench.commands import DEFAULT_STRATEGIES, PLAN_DEVICE
 from actbench.devices import PROFILES, profile
 from actbench.strategies import PLAIN_STRATEGIES
-from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, PLAN_DIMENSIONS, PRECISIONS, RETRIED_STATUSES, one_line
+from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, PLAN_DIMENSIONS, RETRIED_STATUSES, one_line
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ DeviceOpt = Annotated[Device, typer.Option(
 BudgetOpt = Annotated[Optional[str], typer.Option("--budget", help=(
     "Memory cap, e.g. 16GiB (cuda: enforced; cpu and meta: peak compared). Required for searches on meta."))]
 GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help=(
-    "meta: plan for a GPU model (t4, l4, a10, a100-40gb, a100-80gb, h100-80gb, h200, rtx4090): its memory less "
+    f"meta: plan for a GPU model ({', '.join(GPU_NAMES)}): its memory less "
     "ECC and the CUDA context, and out-of-memory decided on the reserved bytes of a caching-allocator model "
     "(docs/design.md §10). Instead of --budget."))]
 HostBudgetOpt = Annotated[Optional[str], typer.Option("--host-budget", help=(
@@ -169,6 +172,7 @@ def _launch(command: str, options: dict[str, Any], **fields: Any):
     Returns (store, outcome), or None after a dry run.
     """
     given = {name: value for name, value in options.items() if value is not None or name not in _DEFAULTED}
+    use_device_model(given.pop("device_model", None))
     switches = {name: given.pop(name) for name in _RUN_SWITCHES if name in given}
     switches["explicit"] = {name for name in _DEFAULTED if name in given}
     execution = _execution(**{name: given.pop(name) for name in _EXECUTION_OPTIONS if name in given})
@@ -447,6 +451,7 @@ def sweep_batch(
     device: DeviceOpt = Device.cuda,
     budget: BudgetOpt = None,
     gpu: GpuOpt = None,
+    device_model: DeviceModelOpt = None,
     host_budget: HostBudgetOpt = None,
     out: OutOpt = DEFAULT_OUT,
     stop_after: Annotated[Optional[int], typer.Option("--stop-after", show_default=False, help=(
@@ -552,6 +557,7 @@ def throughput(
     device: DeviceOpt = Device.cuda,
     budget: BudgetOpt = None,
     gpu: GpuOpt = None,
+    device_model: DeviceModelOpt = None,
     host_budget: HostBudgetOpt = None,
     out: OutOpt = DEFAULT_OUT,
     extra_blocks: ExtraBlocksOpt = 0,
@@ -597,6 +603,7 @@ def memory(
     device: DeviceOpt = Device.cuda,
     budget: BudgetOpt = None,
     gpu: GpuOpt = None,
+    device_model: DeviceModelOpt = None,
     host_budget: HostBudgetOpt = None,
     out: OutOpt = DEFAULT_OUT,
     extra_blocks: ExtraBlocksOpt = 0,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -35,6 +35,9 @@ def trust_command(
     precision: Annotated[Precision, typer.Option("--precision", help=PRECISION_HELP)] = Precision(DEFAULT_PRECISION),
     out: Annotated[Path, typer.Option("--out", parser=checked_out_dir, help=(
         "Folder for meta_vs_<device>.csv (meta_vs_<device>_<precision>.csv at bf16, fp16)."))] = Path("runs/trust"),
+    device_model: Annotated[Optional[Path], typer.Option("--device-model", help=(
+        "Compare step times instead: predicted on this device model (from `actbench calibrate`) ÷ measured; "
+        "writes speed_vs_<device>.csv."))] = None,
 ) -> None:
     """How far to trust meta: the same points predicted on meta and measured on cpu or cuda.
 
@@ -48,6 +51,7 @@ def trust_command(
       actbench trust --models resnet18 --strategies fp32,L3
       actbench trust --models resnet18 --strategies fp32,L3 --precision bf16
       actbench trust --device cuda --batch 16 --image-size 224      # on a GPU
+      actbench trust --models resnet18 --strategies fp32,L3,swap --batch 4 --image-size 64 --device-model runs/device_models/cpu.json
     """
     from actbench.measure.trust import compare, csv_name, write_csv
     from actbench.model_names import ModelSpec, validate_model_spec
@@ -76,6 +80,8 @@ def trust_command(
         check_writable(out)
     except ValueError as exc:
         fail(str(exc))
+    if device_model is not None:
+        return _speed(device.value, names, chosen, batch, image_size, precision, out, device_model)
     path = out / csv_name(device.value, precision)
     tag = "" if precision == DEFAULT_PRECISION else f" {precision}"
     console = Console()
@@ -110,3 +116,15 @@ def trust_command(
     console.print(table)
     if not all(c.meta_status == "ok" and c.measured_status == "ok" for c in rows):
         raise typer.Exit(1)
+
+
+def _speed(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch: int, image_size: int,
+           precision: str, out: Path, device_model: Path) -> None:
+    """--device-model: trust for speed (actbench.cli.speed_commands), with the options checked above."""
+    from actbench.cli.speed_commands import speed_trust
+
+    with terminate_like_ctrl_c():
+        problem = ensure_extension(chosen, device, lambda text: typer.echo(text, err=True))
+        if problem is not None:
+            fail(problem, code=1)
+        speed_trust(device, names, tuple(chosen), batch, image_size, precision, out, device_model)

@@ -31,6 +31,8 @@ from actbench.measure.accounting import (OverBudget, check_budget, check_host_bu
                                          file_offloads_as_host, model_breakdown, tracked_memory_step, with_census)
 from actbench.measure.allocator import AllocatorConfig, pinned_host_peak, replay_steps
 from actbench.measure.tracker import LiveStorageTracker
+from actbench.planning.device_models import DeviceModel, selected_device_model
+from actbench.planning.step_time import OpCost, OpRecorder, fill_prediction
 from actbench.models import build_model, grown_resnet152_layers, real_depth
 from actbench.schema import GROWABLE_MODEL, Measurement, PointConfig
 from actbench.strategies import StrategyOptions
@@ -61,12 +63,15 @@ class StepTrace:
     host: tuple[tuple[int, int], ...]
     #: handles allocated on CUDA's side stream (L4/L5's prefetched copies)
     side_stream: frozenset[int] = frozenset()
+    #: the step's ops for the step-time model (actbench/planning/step_time.py)
+    ops: tuple[OpCost, ...] = ()
 
     @classmethod
     def of(cls, tracker: LiveStorageTracker) -> "StepTrace":
         events = tracker.device_events or []
+        ops = tuple(tracker.observer.ops) if isinstance(tracker.observer, OpRecorder) else ()
         return cls(tuple(events[:tracker.step_start]), tuple(events[tracker.step_start:]),
-                   tuple(tracker.host_events or ()), frozenset(tracker.side_stream_serials))
+                   tuple(tracker.host_events or ()), frozenset(tracker.side_stream_serials), ops)
 
 
 #: Traces kept for points a twin strategy may reuse (L5 replays L4's step with its own allocator setting).
@@ -88,7 +93,9 @@ class _Session:
 class MetaSessions:
     """Measures ``meta`` points, reusing the last built model when only the batch size changes."""
 
-    def __init__(self) -> None:
+    def __init__(self, speed_model: DeviceModel | None = None) -> None:
+        #: the device model every point's step time is priced on (None: the point's, ``selected_device_model``)
+        self.speed_model = speed_model
         self._key: PointConfig | None = None
         self._session: _Session | None = None
         self._flops: dict[tuple, tuple[float, float]] = {}
@@ -110,23 +117,28 @@ class MetaSessions:
             raise ValueError(f"MetaSessions predicts points of a predicting device, got device '{point.device}'")
         twin_name = strategies.get(point.strategy).same_on_meta_as or point.strategy
         twin = dataclasses.replace(point, strategy=twin_name, budget_bytes=None, gpu=None, host_budget_bytes=None)
-        if twin in self._done and fault is None and twin in self._traces:
+        speed_model = self.speed_model or selected_device_model(point.gpu)
+        # the op record costs a meta step about half again: made only when a device model will price it
+        priced = speed_model is None or (twin in self._traces and bool(self._traces[twin].ops))
+        if twin in self._done and fault is None and twin in self._traces and priced:
             for f in dataclasses.fields(Measurement):
                 if f.name not in ("status", "message", "elapsed_s", "alloc_conf"):
                     setattr(result, f.name, getattr(self._done[twin], f.name))
             result.strategy_note = self._done[twin].strategy_note
         else:
-            trace = self._measure(point, result, fault)
+            trace = self._measure(point, result, fault, record_ops=speed_model is not None)
             self._done[twin] = dataclasses.replace(result)
             self._traces[twin] = trace
             while len(self._traces) > _TRACES_KEPT:
                 del self._traces[next(iter(self._traces))]
         predict_reserved(point, result, self._traces[twin])
+        fill_prediction(result, self._traces[twin].ops, speed_model, point.batch_size)
         check_budget(result, point.budget_bytes, predicted=True)
         check_host_budget(pinned_host_peak(self._traces[twin].host), point.host_budget_bytes,
                           "predicted: power-of-two pinned blocks, cached per size")
 
-    def _measure(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None) -> StepTrace:
+    def _measure(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None,
+                 record_ops: bool = False) -> StepTrace:
         key = dataclasses.replace(point, batch_size=0, budget_bytes=None, warmup_steps=0, timed_steps=0, gpu=None,
                                   host_budget_bytes=None)
         torch.manual_seed(point.seed)
@@ -144,7 +156,8 @@ class MetaSessions:
             if key != self._key:
                 _warm_optimizer_state(session.step, session.trained)
             session.step.zero_grad()
-            tracker = LiveStorageTracker(record=True)
+            recorder = OpRecorder(overlaps_copies=strategies.get(point.strategy).overlaps_host_copies)
+            tracker = LiveStorageTracker(record=True, observer=recorder if record_ops else None)
             session.host_scope.tracker = tracker
             file_offloads_as_host(session.step.model, tracker)
             tracked_memory_step(session.step, images, targets, tracker, result)

@@ -16,11 +16,14 @@ from typing import Callable, Iterator
 
 import torch
 
+from actbench import strategies
 from actbench.devices import DeviceProfile, exact_steps, profile
 from actbench.measure.accounting import (check_budget, check_host_budget, classified, count_flops, file_offloads_as_host,
                                          model_breakdown, tracked_memory_step, with_census)
-from actbench.measure.tracker import LiveStorageTracker
+from actbench.measure.tracker import LiveStorageTracker, OpObserver
 from actbench.models import build_model, real_depth
+from actbench.planning.device_models import selected_device_model
+from actbench.planning.step_time import OpRecorder, fill_prediction
 from actbench.schema import Measurement, PointConfig
 from actbench.strategies import StrategyOptions
 from actbench.training.step import TrainingStep, build_training_step, synthetic_batch
@@ -134,7 +137,10 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
     result.forward_flops_per_sample, result.flops_per_sample = fwd / 2, total / 2
     del f_images, f_targets
 
-    tracker = None if prof.has_caching_allocator else LiveStorageTracker()
+    speed_model = selected_device_model(point.gpu)
+    recorder = OpRecorder(overlaps_copies=strategies.get(point.strategy).overlaps_host_copies)
+    tracker = None if prof.has_caching_allocator else LiveStorageTracker(
+        observer=recorder if speed_model is not None else None)
     host_scope = tracker.host_allocations if tracker is not None else contextlib.nullcontext
     step, note = build_training_step(
         point.strategy, model, device, StrategyOptions(checkpoint_segments=point.checkpoint_segments), host_scope,
@@ -155,7 +161,8 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
         settled = step.settle_loss_scale(images, targets)  # fp16: until the gradient scaler stops skipping steps
         step.zero_grad()
         if tracker is None:
-            prof.allocator_memory_step(step, images, targets, device, result)
+            with OpObserver(recorder) if speed_model is not None else contextlib.nullcontext():
+                prof.allocator_memory_step(step, images, targets, device, result)
         else:
             tracked_memory_step(step, images, targets, tracker, result)
     clock.count += warmup_before + settled + 1  # + the memory step
@@ -166,6 +173,7 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
         result.strategy_note = "; ".join(n for n in (result.strategy_note, precision_note) if n)
     for name, value in model_breakdown(step).items():
         setattr(result, name, value)
+    fill_prediction(result, recorder.ops, speed_model, point.batch_size)  # the memory step's ops, priced
     check_budget(result, point.budget_bytes)
     check_host_budget(result.host_bytes, point.host_budget_bytes, "host_bytes at the end of forward")
 

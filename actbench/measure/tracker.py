@@ -21,6 +21,10 @@ from actbench.compat import TorchDispatchMode, storage_identity, tree_flatten
 from actbench.devices import holds_data
 
 
+#: ATen ops that copy tensors (the step-time model prices them at PCIe bandwidth when they cross to the host)
+_COPY_OPS = frozenset(("copy_", "clone", "_to_copy"))
+
+
 @dataclass
 class _Entry:
     ref: weakref.ref
@@ -40,8 +44,11 @@ class LiveStorageTracker(TorchDispatchMode):
     replays (actbench/measure/allocator.py, docs/design.md §10).
     """
 
-    def __init__(self, record: bool = False) -> None:
+    def __init__(self, record: bool = False, observer: Any = None) -> None:
         super().__init__()
+        #: sees every op as ``observer.observe(func, args, kwargs, out, copy)`` (the step-time model's
+        #: recorder, actbench/planning/step_time.py); ``copy``: it moves bytes between device and host
+        self.observer = observer
         self._entries: dict[int, _Entry] = {}
         self._host_depth = 0
         self._serial = 0
@@ -152,13 +159,49 @@ class LiveStorageTracker(TorchDispatchMode):
         finally:
             self._side_depth -= 1
 
+    def _crosses_host(self, func: Any, args: Any, kwargs: Any) -> bool:
+        """Whether ``func`` copies between device and host storages: a copy op inside ``host_allocations()``
+        reading a device storage (an offload), or outside it reading a host storage (a fetch)."""
+        if getattr(getattr(func, "overloadpacket", None), "__name__", None) not in _COPY_OPS:
+            return False
+        for leaf in tree_flatten((args, kwargs))[0]:
+            if not isinstance(leaf, torch.Tensor) or not holds_data(leaf) or leaf.layout != torch.strided:
+                continue
+            entry = self._entries.get(id(leaf.untyped_storage()))
+            if entry is not None and entry.host != (self._host_depth > 0):
+                return True
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        copy = self.observer is not None and self._crosses_host(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if self.observer is not None:
+            self.observer.observe(func, args, kwargs, out, copy)
         # What _see reads (storage, size, layout) is metadata, not an op: no mode needs switching off
         # around it, and switching them off per op cost 8 % of an L3 meta step and 18 % of fp32's.
         for leaf in tree_flatten(out)[0]:
             if isinstance(leaf, torch.Tensor):
                 self._see(leaf)
+        return out
+
+
+class OpObserver(TorchDispatchMode):
+    """Shows every op to ``observer`` where no live-storage tracker runs (cuda, whose caching allocator
+    counts the bytes): a copy is a copy op whose tensors are on more than one device."""
+
+    def __init__(self, observer: Any) -> None:
+        super().__init__()
+        self.observer = observer
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        copy = False
+        if getattr(getattr(func, "overloadpacket", None), "__name__", None) in _COPY_OPS:
+            devices = {t.device for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)}
+            copy = len(devices) > 1
+        self.observer.observe(func, args, kwargs, out, copy)
         return out
 
 

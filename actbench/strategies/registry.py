@@ -64,6 +64,11 @@ class Strategy:
     #: what ``NAME@VALUE`` sets, for a strategy that takes a parameter (``compile@0.5``); None: none
     parameter: ClassVar[str | None] = None
 
+    @property
+    def overlaps_host_copies(self) -> bool:
+        """Its host copies run on a side stream where the device has one (ActNN's offloading levels)."""
+        return self.is_actnn_level and self.uses_host_memory
+
     def with_parameter(self, value: str) -> "Strategy":
         """This strategy with its parameter set from ``NAME@VALUE``; ValueError (one line) if it takes none."""
         raise ValueError(f"strategy '{self.name}' takes no parameter, got '{self.name}@{value}'")

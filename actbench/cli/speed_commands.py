@@ -1,0 +1,217 @@
+"""Speed commands: ``actbench calibrate`` (this machine's device model) and the ``--device-model`` option.
+
+Thin: validate, call actbench.planning, print. The step-time model and the device models are in
+:mod:`actbench.planning`; docs/design.md §11 says how a step is priced.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from actbench.cli.app import MeasuringDevice, app, fail, require_device
+
+#: ``--device-model FILE``, shared by the commands whose rows carry a predicted step time.
+DeviceModelOpt = Annotated[Optional[Path], typer.Option("--device-model", help=(
+    "Device-model JSON file (from `actbench calibrate`) to predict each row's step time on; meta rows "
+    "with --gpu use that GPU's built-in model without it."))]
+
+
+def use_device_model(path: Optional[Path]) -> None:
+    """Load ``path`` up front (exit 2 with one line when it is not a device model) and have every point of
+    this run, in this process and its children, predicted on it."""
+    from actbench.planning.device_models import DEVICE_MODEL_ENV, load_device_model
+
+    if path is None:
+        return
+    try:
+        load_device_model(path)
+    except ValueError as exc:
+        fail(f"--device-model: {exc}")
+    os.environ[DEVICE_MODEL_ENV] = str(Path(path).resolve())
+
+
+@app.command("calibrate")
+def calibrate_command(
+    device: Annotated[MeasuringDevice, typer.Option("--device", help="The device of this machine to measure.")] = MeasuringDevice.cpu,
+    out: Annotated[Optional[Path], typer.Option("--out", help=(
+        "Device-model file to write (default runs/device_models/<device>.json).")) ] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="The model's name in rows (default calibrated-<device>).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Small probes (seconds; for tests): a rough model.")] = False,
+) -> None:
+    """Measure this machine's device and write its device model (JSON) for --device-model.
+
+    Times matmuls and convolutions at a few shapes and dtypes, copies, elementwise ops, reductions, a
+    tiny op's cost per call and, on cuda, the kernel launch gap and pinned host<->device copies. Under a
+    minute on a CPU (the machine should be otherwise idle: a shared CPU gives a slower, noisier model).
+
+    \b
+    Examples:
+      actbench calibrate --device cpu
+      actbench throughput resnet18 --device cpu --batch 8 --image-size 64 --device-model runs/device_models/cpu.json
+    """
+    from actbench.planning.device_models import save_device_model
+
+    if name is not None and not name.strip():
+        fail("--name is empty: give the model a name, e.g. --name my-laptop")
+    require_device(device.value)
+    path = out if out is not None else Path("runs/device_models") / f"{device.value}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"--out: cannot create folder '{path.parent}': {exc.strerror or exc}")
+    if path.is_dir():
+        fail(f"--out '{path}' is a folder; give a file name, e.g. {path / (device.value + '.json')}")
+    model = _calibrated(device.value, quick, name)
+    try:
+        save_device_model(model, path)
+    except OSError as exc:
+        fail(f"--out: cannot write '{path}': {exc.strerror or exc}")
+    _print_model(model, path)
+
+
+def _calibrated(device: str, quick: bool, name: Optional[str]):
+    from actbench.planning.calibrate import FULL, QUICK, calibrate
+
+    typer.echo(f"calibrating {device}{' (quick)' if quick else ''} ...", err=True)
+    return calibrate(device, QUICK if quick else FULL, name=name.strip() if name else None)
+
+
+def _print_model(model, path: Path) -> None:
+    peaks = ", ".join(f"{d} {v / 1e9:.1f}" for d, v in model.peak_flops.items())
+    typer.echo(f"{model.name} ({model.label}) -> {path}")
+    typer.echo(f"  peak GFLOP/s {peaks} (x {model.compute_efficiency:.2f} in a step); DRAM "
+               f"{model.dram_bytes_per_s / 1e9:.2f} GB/s (x {model.memory_efficiency:.2f}); copies "
+               f"{model.h2d_bytes_per_s / 1e9:.2f}/{model.d2h_bytes_per_s / 1e9:.2f} GB/s; host "
+               f"{model.host_op_s * 1e6:.2f} us/op; launch {model.launch_s * 1e6:.2f} us")
+
+
+def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...], batch: int, image_size: int,
+                precision: str, out: Path, model_path: Path) -> None:
+    """``actbench trust --device-model FILE``: predicted ÷ measured step time per point, printed as each
+    finishes, ``OUT/speed_vs_<device>.csv`` kept current; exit 1 if a point failed."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from actbench.measure.trust import compare_speed, same_speed_order, speed_csv_name, write_speed_csv
+    from actbench.planning.device_models import load_device_model
+
+    try:
+        speed_model = load_device_model(model_path)
+    except ValueError as exc:
+        fail(f"--device-model: {exc}")
+    path = out / speed_csv_name(device, precision)
+    console, done = Console(), []
+
+    def on_point(c) -> None:
+        done.append(c)
+        write_speed_csv(done, path)
+        console.print(f"{c.model:12s} {c.strategy:10s} predicted {_seconds(c.predicted_step_s)}  measured "
+                      f"{_seconds(c.measured_step_s)} (spread {_share(c.measured_spread)})  ratio "
+                      f"{_share(c.step_ratio, '.3f')}  {c.predicted_status}/{c.measured_status} {c.message}",
+                      highlight=False, markup=False)
+
+    typer.echo(f"timing {len(models) * len(strategies)} points on {device}, each also predicted on meta with "
+               f"{speed_model.name} ...", err=True)
+    rows = compare_speed(device, speed_model, models, strategies, batch, image_size, on_point=on_point,
+                         precision=precision)
+    table = Table(title=f"predicted ({speed_model.name}) ÷ measured step time on {device}, batch {batch}, "
+                        f"{image_size}px -> {path}")
+    for col in ("model", "strategy", "predicted s", "measured s", "ratio", "status"):
+        table.add_column(col)
+    for c in rows:
+        table.add_row(c.model, c.strategy, _seconds(c.predicted_step_s), _seconds(c.measured_step_s),
+                      _share(c.step_ratio, ".3f"), f"{c.predicted_status}/{c.measured_status}")
+    console.print(table)
+    console.print(f"order of strategies by speed: {'as measured' if same_speed_order(rows) else 'NOT as measured'}",
+                  highlight=False)
+    if not all(c.predicted_status == "ok" and c.measured_status == "ok" for c in rows):
+        raise typer.Exit(1)
+
+
+def _seconds(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _share(value: Optional[float], spec: str = ".0%") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+#: What ``fastest`` compares without --strategies: the baseline, the classic savers and every ActNN level.
+FASTEST_DEFAULT = "fp32,checkpoint,swap,L0,L1,L2,L3,L4,L5"
+
+
+@app.command("fastest")
+def fastest_command(
+    model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
+    gpu: Annotated[str, typer.Option("--gpu", help="The GPU to plan for (a profile of actbench/gpus.py).")],
+    batch: Annotated[int, typer.Option("--batch", help="Batch size to train at.")],
+    image_size: Annotated[int, typer.Option("--image-size", help="Input side in pixels.")] = 224,
+    strategies: Annotated[str, typer.Option("--strategies", help="Comma list of strategies and levels.")] = FASTEST_DEFAULT,
+) -> None:
+    """Which strategy trains MODEL at BATCH fastest on a GPU you may not have (predicted on meta).
+
+    Per strategy: fits or not on the GPU (the caching-allocator model, docs/design.md §10), predicted
+    peak and reserved bytes, and predicted samples/s on the GPU's built-in speed model (§11); those that
+    fit come first, fastest first.
+
+    \b
+    Examples:
+      actbench fastest resnet50 --gpu t4 --batch 300
+      actbench fastest resnet18 --gpu a100-80gb --batch 1024 --image-size 128 --strategies fp32,L3,swap
+    """
+    from actbench.gpus import gpu_profile
+    from actbench.model_names import ModelSpec, validate_model_spec
+    from actbench.parsing import parse_strategies
+    from actbench.schema import LIMITS, MIN_IMAGE_SIZE
+
+    try:
+        profile_ = gpu_profile(gpu)
+        validate_model_spec(ModelSpec(model))
+        chosen = parse_strategies(strategies)
+    except ValueError as exc:
+        fail(str(exc))
+    if not 2 <= batch <= LIMITS["batch"]:
+        fail(f"--batch must be in 2..{LIMITS['batch']} (BatchNorm in train mode needs two samples), got {batch}")
+    if not MIN_IMAGE_SIZE <= image_size <= LIMITS["resolution"]:
+        fail(f"--image-size must be in {MIN_IMAGE_SIZE}..{LIMITS['resolution']} pixels, got {image_size}")
+    if not chosen:
+        fail("--strategies is empty: give at least one of fp32, swap, checkpoint, L0..L5")
+    _print_choices(model, profile_, batch, image_size, _choices(model, profile_, batch, image_size, chosen))
+
+
+def _choices(model: str, gpu, batch: int, image_size: int, chosen: tuple[str, ...]) -> list:
+    from actbench.measure.meta import MetaSessions
+    from actbench.planning.device_models import gpu_speed_model
+    from actbench.planning.step_time import StrategyChoice
+    from actbench.schema import ModelSpec, PointConfig
+
+    sessions = MetaSessions(speed_model=gpu_speed_model(gpu.name))
+    out = []
+    for strategy in chosen:
+        typer.echo(f"predicting {model} {strategy} b{batch} {image_size}px on {gpu.name} ...", err=True)
+        m = sessions.measure_point(PointConfig(ModelSpec(model), strategy, batch, image_size, "meta",
+                                               budget_bytes=gpu.usable_bytes, timed_steps=0, gpu=gpu.name))
+        out.append(StrategyChoice(strategy, m.status, m.peak_alloc_bytes, m.reserved_bytes,
+                                  m.predicted_samples_per_s, m.message))
+    return out
+
+
+def _print_choices(model: str, gpu, batch: int, image_size: int, choices: list) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from actbench.parsing import format_bytes
+    from actbench.planning.step_time import fastest_first
+
+    table = Table(title=f"{model} batch {batch}, {image_size}px on {gpu.describe()} (predicted on meta)")
+    for col in ("strategy", "fits", "peak", "reserved", "samples/s (predicted)", "message"):
+        table.add_column(col)
+    for c in fastest_first(choices):
+        speed = "-" if c.predicted_samples_per_s is None or not c.fits else f"{c.predicted_samples_per_s:.1f}"
+        table.add_row(c.strategy, "yes" if c.fits else "no", format_bytes(c.peak_alloc_bytes),
+                      format_bytes(c.reserved_bytes), speed, c.message[:60])
+    Console().print(table)

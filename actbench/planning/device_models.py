@@ -1,0 +1,220 @@
+"""Device speed models: what a step's ops cost on a device, from datasheets or from ``actbench calibrate``.
+
+A :class:`DeviceModel` holds the numbers the step-time model (:mod:`actbench.planning.step_time`) needs:
+peak FLOP/s per dtype, DRAM bandwidth, host<->device copy bandwidth, the per-kernel launch cost and
+the host's own cost per op, and the fractions of those peaks a training step's kernels reach. The
+built-in GPU models come from vendor datasheets (each value with its source, docs/design.md §11); a
+calibrated model is a JSON file written by ``actbench calibrate``. No torch here: reports and the CLI
+name a model without loading it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+#: The environment variable naming a device-model file (``--device-model FILE``), read where points are
+#: measured, as child processes inherit it.
+DEVICE_MODEL_ENV = "ACTBENCH_DEVICE_MODEL"
+#: Version of the device-model file's layout; a file of another version is refused.
+MODEL_FILE_VERSION = 1
+#: dtypes a peak is given for: fp32 (CUDA cores), tf32/bf16/fp16 (tensor cores, dense)
+PEAK_DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
+TERA = 1e12
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """Speed of one device as the step-time model sees it (SI units: FLOP/s, bytes/s, seconds).
+
+    ``peak_flops`` maps a dtype of :data:`PEAK_DTYPES` to its dense peak (a dtype without tensor-core
+    support is absent: its ops run at the fp32 peak). ``compute_efficiency`` and ``memory_efficiency``
+    are the fractions of peak FLOP/s and DRAM bandwidth a training step's kernels reach.
+    ``host_overlaps_device``: the host enqueues kernels ahead of the device (a GPU), so the step takes
+    the larger of host and device time; False (a CPU) adds them. ``async_copies``: L4/L5's side-stream
+    copies overlap compute on this device.
+    """
+
+    name: str
+    label: str
+    peak_flops: Mapping[str, float]
+    dram_bytes_per_s: float
+    h2d_bytes_per_s: float
+    d2h_bytes_per_s: float
+    launch_s: float
+    host_op_s: float
+    compute_efficiency: float = 1.0
+    memory_efficiency: float = 1.0
+    #: fraction of a tensor-core peak (tf32, bf16, fp16) a step's kernels reach; None: ``compute_efficiency``
+    tensor_core_efficiency: float | None = None
+    #: bytes/s the extension's own ops (``actbench::``, ActNN's quantize and pack) move, which cost more
+    #: per byte than a copy; None: DRAM bandwidth, as any memory-bound kernel
+    extension_bytes_per_s: float | None = None
+    #: FLOP/s of backward kernels (a convolution's input and weight gradients) over forward ones at the
+    #: same shapes; 1.0 in the datasheet models (assumed), measured by ``calibrate``
+    backward_efficiency: float = 1.0
+    pcie_generation: int | None = None
+    host_overlaps_device: bool = True
+    async_copies: bool = True
+    #: fp32 convolutions run on tensor cores as TF32 (PyTorch's default cudnn.allow_tf32 on Ampere and later)
+    conv_fp32_as_tf32: bool = False
+    calibrated: bool = False
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def peak_for(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype`` (fp32's where the device has no faster unit for it)."""
+        return self.peak_flops.get(dtype) or self.peak_flops["fp32"]
+
+    def efficiency_for(self, dtype: str) -> float:
+        """The fraction of :meth:`peak_for` a step's kernels reach in ``dtype``."""
+        on_tensor_cores = dtype != "fp32" and dtype in self.peak_flops
+        if on_tensor_cores and self.tensor_core_efficiency is not None:
+            return self.tensor_core_efficiency
+        return self.compute_efficiency
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["peak_flops"], data["sources"] = dict(self.peak_flops), dict(self.sources)
+        return {"version": MODEL_FILE_VERSION, **data}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], origin: str = "device model") -> "DeviceModel":
+        """The model ``data`` describes; ValueError naming the bad field (a wrong version, a missing or
+        non-positive speed, an unknown dtype)."""
+        if data.get("version") != MODEL_FILE_VERSION:
+            raise ValueError(f"{origin}: version {data.get('version')!r} is not {MODEL_FILE_VERSION}")
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        missing = [n for n in ("name", "label", "peak_flops", "dram_bytes_per_s", "h2d_bytes_per_s",
+                               "d2h_bytes_per_s", "launch_s", "host_op_s") if n not in values]
+        if missing:
+            raise ValueError(f"{origin}: missing field(s) {', '.join(missing)}")
+        peaks = values["peak_flops"]
+        if not isinstance(peaks, dict) or "fp32" not in peaks or set(peaks) - set(PEAK_DTYPES):
+            raise ValueError(f"{origin}: peak_flops must map {', '.join(PEAK_DTYPES)} (fp32 required) to FLOP/s, "
+                             f"got {peaks!r}")
+        for name in ("dram_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "compute_efficiency",
+                     "memory_efficiency", "backward_efficiency"):
+            if name in values and not (isinstance(values[name], (int, float)) and values[name] > 0):
+                raise ValueError(f"{origin}: {name} must be a positive number, got {values[name]!r}")
+        for name in ("launch_s", "host_op_s"):
+            if not (isinstance(values[name], (int, float)) and values[name] >= 0):
+                raise ValueError(f"{origin}: {name} must be a number >= 0, got {values[name]!r}")
+        for name in ("tensor_core_efficiency", "extension_bytes_per_s"):
+            optional = values.get(name)
+            if optional is not None and not (isinstance(optional, (int, float)) and optional > 0):
+                raise ValueError(f"{origin}: {name} must be a positive number or null, got {optional!r}")
+        tensor = values.get("tensor_core_efficiency")
+        if tensor is not None and not (isinstance(tensor, (int, float)) and tensor > 0):
+            raise ValueError(f"{origin}: tensor_core_efficiency must be a positive number or null, got {tensor!r}")
+        if any(not (isinstance(v, (int, float)) and v > 0) for v in peaks.values()):
+            raise ValueError(f"{origin}: every peak_flops value must be a positive number, got {peaks!r}")
+        values["peak_flops"] = MappingProxyType(dict(peaks))
+        values["sources"] = MappingProxyType(dict(values.get("sources") or {}))
+        return cls(**values)
+
+
+def save_device_model(model: DeviceModel, path: Path) -> None:
+    """Write ``model`` as JSON, atomically (a failed write leaves any earlier file whole)."""
+    from actbench.results import atomic_write_text
+
+    atomic_write_text(Path(path), json.dumps(model.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+def load_device_model(path: Path | str) -> DeviceModel:
+    """The model in the JSON file at ``path``; ValueError naming the file and what is wrong."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"device model {path}: cannot read it ({exc.strerror or exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"device model {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"device model {path}: expected a JSON object, got {type(data).__name__}")
+    return DeviceModel.from_dict(data, origin=f"device model {path}")
+
+
+# --- built-in GPU models (datasheet values; docs/design.md §11) ---------------------------------------
+#: Effective pinned host<->device bandwidth per PCIe generation (x16): about 3/4 of the link's raw
+#: rate (Gen3 15.75, Gen4 31.5, Gen5 63 GB/s), what pinned cudaMemcpyAsync reaches in bandwidthTest.
+PCIE_EFFECTIVE_BYTES_PER_S: Mapping[int, float] = MappingProxyType({3: 12 * GB, 4: 24 * GB, 5: 48 * GB})
+#: Kernel launch cost on the device timeline (gap between back-to-back kernels), assumed until calibrated.
+GPU_LAUNCH_S = 4e-6
+#: Host (Python and ATen dispatch) cost per op of eager PyTorch on a server CPU, assumed until calibrated.
+GPU_HOST_OP_S = 10e-6
+#: Fractions of peak a ConvNet training step's kernels reach on a GPU (cuDNN convolutions, elementwise
+#: and normalisation kernels); assumed until ``calibrate --device cuda`` measures them.
+GPU_COMPUTE_EFFICIENCY = 0.6
+GPU_MEMORY_EFFICIENCY = 0.8
+#: Tensor-core kernels reach a smaller share of their far higher peak: a quarter, set from NVIDIA
+#: DeepLearningExamples' ResNet-50 v1.5 on V100 with AMP (1200 img/s x 24.6 GFLOP per image ~ 24% of
+#: 125 TFLOPS); the TF32 and bf16 predictions on A100 are checks outside that setting (docs/design.md §11).
+GPU_TENSOR_CORE_EFFICIENCY = 0.25
+
+_ASSUMED = ("launch: assumed 4 us between kernels; host_op: assumed 10 us of eager dispatch per op; efficiencies: "
+            "assumed 0.6 of peak FLOP/s and 0.8 of DRAM bandwidth (calibrate --device cuda measures them); "
+            "tensor cores 0.25 of their peak (from DeepLearningExamples' ResNet-50 V100 AMP: 1200 img/s)")
+
+
+def _gpu(name: str, label: str, tflops: Mapping[str, float], dram_gb_s: float, pcie: int, sheet: str,
+         tf32_convs: bool) -> DeviceModel:
+    bandwidth = PCIE_EFFECTIVE_BYTES_PER_S[pcie]
+    peaks = ", ".join(f"{d} {v:g}" for d, v in tflops.items())
+    return DeviceModel(
+        name=name, label=label, peak_flops=MappingProxyType({d: v * TERA for d, v in tflops.items()}),
+        dram_bytes_per_s=dram_gb_s * GB, h2d_bytes_per_s=bandwidth, d2h_bytes_per_s=bandwidth,
+        launch_s=GPU_LAUNCH_S, host_op_s=GPU_HOST_OP_S, compute_efficiency=GPU_COMPUTE_EFFICIENCY,
+        memory_efficiency=GPU_MEMORY_EFFICIENCY, tensor_core_efficiency=GPU_TENSOR_CORE_EFFICIENCY,
+        pcie_generation=pcie, conv_fp32_as_tf32=tf32_convs,
+        sources=MappingProxyType({
+            "peaks": f"{sheet}: dense TFLOPS {peaks} (no sparsity)", "dram": f"{sheet}: {dram_gb_s:g} GB/s",
+            "pcie": f"{sheet}: PCIe Gen{pcie} x16; effective pinned {bandwidth / GB:g} GB/s each way "
+                    "(3/4 of the raw link rate)",
+            "assumed": _ASSUMED}))
+
+
+#: Speed models of every GPU profile (actbench/gpus.py), by the same names.
+GPU_SPEED_MODELS: Mapping[str, DeviceModel] = MappingProxyType({m.name: m for m in (
+    _gpu("t4", "NVIDIA T4", {"fp32": 8.1, "fp16": 65}, 320, 3, "NVIDIA T4 datasheet", False),
+    _gpu("v100", "NVIDIA V100 SXM2 16GB", {"fp32": 15.7, "fp16": 125}, 900, 3, "NVIDIA V100 datasheet (SXM2)",
+         False),
+    _gpu("l4", "NVIDIA L4", {"fp32": 30.3, "tf32": 60, "bf16": 121, "fp16": 121}, 300, 4,
+         "NVIDIA L4 datasheet (sparse figures halved)", True),
+    _gpu("a10", "NVIDIA A10", {"fp32": 31.2, "tf32": 62.5, "bf16": 125, "fp16": 125}, 600, 4,
+         "NVIDIA A10 datasheet", True),
+    _gpu("a100-40gb", "NVIDIA A100 40GB", {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312}, 1555, 4,
+         "NVIDIA A100 datasheet (SXM4 40GB)", True),
+    _gpu("a100-80gb", "NVIDIA A100 80GB", {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312}, 2039, 4,
+         "NVIDIA A100 datasheet (SXM4 80GB)", True),
+    _gpu("h100-80gb", "NVIDIA H100 80GB", {"fp32": 67, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}, 3350, 5,
+         "NVIDIA H100 datasheet (SXM5; sparse figures halved)", True),
+    _gpu("h200", "NVIDIA H200", {"fp32": 67, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}, 4800, 5,
+         "NVIDIA H200 datasheet (SXM; sparse figures halved)", True),
+    _gpu("rtx3090", "NVIDIA GeForce RTX 3090", {"fp32": 35.6, "tf32": 35.6, "bf16": 71, "fp16": 71}, 936, 4,
+         "NVIDIA Ampere GA102 whitepaper (RTX 3090; FP16/BF16 with FP32 accumulate)", True),
+    _gpu("rtx4090", "NVIDIA GeForce RTX 4090", {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2}, 1008, 4,
+         "NVIDIA Ada Lovelace whitepaper (RTX 4090; FP16/BF16 with FP32 accumulate)", True),
+)})
+
+
+def gpu_speed_model(name: str) -> DeviceModel:
+    """The built-in model of GPU ``name``; ValueError naming the value and the choices."""
+    try:
+        return GPU_SPEED_MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown GPU '{name}'; choose {', '.join(GPU_SPEED_MODELS)}") from None
+
+
+def selected_device_model(gpu: str | None) -> DeviceModel | None:
+    """The model a point is predicted on: the file ``--device-model`` named (:data:`DEVICE_MODEL_ENV`),
+    else the built-in model of the point's GPU profile, else none (no prediction)."""
+    path = os.environ.get(DEVICE_MODEL_ENV)
+    if path:
+        return load_device_model(path)
+    return None if gpu is None else gpu_speed_model(gpu)

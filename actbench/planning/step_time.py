@@ -1,0 +1,183 @@
+"""The step-time model: a predicted time for every op of one training step, on a device model.
+
+The live-storage tracker (:mod:`actbench.measure.tracker`) sees every ATen op of a step (forward,
+backward with any recompute, the optimizer step, the extension's ``actbench::`` ops, host<->device
+copies); with an :class:`OpRecorder` as its observer each op is written down in device-independent
+terms — its FLOPs (FlopCounterMode's formulas), the DRAM bytes it reads and writes, the dtype its
+FLOPs run in, and whether it is a copy between device and host. :func:`predict_step` then prices the
+record on a :class:`~actbench.planning.device_models.DeviceModel` (docs/design.md §11):
+
+- a kernel: ``max(FLOPs / (peak[dtype] x compute_efficiency), bytes / (DRAM x memory_efficiency)) + launch``;
+- a copy: ``bytes / PCIe bandwidth + launch``, serial with compute, except L4/L5's side-stream copies on
+  a device with asynchronous copies, which overlap it (the device time is then the larger of the two);
+- the host: ``ops x host_op_s``; on a GPU the host runs ahead, so the step is the larger of host and
+  device time (the host bounds it from below); on a CPU both are the same core's, so they add.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from actbench.compat import op_bytes_moved, op_flops
+from actbench.planning.device_models import DeviceModel
+
+#: Op kinds of a record: a device kernel, a copy between device and host (serial or overlapped), host-only.
+KERNEL, COPY, OVERLAPPED_COPY, HOST_ONLY = "kernel", "copy", "overlapped_copy", "host"
+#: The operator namespace of the extension's ops (csrc/registration.cpp)
+EXTENSION_NAMESPACE = "actbench"
+_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_CONVOLUTIONS = frozenset(("convolution", "convolution_backward", "_convolution", "cudnn_convolution"))
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One op of a step, device-independent: what it computes and moves, in which dtype."""
+
+    name: str
+    kind: str
+    flops: int = 0
+    bytes_moved: int = 0
+    dtype: str = "fp32"
+    convolution: bool = False
+    #: a backward kernel (its FLOP/s are the device model's ``backward_efficiency`` of a forward one's)
+    backward: bool = False
+    #: one of the extension's own ops (``actbench::``), priced at the model's ``extension_bytes_per_s``
+    extension: bool = False
+
+
+@dataclass
+class OpRecorder:
+    """The tracker's observer: writes each op down as an :class:`OpCost` (one pass, the measured step).
+
+    ``overlaps_copies``: the strategy's host copies run on a side stream (L4/L5's offloader).
+    """
+
+    overlaps_copies: bool = False
+    ops: list[OpCost] = field(default_factory=list)
+
+    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, copy: bool) -> None:
+        """Record one op; ``copy``: it moves bytes between device and host storages."""
+        name = getattr(getattr(func, "overloadpacket", func), "__name__", None) or str(func)
+        outputs = _tensors(out)
+        if copy:
+            kind = OVERLAPPED_COPY if self.overlaps_copies else COPY
+            self.ops.append(OpCost(name, kind, bytes_moved=sum(t.untyped_storage().nbytes() for t in outputs)))
+            return
+        if not outputs:  # a query (its device, a size): no kernel runs
+            self.ops.append(OpCost(name, HOST_ONLY))
+            return
+        inputs = _tensors(args) + _tensors(tuple(kwargs.values()))
+        moved = op_bytes_moved(func, inputs, outputs)
+        flops = op_flops(func, args, kwargs, out)
+        if not moved and not flops:
+            self.ops.append(OpCost(name, HOST_ONLY))
+            return
+        dtype = next((_DTYPES[t.dtype] for t in outputs if t.dtype in _DTYPES), "fp32")
+        self.ops.append(OpCost(name, KERNEL, flops, moved, dtype, name in _CONVOLUTIONS, name.endswith("_backward"),
+                               getattr(func, "namespace", None) == EXTENSION_NAMESPACE))
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in an op's arguments or outputs (nested in tuples and lists); a cheaper walk than
+    pytree's for every op of a step."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """A step's predicted seconds and where they go (each part on its own, before overlap)."""
+
+    step_s: float
+    device_s: float
+    host_s: float
+    compute_bound_s: float
+    memory_bound_s: float
+    copy_s: float
+    overlapped_copy_s: float
+    launch_s: float
+    ops: int
+
+    def samples_per_s(self, batch_size: int) -> float:
+        return batch_size / self.step_s if self.step_s > 0 else float("inf")
+
+
+def kernel_seconds(op: OpCost, model: DeviceModel) -> tuple[float, float]:
+    """(compute seconds, memory seconds) of one kernel on ``model``, launch not included."""
+    dtype = "tf32" if op.dtype == "fp32" and op.convolution and model.conv_fp32_as_tf32 else op.dtype
+    rate = model.peak_for(dtype) * model.efficiency_for(dtype) * (model.backward_efficiency if op.backward else 1.0)
+    compute = op.flops / rate if op.flops else 0.0
+    if op.extension and model.extension_bytes_per_s is not None:
+        return compute, op.bytes_moved / model.extension_bytes_per_s
+    memory = op.bytes_moved / (model.dram_bytes_per_s * model.memory_efficiency)
+    return compute, memory
+
+
+def copy_seconds(op: OpCost, model: DeviceModel) -> float:
+    """Seconds of one host<->device copy (the slower direction's bandwidth: a step copies both ways)."""
+    return op.bytes_moved / min(model.h2d_bytes_per_s, model.d2h_bytes_per_s)
+
+
+def predict_step(ops: list[OpCost], model: DeviceModel) -> StepPrediction:
+    """The step time of the recorded ``ops`` on ``model`` (module docstring: how each op is priced)."""
+    compute_bound = memory_bound = serial = copies = overlapped = launches = 0.0
+    for op in ops:
+        if op.kind == HOST_ONLY:
+            continue
+        launches += model.launch_s
+        if op.kind == KERNEL:
+            compute, memory = kernel_seconds(op, model)
+            serial += max(compute, memory) + model.launch_s
+            if compute >= memory:
+                compute_bound += compute
+            else:
+                memory_bound += memory
+        elif op.kind == OVERLAPPED_COPY and model.async_copies:
+            overlapped += copy_seconds(op, model) + model.launch_s
+        else:
+            copies += copy_seconds(op, model)
+            serial += copy_seconds(op, model) + model.launch_s
+    device = max(serial, overlapped)
+    host = len(ops) * model.host_op_s
+    step = max(device, host) if model.host_overlaps_device else device + host
+    return StepPrediction(step, device, host, compute_bound, memory_bound, copies, overlapped, launches, len(ops))
+
+
+def fill_prediction(result: Any, ops: list[OpCost] | tuple[OpCost, ...], model: DeviceModel | None,
+                    batch_size: int) -> None:
+    """Set a measurement's ``predicted_step_s``, ``predicted_samples_per_s`` and ``device_model`` from
+    ``ops`` priced on ``model`` (None: no model, the columns stay empty)."""
+    if model is None or not ops:
+        return
+    prediction = predict_step(list(ops), model)
+    result.predicted_step_s = prediction.step_s
+    result.predicted_samples_per_s = prediction.samples_per_s(batch_size)
+    result.device_model = model.name
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """One strategy at one batch on a named GPU: whether it fits, its predicted bytes and speed."""
+
+    strategy: str
+    status: str
+    peak_alloc_bytes: int | None
+    reserved_bytes: int | None
+    predicted_samples_per_s: float | None
+    message: str
+
+    @property
+    def fits(self) -> bool:
+        return self.status == "ok"
+
+
+def fastest_first(choices: list[StrategyChoice]) -> list[StrategyChoice]:
+    """Those that fit, fastest first, then those that do not (in the order given)."""
+    fitting = sorted((c for c in choices if c.fits), key=lambda c: -(c.predicted_samples_per_s or 0.0))
+    return fitting + [c for c in choices if not c.fits]

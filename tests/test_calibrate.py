@@ -1,0 +1,112 @@
+"""``actbench calibrate`` and device-model files: the schema, loading, refusals, --device-model, trust for speed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from actbench.cli import app
+from actbench.planning.device_models import (DEVICE_MODEL_ENV, MODEL_FILE_VERSION, DeviceModel, gpu_speed_model,
+                                             load_device_model, save_device_model)
+
+#: every CLI call restores the variable --device-model sets, so no test leaks it into the next
+ENV = {DEVICE_MODEL_ENV: None, "ACTBENCH_TEST_FAULT": None}
+
+
+def invoke(args: list[str]):
+    return CliRunner(env=ENV).invoke(app, args, catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "cpu.json"
+    result = invoke(["calibrate", "--device", "cpu", "--quick", "--out", str(path)])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_calibrate_writes_a_device_model_file_that_loads(calibrated: Path) -> None:
+    data = json.loads(calibrated.read_text())
+    assert data["version"] == MODEL_FILE_VERSION and data["name"] == "calibrated-cpu" and data["calibrated"] is True
+    assert set(data["peak_flops"]) == {"fp32", "bf16"} and all(v > 0 for v in data["peak_flops"].values())
+    for name in ("dram_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "host_op_s"):
+        assert data[name] > 0, name
+    assert 0 < data["compute_efficiency"] <= 1 and 0 < data["memory_efficiency"] <= 1
+    assert data["host_overlaps_device"] is False and data["launch_s"] == 0  # a CPU: one core dispatches and computes
+    assert {"peaks", "dram", "copies", "backward", "extension", "host_op", "machine"} <= set(data["sources"])
+    assert data["extension_bytes_per_s"] > 0  # the extension is built here
+    assert data["backward_efficiency"] > 0
+    model = load_device_model(calibrated)
+    assert model.peak_for("fp32") == data["peak_flops"]["fp32"]
+
+
+def test_a_saved_model_loads_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "t4.json"
+    save_device_model(gpu_speed_model("t4"), path)
+    assert load_device_model(path) == gpu_speed_model("t4")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(version=99), "version 99 is not 1"),
+    (lambda d: d.pop("dram_bytes_per_s"), "missing field(s) dram_bytes_per_s"),
+    (lambda d: d.update(dram_bytes_per_s=-1), "dram_bytes_per_s must be a positive number, got -1"),
+    (lambda d: d.update(peak_flops={"fp8": 1e12}), "peak_flops must map fp32, tf32, bf16, fp16"),
+    (lambda d: d.update(host_op_s="fast"), "host_op_s must be a number >= 0, got 'fast'"),
+    (lambda d: d.update(backward_efficiency=0), "backward_efficiency must be a positive number, got 0"),
+    (lambda d: d.update(extension_bytes_per_s=-2), "extension_bytes_per_s must be a positive number or null, got -2"),
+])
+def test_a_bad_model_file_is_refused_naming_what_is_wrong(tmp_path: Path, change, message: str) -> None:
+    data = gpu_speed_model("t4").to_dict()
+    change(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=f"device model {path}: " + message.replace("(", r"\(").replace(")", r"\)")):
+        load_device_model(path)
+    with pytest.raises(ValueError):
+        DeviceModel.from_dict(data)
+
+
+def test_device_model_option_refuses_a_bad_file_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    out = tmp_path / "out"
+    result = invoke(["throughput", "resnet18", "--device", "cpu", "--batch", "2", "--image-size", "32",
+                     "--device-model", str(bad), "--out", str(out)])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [f"actbench: error: --device-model: device model {bad}: not JSON "
+                                                  "(Expecting property name enclosed in double quotes at line 1)"]
+    assert not out.exists()
+
+
+def test_calibrate_refuses_a_folder_as_its_output(tmp_path: Path) -> None:
+    result = invoke(["calibrate", "--device", "cpu", "--quick", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "is a folder; give a file name" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cpu_rows_carry_the_calibrated_prediction_beside_the_measurement(calibrated: Path, tmp_path: Path) -> None:
+    result = invoke(["throughput", "resnet18", "--device", "cpu", "--strategies", "fp32", "--batch", "2",
+                     "--image-size", "16", "--warmup-steps", "1", "--timed-steps", "1", "--device-model",
+                     str(calibrated), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (rows,) = tmp_path.glob("*/rows.jsonl")
+    (row,) = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert row["device_model"] == "calibrated-cpu" and row["predicted_step_s"] > 0
+    assert row["step_time_s_median"] > 0 and row["step_time_s_median"] != row["predicted_step_s"]
+
+
+def test_trust_for_speed_on_cpu_at_a_tiny_size(calibrated: Path, tmp_path: Path) -> None:
+    result = invoke(["trust", "--models", "resnet18", "--strategies", "fp32,swap", "--batch", "2", "--image-size",
+                     "16", "--device-model", str(calibrated), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    lines = (tmp_path / "speed_vs_cpu.csv").read_text().splitlines()
+    rows = [dict(zip(lines[0].split(","), ln.split(","))) for ln in lines[1:]]
+    assert [r["strategy"] for r in rows] == ["fp32", "swap"]
+    for r in rows:
+        assert r["predicted_status"] == r["measured_status"] == "ok" and r["device_model"] == "calibrated-cpu"
+        assert float(r["step_ratio"]) == pytest.approx(float(r["predicted_step_s"]) / float(r["measured_step_s"]),
+                                                       rel=1e-3)
+    assert "order of strategies by speed" in result.output and not (tmp_path / "meta_vs_cpu.csv").exists()
