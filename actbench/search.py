@@ -357,76 +357,63 @@ def guided_search_largest(candidates: Sequence[int], probe: Probe, budget: int |
     is guessed wrong, the extra probe is a row like any other and the search goes on one probe at a
     time; the answer is the same.
     """
-    n = len(candidates)
-    fits_at: dict[int, bool] = {}
-    peaks: dict[int, int] = {}
+    search = _GuidedSearch(tuple(candidates), probe, feature, degree, anchor, fit, scout, max_probes, tolerance,
+                           together)
+    return search.largest(budget, first)
 
-    def note(i: int, ok: bool, peak: int | None) -> None:
-        fits_at[i] = ok
-        if peak is not None:
-            peaks[i] = peak
 
-    def run(i: int) -> bool:
-        if i not in fits_at:
-            note(i, *probe(candidates[i]))
-        return fits_at[i]
+@dataclass
+class _GuidedSearch:
+    """One model-guided search's state: what each probed candidate (by index) gave, and its guesses."""
 
-    paired = False  # once per search: a wrong guess of side costs one probe, not one per refit
+    candidates: tuple[int, ...]
+    probe: Probe
+    feature: Callable[[int], float]
+    degree: int
+    anchor: Callable[[], "tuple[float, float] | None"]
+    fit: str | None
+    scout: float
+    max_probes: int
+    tolerance: float
+    together: "Callable[[Sequence[int]], list[tuple[bool, int | None]] | None] | None"
+    fits_at: dict[int, bool] = field(default_factory=dict)
+    peaks: dict[int, int] = field(default_factory=dict)
+    paired: bool = False  #: once per search: a wrong guess of side costs one probe, not one per refit
+    misses: int = 0  #: probes whose peak the curve missed by more than tolerance x budget
+    #: a fitted curve's guesses that failed without a peak (cuda's out of memory)
+    near_misses: set[int] = field(default_factory=set)
 
-    def run_with_neighbour(i: int, crossing: float, lo: int, hi: int) -> None:
-        """Probe ``i`` and the neighbour that would certify it at once, if a slot is spare."""
-        nonlocal paired
-        upper = i + 1 < n and (crossing - xs[i]) >= 0.5 * (xs[i + 1] - xs[i])
-        j = i + 1 if upper else i - 1
-        if together is None or paired or not lo < j < hi or j in fits_at or i in fits_at:
-            return
-        pair = sorted((i, j))
-        outcomes = together([candidates[k] for k in pair])
-        if outcomes is not None:
-            paired = True
-            for k, outcome in zip(pair, outcomes):
-                note(k, *outcome)
+    def largest(self, budget: int | None, first: int | None) -> tuple[int | None, SearchTrace]:
+        n = len(self.candidates)
+        if n == 0:
+            return None, self._trace("model-guided")
+        if budget is None:
+            return self._answer(self._bisected()), SearchTrace("bisection", len(self.fits_at), None,
+                                                               "no budget to aim at")
+        xs = [self.feature(v) for v in self.candidates]
+        start = 0 if first is None else min(range(n), key=lambda i: abs(self.candidates[i] - first))
+        self._run(start)
+        while True:
+            fallback = _non_monotone(self.candidates, self.fits_at, self.peaks)
+            lo, hi = self._bracket()
+            if fallback is not None or hi - lo <= 1:
+                break
+            if len(self.fits_at) >= self.max_probes:
+                fallback = f"no certified answer after {len(self.fits_at)} model-guided probes"
+                break
+            fallback = self._step(xs, start, budget, lo, hi)
+            if fallback is not None:
+                break
+        return self._finish(fallback)
 
-    def bracket() -> tuple[int, int]:
-        lo = max((i for i, ok in fits_at.items() if ok), default=-1)
-        hi = min((i for i, ok in fits_at.items() if not ok), default=n)
-        return lo, hi
-
-    def trace(method: str, fallback: str | None = None) -> SearchTrace:
-        return SearchTrace(method, len(fits_at), fit, fallback)
-
-    def bisected(lo: int = -1, hi: int = n) -> int:
-        inner = binary_search_largest(range(lo + 1, hi), run)
-        return lo if inner is None else inner
-
-    def answer(i: int) -> int | None:
-        return candidates[i] if i >= 0 else None
-
-    if n == 0:
-        return None, trace("model-guided")
-    if budget is None:
-        best = answer(bisected())
-        return best, SearchTrace("bisection", len(fits_at), None, "no budget to aim at")
-    xs = [feature(v) for v in candidates]
-    start = 0 if first is None else min(range(n), key=lambda i: abs(candidates[i] - first))
-    run(start)
-    fallback: str | None = None
-    misses = 0  # probes whose peak the line missed by more than tolerance x budget
-    near_misses: set[int] = set()  # a fitted line's guesses that failed without a peak (cuda's out of memory)
-    while True:
-        fallback = _non_monotone(candidates, fits_at, peaks)
-        lo, hi = bracket()
-        if fallback is not None or hi - lo <= 1:
-            break
-        if len(fits_at) >= max_probes:
-            fallback = f"no certified answer after {len(fits_at)} model-guided probes"
-            break
-        line = _fit(xs, peaks, budget, anchor, degree)
-        crossing = None if line is None else line.crossing(budget, xs[_nearest(peaks, budget)])
-        if crossing is not None and line.probes == 1 and scout < 1:
-            crossing = xs[start] + scout * (crossing - xs[start])  # probe small first where probes cost more
+    def _step(self, xs: list[float], start: int, budget: int, lo: int, hi: int) -> str | None:
+        """Fit, probe the curve's answer (or bisect the bracket); why to give the curve up, or None."""
+        line = _fit(xs, self.peaks, budget, self.anchor, self.degree)
+        crossing = None if line is None else line.crossing(budget, xs[_nearest(self.peaks, budget)])
+        if crossing is not None and line.probes == 1 and self.scout < 1:
+            crossing = xs[start] + self.scout * (crossing - xs[start])  # probe small first where probes cost more
         a = None if crossing is None else _largest_below(xs, crossing)
-        if a is not None and a >= hi and hi not in peaks and hi not in near_misses:
+        if a is not None and a >= hi and hi not in self.peaks and hi not in self.near_misses:
             a = None  # the line puts the answer past a failure it cannot see and did not predict: bisect
         expect: bool | None = None
         predicted: float | None = None
@@ -436,27 +423,70 @@ def guided_search_largest(candidates: Sequence[int], probe: Probe, budget: int |
             # The predicted answer, or the neighbour that certifies it, always inside the open bracket.
             i, expect = (a, True) if lo < a < hi else ((lo + 1, False) if a <= lo else (hi - 1, True))
             predicted = line.at(xs[i]) if line.probes >= 2 else None
-            if i == a and line.probes > degree:  # a curve through probes only (degree 2's first ones fall short)
-                run_with_neighbour(i, crossing, lo, hi)
-        ok = run(i)
-        if expect and not ok and i not in peaks and line is not None and line.probes >= 2 and a == i:
-            near_misses.add(i)  # most likely one past the answer: the next guess steps just below it
-        if predicted is not None and i in peaks and abs(peaks[i] - predicted) > tolerance * budget:
-            misses += 1  # once: the nearest probes (past a step, say) make the next line; twice: give up
-            if misses >= 2:
-                fallback = (f"poor fit: peak at {candidates[i]} is {peaks[i]} B, the line predicted "
-                            f"{predicted:.0f} B (off by more than {tolerance:.0%} of the budget, twice)")
-                break
-    if fallback is None:
-        return answer(bracket()[0]), trace("model-guided")
-    if not fallback.startswith("non-monotone"):
-        lo, hi = bracket()
-        best = bisected(lo, hi)
-        later = _non_monotone(candidates, fits_at, peaks)
-        if later is None:
-            return answer(best), trace("bisection", fallback)
-        fallback = f"{fallback}; then {later}"
-    return answer(bisected()), trace("bisection", fallback)
+            if i == a and line.probes > self.degree:  # a curve through probes only (degree 2's first ones fall short)
+                self._run_with_neighbour(xs, i, crossing, lo, hi)
+        ok = self._run(i)
+        if expect and not ok and i not in self.peaks and line is not None and line.probes >= 2 and a == i:
+            self.near_misses.add(i)  # most likely one past the answer: the next guess steps just below it
+        if predicted is not None and i in self.peaks and abs(self.peaks[i] - predicted) > self.tolerance * budget:
+            self.misses += 1  # once: the nearest probes (past a step, say) make the next line; twice: give up
+            if self.misses >= 2:
+                return (f"poor fit: peak at {self.candidates[i]} is {self.peaks[i]} B, the line predicted "
+                        f"{predicted:.0f} B (off by more than {self.tolerance:.0%} of the budget, twice)")
+        return None
+
+    def _finish(self, fallback: str | None) -> tuple[int | None, SearchTrace]:
+        """The certified answer; or, when the curve was given up, bisection's over what is left."""
+        if fallback is None:
+            return self._answer(self._bracket()[0]), self._trace("model-guided")
+        if not fallback.startswith("non-monotone"):
+            lo, hi = self._bracket()
+            best = self._bisected(lo, hi)
+            later = _non_monotone(self.candidates, self.fits_at, self.peaks)
+            if later is None:
+                return self._answer(best), self._trace("bisection", fallback)
+            fallback = f"{fallback}; then {later}"
+        return self._answer(self._bisected()), self._trace("bisection", fallback)
+
+    def _note(self, i: int, ok: bool, peak: int | None) -> None:
+        self.fits_at[i] = ok
+        if peak is not None:
+            self.peaks[i] = peak
+
+    def _run(self, i: int) -> bool:
+        if i not in self.fits_at:
+            self._note(i, *self.probe(self.candidates[i]))
+        return self.fits_at[i]
+
+    def _run_with_neighbour(self, xs: list[float], i: int, crossing: float, lo: int, hi: int) -> None:
+        """Probe ``i`` and the neighbour that would certify it at once, if a slot is spare."""
+        n = len(self.candidates)
+        upper = i + 1 < n and (crossing - xs[i]) >= 0.5 * (xs[i + 1] - xs[i])
+        j = i + 1 if upper else i - 1
+        if self.together is None or self.paired or not lo < j < hi or j in self.fits_at or i in self.fits_at:
+            return
+        pair = sorted((i, j))
+        outcomes = self.together([self.candidates[k] for k in pair])
+        if outcomes is not None:
+            self.paired = True
+            for k, outcome in zip(pair, outcomes):
+                self._note(k, *outcome)
+
+    def _bracket(self) -> tuple[int, int]:
+        lo = max((i for i, ok in self.fits_at.items() if ok), default=-1)
+        hi = min((i for i, ok in self.fits_at.items() if not ok), default=len(self.candidates))
+        return lo, hi
+
+    def _trace(self, method: str, fallback: str | None = None) -> SearchTrace:
+        return SearchTrace(method, len(self.fits_at), self.fit, fallback)
+
+    def _bisected(self, lo: int = -1, hi: int | None = None) -> int:
+        hi = len(self.candidates) if hi is None else hi
+        inner = binary_search_largest(range(lo + 1, hi), self._run)
+        return lo if inner is None else inner
+
+    def _answer(self, i: int) -> int | None:
+        return self.candidates[i] if i >= 0 else None
 
 
 def _non_monotone(candidates: Sequence[int], fits_at: dict[int, bool], peaks: dict[int, int]) -> str | None:
