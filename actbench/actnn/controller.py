@@ -455,6 +455,15 @@ class LayerSlot:
         (packed,) = self._unstash(tensors, spec)
         return ops.unpack_mask(packed, spec.shape)
 
+    def masked_grad(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec, grad: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+        """grad * scale where the packed mask is set, else 0: one kernel for the packable dtypes."""
+        (packed,) = self._unstash(tensors, spec)
+        if grad.dtype in ops.PACKABLE_DTYPES and grad.shape == spec.shape:
+            return ops.apply_mask(grad, packed, scale)
+        mask = ops.unpack_mask(packed, spec.shape)
+        return grad * mask * scale if scale != 1.0 else grad * mask
+
     def load_argmax(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec) -> torch.Tensor:
         (argmax,) = self._unstash(tensors, spec)
         return argmax
