@@ -173,7 +173,9 @@ class Controller:
             return
         g = grad_output.detach()
         n = g.shape[0] if g.dim() > 1 else 1
-        self._grad_sq[index] = torch.nan_to_num(g.reshape(n, -1).float().pow(2).sum(1), posinf=0.0)
+        # one pass over the gradient, no full-size temporary (a pow(2) then sum wrote a second copy)
+        norm = torch.linalg.vector_norm(g.reshape(n, -1), dim=1, dtype=torch.float32)
+        self._grad_sq[index] = torch.nan_to_num(norm.square_(), posinf=0.0)
 
     # -- allocation ---------------------------------------------------------------------------
 
@@ -291,7 +293,7 @@ class Controller:
             return BitPlan(int(target))
         minmax = ops.group_minmax(x, self.config.group_size, backend=self.config.backend)
         mn, mx = minmax
-        r2 = torch.nan_to_num((mx - mn).pow(2), nan=0.0, posinf=0.0).sum(1)
+        r2 = torch.nan_to_num_((mx - mn).square_(), nan=0.0, posinf=0.0).sum(1)
         self._range_sq[index] = r2
         alloc = self._allocation.get(index)
         if alloc is not None and len(alloc.bits_desc) == n:

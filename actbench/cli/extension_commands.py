@@ -91,9 +91,12 @@ def bench_kernels(
         "runs"
     ),
 ) -> None:
-    """Time quantize+pack and unpack+dequantize against the torch reference and a plain copy.
+    """Time every op of the extension against a plain copy, the torch reference and torch's own ops.
 
-    Rates are GB/s of fp32 input. Each size also times x.clone() in the same run: the bandwidth
+    Ops: quantize (one pass: ranges and codes), dequantize, their per-sample-bits forms, group
+    min/max, mask pack/unpack/apply (against x > 0 and threshold_backward) and the max pool with
+    its backward (against max_pool2d_with_indices). Sizes that cannot fit in memory are refused
+    before anything runs. Rates are GB/s of fp32 input. Each size also times x.clone() in the same run: the bandwidth
     ceiling the kernels are judged against (targets at 256 MiB: CPU >= 50% of copy and >= 5x the
     reference; GPU >= 70% of copy). On cuda each timed sample is 10 back-to-back calls between two
     synchronisations (the ops never synchronise, so launches overlap kernels as in training).
@@ -113,11 +116,15 @@ def bench_kernels(
         repeats=repeats,
         reference_max_mib=reference_max_mib,
     )
+    try:
+        kernel_bench.check_sizes_fit(config)
+    except ValueError as err:
+        fail(str(err))
     run_dir = new_bench_dir(out, f"bench-kernels_{device}", device)
     fields = [f.name for f in dataclasses.fields(kernel_bench.KernelRow)]
     csv_path = run_dir / "kernels.csv"
     table = Table(title=f"bench-kernels on {device} (GB/s of fp32 input)")
-    for name in ("size", "op", "backend", "bits", "GB/s", "copy GB/s", "of copy", "vs ref"):
+    for name in ("size", "op", "backend", "bits", "GB/s", "copy GB/s", "of copy", "vs ref", "vs torch"):
         table.add_column(name, justify="right")
     with csv_path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
@@ -132,6 +139,7 @@ def bench_kernels(
                 f"{row.input_gb_per_s:.2f}", f"{row.copy_gb_per_s:.2f}",
                 f"{row.fraction_of_copy:.0%}",
                 f"{row.speedup_vs_reference:.1f}x" if row.speedup_vs_reference else "",
+                f"{row.speedup_vs_torch:.2f}x" if row.speedup_vs_torch else "",
             )
 
         try:
