@@ -107,3 +107,24 @@ def test_time_call_samples_per_device(monkeypatch, device, calls_per_sample):
     assert len(calls) == 1 + 4 * calls_per_sample  # one warm-up call, then the samples
     assert median == pytest.approx(1.0 / calls_per_sample) and iqr == 0
     assert len(syncs) == 1 + 2 * 4
+
+
+def test_bench_actnn_quick_writes_ratios_to_fp32(tmp_path):
+    """The quick variant runs throughput in a child and writes each strategy's img/s and ratio to fp32."""
+    result = runner.invoke(app, ["bench-actnn", "--quick", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name.startswith("bench-actnn_cpu_")
+    rows = list(csv.DictReader((run_dir / "actnn.csv").open()))
+    by_strategy = {r["strategy"]: r for r in rows}
+    assert set(by_strategy) == {"fp32", "L0", "L3"}
+    assert float(by_strategy["fp32"]["ratio_to_fp32"]) == 1.0
+    assert all(float(r["images_per_s"]) > 0 and float(r["ratio_to_fp32"]) > 0 for r in rows)
+    assert by_strategy["L3"]["target"] == ">= 0.8" and by_strategy["L3"]["met"] in ("True", "False")
+    assert "actbench throughput resnet18" in by_strategy["L0"]["command"]
+
+
+def test_bench_actnn_bad_device_is_one_line(tmp_path):
+    result = runner.invoke(app, ["bench-actnn", "--device", "tpu", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--device must be cpu or cuda, got 'tpu'" in result.output
+    assert list(tmp_path.iterdir()) == []

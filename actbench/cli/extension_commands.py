@@ -150,3 +150,48 @@ def bench_kernels(
     for text, ok in kernel_bench.verdicts(rows, device):
         console.print(("[green]met[/]  " if ok else "[red]missed[/] ") + text)
     console.print(f"wrote {csv_path}")
+
+
+@app.command("bench-actnn")
+def bench_actnn(
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    quick: Annotated[bool, typer.Option("--quick", help="ResNet-18, batch 2, 32 px, one timed step: a check, not the targets.")] = False,
+    out: Annotated[Path, typer.Option("--out", help="Results root; writes OUT/bench-actnn_<device>_<time>/.")] = Path("runs"),
+) -> None:
+    """What ActNN costs in speed: img/s of fp32, L0, L1, L3 and checkpoint, and each one's ratio to fp32.
+
+    Runs `actbench throughput MODEL --strategies fp32,L0,L1,L3,checkpoint --image-size 112` for
+    ResNet-18 at batch 16 and ResNet-50 at batch 8, each in a fresh process, points one at a time.
+    Targets: L0 >= 0.95x fp32, L3 >= 0.80x. Writes actnn.csv and env.json; prints a table.
+
+    \b
+    Examples:
+      actbench bench-actnn                 # the table, on cpu (minutes on 2 cores)
+      actbench bench-actnn --quick         # a check in about a minute
+    """
+    from actbench import actnn_bench
+
+    if device not in MEASURING_DEVICES:
+        fail(f"--device must be {' or '.join(MEASURING_DEVICES)}, got {device!r}")
+    require_device(device)
+    run_dir = new_bench_dir(out, f"bench-actnn_{device}", device)
+    try:
+        rows = actnn_bench.run(device, quick, log=lambda line: err_console.print(line, markup=False))
+    except RuntimeError as err:
+        fail(str(err), code=1)
+    csv_path = run_dir / "actnn.csv"
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=[f.name for f in dataclasses.fields(actnn_bench.ActnnBenchRow)])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(dataclasses.asdict(row))
+    table = Table(title=f"bench-actnn on {device}" + (" (quick: not the targets' sizes)" if quick else ""))
+    for name in ("model", "batch", "px", "strategy", "img/s", "x fp32", "target", ""):
+        table.add_column(name, justify="right")
+    for r in rows:
+        verdict = "" if r.met is None else ("[green]met[/]" if r.met else "[red]missed[/]")
+        table.add_row(r.model, str(r.batch), str(r.image_size), r.strategy,
+                      "" if r.images_per_s is None else f"{r.images_per_s:.2f}",
+                      "" if r.ratio_to_fp32 is None else f"{r.ratio_to_fp32:.2f}", r.target, verdict)
+    console.print(table)
+    console.print(f"wrote {csv_path}")
