@@ -7,7 +7,7 @@ attributes broke as soon as two models existed).
 Mixed precision (docs/design.md §2), arranged so the training loop stays ordinary and there is at most
 one small host round trip per step:
 
-* every quantizing backward records the per-sample ``||grad_output||^2`` of its layer, every
+* every quantizing backward records the mean per-sample ``||grad_output||^2`` of its layer, every
   quantizing forward the per-sample sum of squared group ranges of its input (on the device);
 * at the first quantizing forward after a backward, the controller reads all of last step's
   statistics in one transfer and runs the greedy ``ops.allocate_bits`` over all conv/linear
@@ -167,15 +167,22 @@ class Controller:
         return seed, offset
 
     def record_grad(self, index: int, grad_output: torch.Tensor) -> None:
-        """Per-sample ||grad_output||^2 of a quantizing layer (kept on the device)."""
+        """The layer's mean per-sample ||grad_output||^2, kept on the device as an [N] tensor.
+
+        Only the batch mean enters the cost (see the module docstring), so it is one dot product
+        over the whole gradient (BLAS, memory speed), not a per-sample reduction.
+        """
         self._backward_seen = True
         if not self.config.mixed_precision:
             return
         g = grad_output.detach()
         n = g.shape[0] if g.dim() > 1 else 1
-        # one pass over the gradient, no full-size temporary (a pow(2) then sum wrote a second copy)
-        norm = torch.linalg.vector_norm(g.reshape(n, -1), dim=1, dtype=torch.float32)
-        self._grad_sq[index] = torch.nan_to_num(norm.square_(), posinf=0.0)
+        flat = g.reshape(-1)
+        if flat.dtype in (torch.float32, torch.float64):
+            total = torch.dot(flat, flat).float()
+        else:  # 16-bit: accumulate in fp32 without an fp32 copy of the gradient
+            total = torch.linalg.vector_norm(flat, dtype=torch.float32).square()
+        self._grad_sq[index] = torch.nan_to_num(total / n, posinf=0.0).expand(n)
 
     # -- allocation ---------------------------------------------------------------------------
 
