@@ -10,7 +10,6 @@ backward for the pool).
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -92,23 +91,9 @@ LIVE_PER_INPUT_BYTE = 6
 REFERENCE_PER_INPUT_BYTE = 20
 
 
-def memory_limit_bytes(device: str) -> int:
-    """Memory a size may use: the host's available memory (cpu) or the GPU's free memory (cuda)."""
-    if device == "cuda":
-        return int(torch.cuda.mem_get_info()[0])
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def check_sizes_fit(config: KernelBenchConfig, limit: int | None = None) -> None:
     """Refuse, before anything runs or is written, a size whose tensors cannot fit in memory."""
-    limit = memory_limit_bytes(config.device) if limit is None else limit
+    limit = profile(config.device).available_memory_bytes() if limit is None else limit
     for size in config.sizes_mib:
         need = size * MIB * (LIVE_PER_INPUT_BYTE + (REFERENCE_PER_INPUT_BYTE if size <= config.reference_max_mib else 0))
         if need > limit:
