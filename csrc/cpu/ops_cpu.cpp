@@ -112,11 +112,27 @@ void quantize_block(const typename Format<D>::T* sample, int64_t per_sample, int
   for (int64_t c = 0; c < chunks; ++c) pack8(q + c * 8, bits, out + c * bits);
 }
 
+// unpack8 with the width known at compile time, so its loops unroll.
+template <int B>
+void unpack_block(const uint8_t* in, int64_t chunks, uint32_t* q) {
+  for (int64_t c = 0; c < chunks; ++c) unpack8(in + c * B, B, q + c * 8);
+}
+
 template <int D>
 void dequantize_block(const uint8_t* in, int bits, float lo, float scale, int64_t per_sample, int64_t first,
                       int64_t len, typename Format<D>::T* sample) {
   uint32_t q[kBlock];
-  for (int64_t c = 0; c < len / 8; ++c) unpack8(in + c * bits, bits, q + c * 8);
+  switch (bits) {
+    case 1: unpack_block<1>(in, len / 8, q); break;
+    case 2: unpack_block<2>(in, len / 8, q); break;
+    case 3: unpack_block<3>(in, len / 8, q); break;
+    case 4: unpack_block<4>(in, len / 8, q); break;
+    case 5: unpack_block<5>(in, len / 8, q); break;
+    case 6: unpack_block<6>(in, len / 8, q); break;
+    case 7: unpack_block<7>(in, len / 8, q); break;
+    case 8: unpack_block<8>(in, len / 8, q); break;
+    default: TORCH_CHECK(false, "actbench::dequantize: bits must be in 1..8, got ", bits);
+  }
   const int64_t valid = std::max<int64_t>(0, std::min(len, per_sample - first));
   for (int64_t i = 0; i < valid; ++i) sample[first + i] = Format<D>::store(dequantize_code(q[i], lo, scale));
 }
