@@ -92,6 +92,10 @@ class DeviceProfile:
         """What the environment block records about this device beyond the host (cuda: the GPU)."""
         return {}
 
+    def available_memory_bytes(self) -> int:
+        """Memory a benchmark may still allocate here (cpu: the host's available memory)."""
+        return host_available_bytes()
+
     # --- measuring one point (called inside the worker, or in-process for meta) -----------------
     def torch_device(self) -> "torch.device":
         import torch
@@ -159,6 +163,11 @@ class CudaProfile(DeviceProfile):
                     cuda_runtime=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
                     gpu_count=torch.cuda.device_count())
 
+    def available_memory_bytes(self) -> int:
+        import torch
+
+        return int(torch.cuda.mem_get_info()[0])
+
     def torch_device(self) -> "torch.device":
         # set_device and set_per_process_memory_fraction need an index, and tensors report one.
         import torch
@@ -214,6 +223,18 @@ class MetaProfile(DeviceProfile):
             raise ValueError(f"device meta predicts memory only (no compute to time); "
                              f"timed steps must be 0, got {timed}")
         return self.default_steps
+
+
+def host_available_bytes() -> int:
+    """The host's available memory (MemAvailable of /proc/meminfo; else the free physical pages)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def pinned_host_bytes() -> int | None:

@@ -31,6 +31,7 @@ OPS = (
     "dequantize_mixed",
     "pack_mask",
     "unpack_mask",
+    "apply_mask",
     "max_pool2d_with_argmax",
     "max_pool2d_backward",
     "allocate_bits",
@@ -68,55 +69,133 @@ def _groups(x: torch.Tensor, group_size: int):
     return n, (per_sample + group_size - 1) // group_size
 
 
+def _check_fake_input(x: torch.Tensor, group_size: int, op: str) -> tuple[int, int]:
+    """The kernels' checks of x and group_size (checks.h), for fake tensors; returns (N, G)."""
+    torch._check(x.dtype in PACKABLE_DTYPES, lambda: f"actbench::{op}: x must be float32, float16 or bfloat16, got {x.dtype}")
+    torch._check(x.dim() > 0 and x.numel() > 0, lambda: f"actbench::{op}: x must be non-empty with a batch dimension, got {tuple(x.shape)}")
+    torch._check(group_size > 0 and group_size % 8 == 0, lambda: f"actbench::{op}: group_size must be a positive multiple of 8, got {group_size}")
+    return _groups(x, group_size)
+
+
+def _check_fake_minmax(mn: torch.Tensor, mx: torch.Tensor, n: int, g: int, op: str) -> None:
+    """mn/mx: float32 [N, G], or both empty (the quantizer takes the ranges in its own pass)."""
+    fused = mn.numel() == 0 and mx.numel() == 0
+    for t in (mn, mx):
+        torch._check(t.dtype == torch.float32 and (fused or tuple(t.shape) == (n, g)),
+                     lambda: f"actbench::{op}: mn and mx must be float32 [{n}, {g}] (or both empty), got {t.dtype} {tuple(t.shape)}")
+
+
+def _check_fake_packed(codes: torch.Tensor, lo: torch.Tensor, scale: torch.Tensor, shape, group_size: int, op: str) -> None:
+    n = shape[0]
+    g = (math.prod(shape[1:]) + group_size - 1) // group_size
+    torch._check(codes.dtype == torch.uint8 and codes.dim() == 1,
+                 lambda: f"actbench::{op}: codes must be a 1-D uint8 tensor, got {codes.dtype} {tuple(codes.shape)}")
+    for t in (lo, scale):
+        torch._check(t.dtype == torch.bfloat16 and tuple(t.shape) == (n, g),
+                     lambda: f"actbench::{op}: lo and scale must be bfloat16 [{n}, {g}], got {t.dtype} {tuple(t.shape)}")
+
+
+def _check_fake_mask_bytes(packed: torch.Tensor, numel: int, op: str) -> None:
+    torch._check(packed.dtype == torch.uint8 and packed.dim() == 1 and packed.numel() == (numel + 7) // 8,
+                 lambda: f"actbench::{op}: packed must be uint8 [{(numel + 7) // 8}], got {packed.dtype} {tuple(packed.shape)}")
+
+
+def _fake_group_minmax(x, group_size):
+    n, g = _check_fake_input(x, group_size, "group_minmax")
+    return x.new_empty((n, g), dtype=torch.float32), x.new_empty((n, g), dtype=torch.float32)
+
+
+def _fake_quantize(x, mn, mx, bits, group_size, seed, offset):
+    n, g = _check_fake_input(x, group_size, "quantize")
+    torch._check(bits in (1, 2, 4, 8), lambda: f"actbench::quantize: bits must be 1, 2, 4 or 8, got {bits}")
+    _check_fake_minmax(mn, mx, n, g, "quantize")
+    codes = x.new_empty((n * g * group_size * bits // 8,), dtype=torch.uint8)
+    return codes, x.new_empty((n, g), dtype=torch.bfloat16), x.new_empty((n, g), dtype=torch.bfloat16)
+
+
+def _fake_quantize_mixed(x, mn, mx, bits, total_bits, group_size, seed, offset):
+    n, g = _check_fake_input(x, group_size, "quantize_mixed")
+    _check_fake_minmax(mn, mx, n, g, "quantize_mixed")
+    torch._check(bits.dtype == torch.int32 and tuple(bits.shape) == (n,),
+                 lambda: f"actbench::quantize_mixed: bits must be int32 [{n}], got {bits.dtype} {tuple(bits.shape)}")
+    codes = x.new_empty((g * group_size * total_bits // 8,), dtype=torch.uint8)
+    return codes, x.new_empty((n, g), dtype=torch.bfloat16), x.new_empty((n, g), dtype=torch.bfloat16)
+
+
+def _fake_dequantize(codes, lo, scale, bits, group_size, shape, dtype):
+    torch._check(dtype in PACKABLE_DTYPES, lambda: f"actbench::dequantize: dtype must be float32, float16 or bfloat16, got {dtype}")
+    _check_fake_packed(codes, lo, scale, shape, group_size, "dequantize")
+    return codes.new_empty(shape, dtype=dtype)
+
+
+def _fake_dequantize_mixed(codes, lo, scale, bits, group_size, shape, dtype):
+    torch._check(dtype in PACKABLE_DTYPES, lambda: f"actbench::dequantize_mixed: dtype must be float32, float16 or bfloat16, got {dtype}")
+    _check_fake_packed(codes, lo, scale, shape, group_size, "dequantize_mixed")
+    torch._check(bits.dtype == torch.int32 and bits.dim() == 1,
+                 lambda: f"actbench::dequantize_mixed: bits must be int32 [N], got {bits.dtype} {tuple(bits.shape)}")
+    return codes.new_empty(shape, dtype=dtype)
+
+
+def _fake_pack_mask(mask):
+    torch._check(mask.dtype == torch.bool or mask.dtype in PACKABLE_DTYPES,
+                 lambda: f"actbench::pack_mask: mask must be bool, float32, float16 or bfloat16, got {mask.dtype}")
+    return mask.new_empty(((mask.numel() + 7) // 8,), dtype=torch.uint8)
+
+
+def _fake_unpack_mask(packed, shape):
+    _check_fake_mask_bytes(packed, math.prod(shape), "unpack_mask")
+    return packed.new_empty(shape, dtype=torch.bool)
+
+
+def _fake_apply_mask(grad, packed, scale):
+    torch._check(grad.dtype in PACKABLE_DTYPES, lambda: f"actbench::apply_mask: grad must be float32, float16 or bfloat16, got {grad.dtype}")
+    _check_fake_mask_bytes(packed, grad.numel(), "apply_mask")
+    return grad.new_empty(grad.shape)
+
+
+def _fake_max_pool2d_with_argmax(x, kernel_size, stride, padding, dilation, ceil_mode):
+    torch._check(x.dtype in PACKABLE_DTYPES and x.dim() in (3, 4),
+                 lambda: f"actbench::max_pool2d_with_argmax: x must be float [C, H, W] or [N, C, H, W], got {x.dtype} {tuple(x.shape)}")
+    torch._check(kernel_size[0] * kernel_size[1] <= 127,
+                 lambda: f"actbench::max_pool2d_with_argmax: the window must hold at most 127 values, got {kernel_size}")
+    oh, ow = pool_output_size(x.shape[-2:], kernel_size, stride, padding, dilation, ceil_mode)
+    shape = (*x.shape[:-2], oh, ow)
+    return x.new_empty(shape), x.new_empty(shape, dtype=torch.int8)
+
+
+def _fake_max_pool2d_backward(grad_out, argmax, input_shape, kernel_size, stride, padding, dilation):
+    torch._check(argmax.dtype == torch.int8 and argmax.shape == grad_out.shape and len(input_shape) == grad_out.dim(),
+                 lambda: f"actbench::max_pool2d_backward: argmax must be int8 with grad_out's shape {tuple(grad_out.shape)}, "
+                         f"got {argmax.dtype} {tuple(argmax.shape)}")
+    return grad_out.new_empty(input_shape)
+
+
+def _fake_allocate_bits(cost, weight, target, min_bits, max_bits):
+    torch._check(cost.dtype == torch.float64 and weight.dtype == torch.float64 and cost.dim() == 1 and cost.shape == weight.shape,
+                 lambda: f"actbench::allocate_bits: cost and weight must be float64 1-D tensors of one length, got "
+                         f"{cost.dtype} {tuple(cost.shape)} and {weight.dtype} {tuple(weight.shape)}")
+    return cost.new_empty(cost.shape, dtype=torch.int32)
+
+
+#: Each op's fake (meta) kernel: shapes and dtypes, with the kernels' argument checks.
+_FAKES = {
+    "group_minmax": _fake_group_minmax,
+    "quantize": _fake_quantize,
+    "quantize_mixed": _fake_quantize_mixed,
+    "dequantize": _fake_dequantize,
+    "dequantize_mixed": _fake_dequantize_mixed,
+    "pack_mask": _fake_pack_mask,
+    "unpack_mask": _fake_unpack_mask,
+    "apply_mask": _fake_apply_mask,
+    "max_pool2d_with_argmax": _fake_max_pool2d_with_argmax,
+    "max_pool2d_backward": _fake_max_pool2d_backward,
+    "allocate_bits": _fake_allocate_bits,
+}
+
+
 def _register_fakes() -> None:
-    lib = "actbench::"
-
-    @torch.library.register_fake(lib + "group_minmax")
-    def _(x, group_size):
-        n, g = _groups(x, group_size)
-        return x.new_empty((n, g), dtype=torch.float32), x.new_empty((n, g), dtype=torch.float32)
-
-    @torch.library.register_fake(lib + "quantize")
-    def _(x, mn, mx, bits, group_size, seed, offset):
-        n, g = _groups(x, group_size)
-        codes = x.new_empty((n * g * group_size * bits // 8,), dtype=torch.uint8)
-        return codes, mn.new_empty(mn.shape, dtype=torch.bfloat16), mn.new_empty(mn.shape, dtype=torch.bfloat16)
-
-    @torch.library.register_fake(lib + "quantize_mixed")
-    def _(x, mn, mx, bits, total_bits, group_size, seed, offset):
-        n, g = _groups(x, group_size)
-        codes = x.new_empty((g * group_size * total_bits // 8,), dtype=torch.uint8)
-        return codes, mn.new_empty(mn.shape, dtype=torch.bfloat16), mn.new_empty(mn.shape, dtype=torch.bfloat16)
-
-    @torch.library.register_fake(lib + "dequantize")
-    def _(codes, lo, scale, bits, group_size, shape, dtype):
-        return codes.new_empty(shape, dtype=dtype)
-
-    @torch.library.register_fake(lib + "dequantize_mixed")
-    def _(codes, lo, scale, bits, group_size, shape, dtype):
-        return codes.new_empty(shape, dtype=dtype)
-
-    @torch.library.register_fake(lib + "pack_mask")
-    def _(mask):
-        return mask.new_empty(((mask.numel() + 7) // 8,), dtype=torch.uint8)
-
-    @torch.library.register_fake(lib + "unpack_mask")
-    def _(packed, shape):
-        return packed.new_empty(shape, dtype=torch.bool)
-
-    @torch.library.register_fake(lib + "max_pool2d_with_argmax")
-    def _(x, kernel_size, stride, padding, dilation, ceil_mode):
-        oh, ow = pool_output_size(x.shape[-2:], kernel_size, stride, padding, dilation, ceil_mode)
-        shape = (*x.shape[:-2], oh, ow)
-        return x.new_empty(shape), x.new_empty(shape, dtype=torch.int8)
-
-    @torch.library.register_fake(lib + "max_pool2d_backward")
-    def _(grad_out, argmax, input_shape, kernel_size, stride, padding, dilation):
-        return grad_out.new_empty(input_shape)
-
-    @torch.library.register_fake(lib + "allocate_bits")
-    def _(cost, weight, target, min_bits, max_bits):
-        return cost.new_empty(cost.shape, dtype=torch.int32)
+    for op, fake in _FAKES.items():
+        torch.library.register_fake("actbench::" + op)(fake)
 
 
 def pool_output_size(in_hw, kernel_size, stride, padding, dilation, ceil_mode) -> tuple[int, int]:
@@ -268,7 +347,12 @@ def quantize(
     elif not (x.shape[0] <= total_bits <= 8 * x.shape[0]):
         raise ValueError(f"actbench.quantize: total_bits must be in [{x.shape[0]}, {8 * x.shape[0]}], got {total_bits}")
     seed, offset = seed_offset if seed_offset is not None else _draw_seed_offset(generator)
-    mn, mx = minmax if minmax is not None else group_minmax(x, group_size, backend=backend)
+    if minmax is not None:
+        mn, mx = minmax
+    elif backend == "reference":
+        mn, mx = group_minmax(x, group_size, backend=backend)
+    else:  # empty: the kernel takes each group's range in its quantizing pass
+        mn = mx = x.new_empty((0,), dtype=torch.float32)
     if backend == "reference":
         bits_t = bits.cpu() if isinstance(bits, torch.Tensor) else torch.full((x.shape[0],), bits)
         codes, lo, scale = reference.quantize(x, mn, mx, bits_t, group_size, seed, offset)
@@ -299,15 +383,21 @@ def dequantize(packed: PackedTensor, *, backend: Backend = "extension") -> torch
 
 
 def pack_mask(mask: torch.Tensor) -> torch.Tensor:
-    """bool tensor -> uint8 [ceil(numel / 8)], 8 values a byte, least significant bit first."""
-    if mask.dtype != torch.bool:
-        raise TypeError(f"actbench.pack_mask: mask must be bool, got {mask.dtype}")
+    """bool tensor (or a float tensor, read as value > 0: a ReLU's output) -> uint8 [ceil(numel / 8)],
+    8 values a byte, least significant bit first."""
+    if mask.dtype != torch.bool and mask.dtype not in PACKABLE_DTYPES:
+        raise TypeError(f"actbench.pack_mask: mask must be bool, float32, float16 or bfloat16, got {mask.dtype}")
     return _lib().pack_mask.default(mask)
 
 
 def unpack_mask(packed: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
     """Inverse of :func:`pack_mask` -> bool tensor of ``shape``."""
     return _lib().unpack_mask.default(packed, list(shape))
+
+
+def apply_mask(grad: torch.Tensor, packed: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """grad * scale where the :func:`pack_mask` bits are set, else 0 (threshold_backward's select), in one pass."""
+    return _lib().apply_mask.default(grad, packed, float(scale))
 
 
 def max_pool2d_with_argmax(

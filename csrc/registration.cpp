@@ -19,6 +19,7 @@ TORCH_LIBRARY(actbench, m) {
       "ScalarType dtype) -> Tensor");
   m.def("pack_mask(Tensor mask) -> Tensor");
   m.def("unpack_mask(Tensor packed, SymInt[] shape) -> Tensor");
+  m.def("apply_mask(Tensor grad, Tensor packed, float scale) -> Tensor");
   m.def(
       "max_pool2d_with_argmax(Tensor x, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, "
       "bool ceil_mode) -> (Tensor, Tensor)");

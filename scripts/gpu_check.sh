@@ -72,10 +72,16 @@ step doctor 300 "$PY" -m actbench doctor
 step build_key 60 "$PY" -c "import sys; from actbench import extension as e; a = e.plan(); import torch; b = e.plan(); print(a.cuda_archs, b.cuda_archs, a.directory); sys.exit(0 if a == b else 1)"
 # (test_actnn_cuda.py includes issue 13's attention twin: Q/K and V packed apart on the device)
 step cuda_tests 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_ops_cuda.py tests/test_actnn_cuda.py tests/test_ops_opcheck.py
-step bench_kernels 150 "$PY" -m actbench bench-kernels --device cuda --sizes-mib 1,16,256,1024 --bits 2,4 \
+# every op of the extension (quantize, dequantize, mixed, min/max, mask pack/unpack/apply, max-pool
+# forward and backward) against a copy of the same bytes and torch's own op where one exists
+step bench_kernels 150 "$PY" -m actbench bench-kernels --device cuda --sizes-mib 1,16,256 --bits 2,4 \
   --repeats 20 --reference-max-mib 16 --out "$SCRATCH"
 keep "$SCRATCH/bench-kernels_cuda_*/kernels.csv" kernels_cuda.csv
 keep "$SCRATCH/bench-kernels_cuda_*/env.json" env_cuda.json
+# ActNN's cost per step: fp32, L0, L1, L3 and checkpoint of ResNet-18 b16 and ResNet-50 b8 at 112 px,
+# each strategy's img/s as a ratio to fp32 (small points: the host-side share shows most there)
+step bench_actnn 110 "$PY" -m actbench bench-actnn --device cuda --out "$SCRATCH"
+keep "$SCRATCH/bench-actnn_cuda_*/actnn.csv" actnn_cuda.csv
 # issue 16: its rows carry steps_run and steps_s, so elapsed_s - steps_s is the harness's cost per cuda point
 # (two strategies: L3's first point is taken by a spare worker started while fp32 was measured)
 step sweep 200 "$PY" -m actbench sweep-batch resnet50 --strategies fp32 --levels L3 --batch 64:256:64 \

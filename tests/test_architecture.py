@@ -310,3 +310,71 @@ def test_an_option_that_is_a_choice_anywhere_is_a_choice_everywhere() -> None:
                    if name in choices and not issubclass(t, enum.Enum))
     assert "device" in choices
     assert not plain, f"options that are a fixed set elsewhere but plain strings here: {plain}"
+
+
+def _calls(node: ast.AST) -> set[str]:
+    """Dotted names of every function a node calls (``torch._check``, ``_check_fake_input``)."""
+    names = set()
+    for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+        f, parts = call.func, []
+        while isinstance(f, ast.Attribute):
+            parts.append(f.attr)
+            f = f.value
+        if isinstance(f, ast.Name):
+            names.add(".".join([f.id, *reversed(parts)]))
+    return names
+
+
+def test_every_op_has_a_fake_kernel_in_ops_that_checks_its_arguments() -> None:
+    """Each op's fake kernel is a module-level function of actbench/ops.py, named in its table of
+    fakes, and checks shapes and dtypes with torch._check (itself or through a helper there)."""
+    from actbench import ops
+
+    tree = ast.parse((PACKAGE / "ops.py").read_text())
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    table = next((n.value for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                  and any(isinstance(t, ast.Name) and t.id == "_FAKES" for t in
+                          (n.targets if isinstance(n, ast.Assign) else [n.target]))), None)
+    assert isinstance(table, ast.Dict), "actbench/ops.py needs a _FAKES table: op name -> fake kernel"
+    fakes = {k.value: v.id for k, v in zip(table.keys, table.values)}
+    assert set(fakes) == set(ops.OPS), f"ops without a fake kernel: {sorted(set(ops.OPS) - set(fakes))}"
+
+    def checks(name: str, depth: int = 2) -> bool:
+        called = _calls(functions[name])
+        return "torch._check" in called or depth > 0 and any(
+            c in functions and checks(c, depth - 1) for c in called)
+
+    unchecked = [op for op, fn in fakes.items() if fn not in functions or not checks(fn)]
+    assert not unchecked, f"fake kernels that check nothing with torch._check: {unchecked}"
+
+
+def _switch_bodies(text: str) -> list[tuple[int, str]]:
+    """(line, body) of every ``switch (...) { ... }`` in C++/CUDA source, braces matched."""
+    out = []
+    for m in re.finditer(r"\bswitch\s*\(", text):
+        start = text.index("{", m.end())
+        depth, i = 0, start
+        while True:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        out.append((text.count("\n", 0, m.start()) + 1, text[start + 1:i]))
+    return out
+
+
+def test_every_dtype_switch_in_csrc_fails_loudly_by_default() -> None:
+    """A switch over a dtype (or mask) code names every case and fails in ``default:`` -- with
+    TORCH_CHECK(false, ...) in torch code, an error code in the CUDA launchers (turned into one) --
+    instead of running some other dtype's loop on an unknown code."""
+    root = PACKAGE.parent / "csrc"
+    quiet = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in (".cpp", ".cu", ".h"):
+            continue
+        for line, body in _switch_bodies(path.read_text()):
+            tail = body.split("default:", 1)[1] if "default:" in body else ""
+            first = tail.split(";", 1)[0]
+            if not re.search(r"TORCH_CHECK\(\s*false|return\s+cudaError", first):
+                quiet.append(f"{path.relative_to(root.parent)}:{line}")
+    assert not quiet, f"switches whose default does not fail loudly: {quiet}"

@@ -50,7 +50,13 @@ def test_bench_kernels_writes_rows_and_env(tmp_path):
         for op in ("quantize", "dequantize"):
             assert (op, "extension", bits) in kinds and (op, "reference", bits) in kinds
     ext = [r for r in rows if r["backend"] == "extension"]
-    assert all(float(r["input_gb_per_s"]) > 0 and float(r["speedup_vs_reference"]) > 0 for r in ext)
+    assert all(float(r["input_gb_per_s"]) > 0 for r in ext)
+    assert all(float(r["speedup_vs_reference"]) > 0 for r in ext if r["op"] in ("quantize", "dequantize"))
+    # every op of the extension, and torch's own op beside the mask and pool kernels
+    assert {r["op"] for r in ext} == {name for name, _ in kernel_bench.OPS_BENCHED}
+    for op in ("pack_mask", "apply_mask", "max_pool2d_with_argmax", "max_pool2d_backward"):
+        assert (op, "torch", "") in kinds
+        assert all(float(r["speedup_vs_torch"]) > 0 for r in ext if r["op"] == op)
     assert all(r["device"] == "cpu" and r["calls_per_sample"] == "1" for r in rows)
     assert json.loads((run_dir / "env.json").read_text())["device"] == "cpu"
 
@@ -70,6 +76,14 @@ def test_bench_kernels_bad_input(tmp_path, args, message):
     assert result.exit_code == 2
     assert message in result.output
     assert list(tmp_path.iterdir()) == []  # nothing written for a rejected command
+
+
+def test_bench_kernels_refuses_a_size_that_cannot_fit(tmp_path):
+    result = runner.invoke(app, ["bench-kernels", "--sizes-mib", "1,1000000000", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--sizes-mib 1000000000 needs about" in lines[0] and "GiB of cpu memory available" in lines[0]
+    assert list(tmp_path.iterdir()) == []  # refused up front: no header-only CSV
 
 
 def test_bench_kernels_cuda_without_a_gpu_is_one_line(tmp_path, monkeypatch):
@@ -93,3 +107,24 @@ def test_time_call_samples_per_device(monkeypatch, device, calls_per_sample):
     assert len(calls) == 1 + 4 * calls_per_sample  # one warm-up call, then the samples
     assert median == pytest.approx(1.0 / calls_per_sample) and iqr == 0
     assert len(syncs) == 1 + 2 * 4
+
+
+def test_bench_actnn_quick_writes_ratios_to_fp32(tmp_path):
+    """The quick variant runs throughput in a child and writes each strategy's img/s and ratio to fp32."""
+    result = runner.invoke(app, ["bench-actnn", "--quick", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name.startswith("bench-actnn_cpu_")
+    rows = list(csv.DictReader((run_dir / "actnn.csv").open()))
+    by_strategy = {r["strategy"]: r for r in rows}
+    assert set(by_strategy) == {"fp32", "L0", "L3"}
+    assert float(by_strategy["fp32"]["ratio_to_fp32"]) == 1.0
+    assert all(float(r["images_per_s"]) > 0 and float(r["ratio_to_fp32"]) > 0 for r in rows)
+    assert by_strategy["L3"]["target"] == ">= 0.8" and by_strategy["L3"]["met"] in ("True", "False")
+    assert "actbench throughput resnet18" in by_strategy["L0"]["command"]
+
+
+def test_bench_actnn_bad_device_is_one_line(tmp_path):
+    result = runner.invoke(app, ["bench-actnn", "--device", "tpu", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--device must be cpu or cuda, got 'tpu'" in result.output
+    assert list(tmp_path.iterdir()) == []

@@ -84,3 +84,23 @@ def test_cuda_tensor_over_2_pow_31_values():
     assert bool(((tail_hat - tail).abs() <= 1 / scale + 1e-2).all())
     mask = torch.ones(n, dtype=torch.bool, device="cuda")
     assert int(ops.pack_mask(mask)[-1]) == 255
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_fused_and_given_minmax_codes_identical(dtype):
+    """The one-pass quantizer (ranges taken in the quantizing warp) and the given-range path agree."""
+    x = _x((6, 5, 37), dtype)
+    minmax = ops.group_minmax(x.cuda())
+    fused = ops.quantize(x.cuda(), 2, seed_offset=(8, 9))
+    given = ops.quantize(x.cuda(), 2, seed_offset=(8, 9), minmax=minmax)
+    assert torch.equal(fused.codes, given.codes) and torch.equal(fused.lo.view(torch.int16), given.lo.view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_float_mask_and_apply_mask_identical_to_cpu(dtype):
+    x = _x((4, 8, 33, 31), dtype)
+    y = torch.relu(x)
+    packed = ops.pack_mask(y)
+    assert torch.equal(packed, ops.pack_mask(y.cuda()).cpu())
+    grad = _x(y.shape, dtype)
+    assert torch.equal(ops.apply_mask(grad, packed, 1.5), ops.apply_mask(grad.cuda(), packed.cuda(), 1.5).cpu())

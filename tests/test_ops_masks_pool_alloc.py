@@ -23,10 +23,42 @@ def test_mask_bit_order_is_lsb_first():
 
 
 def test_mask_errors():
-    with pytest.raises(TypeError, match="mask must be bool, got torch.float32"):
-        ops.pack_mask(torch.ones(4))
+    with pytest.raises(TypeError, match="mask must be bool, float32, float16 or bfloat16, got torch.int64"):
+        ops.pack_mask(torch.ones(4, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="mask must be bool, float32, float16 or bfloat16, got Double"):
+        torch.ops.actbench.pack_mask(torch.ones(4, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="apply_mask: packed must be uint8 \\[2\\]"):
+        ops.apply_mask(torch.ones(3, 5), torch.zeros(1, dtype=torch.uint8))
     with pytest.raises(RuntimeError, match="packed must be uint8 \\[2\\] for shape \\[3, 5\\]"):
         ops.unpack_mask(torch.zeros(1, dtype=torch.uint8), (3, 5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1,), (13,), (2, 64, 9, 9)])
+def test_float_mask_is_value_above_zero(shape, dtype):
+    """A float tensor packs as value > 0 (a ReLU's output): NaN, -0 and 0 give clear bits."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+    x.view(-1)[0] = float("nan")
+    if x.numel() > 2:
+        x.view(-1)[1], x.view(-1)[2] = -0.0, 0.0
+    assert torch.equal(ops.pack_mask(x), ops.pack_mask(x > 0))
+    assert torch.equal(ops.pack_mask(torch.relu(x)), ops.pack_mask(x > 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1.0, 1.25])
+def test_apply_mask_is_thresholds_select(dtype, scale):
+    """apply_mask = where(mask, grad * scale, 0): bit-equal to threshold_backward at scale 1, NaN grads
+    where the mask is clear give 0."""
+    g = torch.Generator().manual_seed(4)
+    y = torch.relu(torch.randn(3, 7, 11, generator=g)).to(dtype)
+    grad = torch.randn(y.shape, generator=g).to(dtype)
+    grad.view(-1)[(y.view(-1) == 0).nonzero()[0]] = float("nan")
+    got = ops.apply_mask(grad, ops.pack_mask(y), scale)
+    expected = torch.where(y > 0, grad * scale, torch.zeros((), dtype=dtype))
+    assert torch.equal(got, expected)
+    if scale == 1.0:
+        assert torch.equal(got, torch.ops.aten.threshold_backward(grad, y, 0))
 
 
 POOLS = [
@@ -149,3 +181,25 @@ def test_allocation_errors():
         ops.allocate_bits(one, torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64), 10.0)
     with pytest.raises(RuntimeError, match="need 1 <= min_bits <= max_bits <= 8"):
         ops.allocate_bits(one, one, 10.0, min_bits=0)
+
+
+@pytest.mark.parametrize("kernel,stride,padding,dilation,ceil_mode", POOLS)
+def test_max_pool_backward_sums_in_the_gathers_order(kernel, stride, padding, dilation, ceil_mode):
+    """Every input adds its windows' gradients in one fixed order (windows i, j ascending, from 0):
+    the CPU kernel and the CUDA kernel's gather then agree bit for bit."""
+    x = torch.randn(1, 2, 9, 8, generator=torch.Generator().manual_seed(5))
+    out, arg = ops.max_pool2d_with_argmax(x, kernel, stride, padding, dilation, ceil_mode)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(6)) * 1e3
+    got = ops.max_pool2d_backward(grad, arg, x.shape, kernel, stride, padding, dilation)
+    expected = torch.zeros_like(x)
+    for c, h, w in itertools.product(range(2), range(9), range(8)):
+        acc = torch.zeros((), dtype=torch.float32)
+        for i, j in itertools.product(range(kernel[0]), range(kernel[1])):
+            hh, ww = h + padding[0] - i * dilation[0], w + padding[1] - j * dilation[1]
+            if hh < 0 or ww < 0 or hh % stride[0] or ww % stride[1]:
+                continue
+            oh, ow = hh // stride[0], ww // stride[1]
+            if oh < out.shape[2] and ow < out.shape[3] and arg[0, c, oh, ow] == i * kernel[1] + j:
+                acc = acc + grad[0, c, oh, ow]
+        expected[0, c, h, w] = acc
+    assert torch.equal(got, expected)

@@ -17,16 +17,19 @@ def _samples(device: str) -> dict[str, list[tuple]]:
     codes, lo, scale = torch.ops.actbench.quantize(x, mn, mx, 2, 256, 11, 3)
     mcodes, mlo, mscale = torch.ops.actbench.quantize_mixed(x, mn, mx, bits, 12, 256, 11, 3)
     mask = (x > 0).to(device)
+    empty = x.new_empty((0,), dtype=torch.float32)
     img = torch.randn(2, 3, 9, 8, generator=g).to(device)
     pooled, arg = torch.ops.actbench.max_pool2d_with_argmax(img, [3, 3], [2, 2], [1, 1], [1, 1], False)
     return {
         "group_minmax": [(x, 256), (x.half(), 64)],
-        "quantize": [(x, mn, mx, 2, 256, 11, 3), (x.bfloat16(), mn, mx, 8, 256, 1, 0)],
+        "quantize": [(x, mn, mx, 2, 256, 11, 3), (x.bfloat16(), mn, mx, 8, 256, 1, 0), (x, empty, empty, 4, 64, 5, 2)],
         "quantize_mixed": [(x, mn, mx, bits, 12, 256, 11, 3)],
         "dequantize": [(codes, lo, scale, 2, 256, list(x.shape), torch.float32)],
         "dequantize_mixed": [(mcodes, mlo, mscale, bits, 256, list(x.shape), torch.float16)],
-        "pack_mask": [(mask,)],
+        "pack_mask": [(mask,), (x.relu(),), (x.half(),)],
         "unpack_mask": [(ops.pack_mask(mask), list(mask.shape))],
+        "apply_mask": [(torch.randn(x.shape, generator=g).to(device), ops.pack_mask(mask), 1.0),
+                       (x.bfloat16(), ops.pack_mask(mask), 2.0)],
         "max_pool2d_with_argmax": [(img, [3, 3], [2, 2], [1, 1], [1, 1], False), (img, [2, 2], [2, 2], [0, 0], [1, 1], True)],
         "max_pool2d_backward": [(torch.randn_like(pooled), arg, list(img.shape), [3, 3], [2, 2], [1, 1], [1, 1])],
         "allocate_bits": [

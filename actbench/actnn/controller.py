@@ -7,7 +7,7 @@ attributes broke as soon as two models existed).
 Mixed precision (docs/design.md §2), arranged so the training loop stays ordinary and there is at most
 one small host round trip per step:
 
-* every quantizing backward records the per-sample ``||grad_output||^2`` of its layer, every
+* every quantizing backward records the mean per-sample ``||grad_output||^2`` of its layer, every
   quantizing forward the per-sample sum of squared group ranges of its input (on the device);
 * at the first quantizing forward after a backward, the controller reads all of last step's
   statistics in one transfer and runs the greedy ``ops.allocate_bits`` over all conv/linear
@@ -167,13 +167,22 @@ class Controller:
         return seed, offset
 
     def record_grad(self, index: int, grad_output: torch.Tensor) -> None:
-        """Per-sample ||grad_output||^2 of a quantizing layer (kept on the device)."""
+        """The layer's mean per-sample ||grad_output||^2, kept on the device as an [N] tensor.
+
+        Only the batch mean enters the cost (see the module docstring), so it is one dot product
+        over the whole gradient (BLAS, memory speed), not a per-sample reduction.
+        """
         self._backward_seen = True
         if not self.config.mixed_precision:
             return
         g = grad_output.detach()
         n = g.shape[0] if g.dim() > 1 else 1
-        self._grad_sq[index] = torch.nan_to_num(g.reshape(n, -1).float().pow(2).sum(1), posinf=0.0)
+        flat = g.reshape(-1)
+        if flat.dtype in (torch.float32, torch.float64):
+            total = torch.dot(flat, flat).float()
+        else:  # 16-bit: accumulate in fp32 without an fp32 copy of the gradient
+            total = torch.linalg.vector_norm(flat, dtype=torch.float32).square()
+        self._grad_sq[index] = torch.nan_to_num(total / n, posinf=0.0).expand(n)
 
     # -- allocation ---------------------------------------------------------------------------
 
@@ -257,6 +266,14 @@ class Controller:
         """
         return self.layers[index].cost_factor / self._positions.get(index, 1)
 
+    def record_packed_ranges(self, index: int, packed: ops.PackedTensor) -> None:
+        """The range statistic (per sample, the sum over groups of range^2) from a packed tensor's
+        scales: scale = (2^b - 1) / (range + eps) rounded towards zero, so (2^b - 1) / scale is the
+        range to within one bf16 step (non-finite groups -> 0, as for the min/max form)."""
+        levels = float((1 << packed.bits) - 1)
+        span = levels / packed.scale.float()
+        self._range_sq[index] = torch.nan_to_num_(span.square_(), nan=0.0, posinf=0.0).sum(1)
+
     def allocation(self) -> dict[str, LayerAllocation]:
         """The current step's per-layer allocation (empty before the first adaptive step)."""
         return {a.name: a for a in self._allocation.values()}
@@ -278,7 +295,8 @@ class Controller:
 
         Everything the quantizer would otherwise read back from the device is returned from the
         host: ``total_bits`` is the sum of the per-sample widths (known here, where the multiset
-        lives), and ``minmax`` is the per-group min/max already computed for the range statistic.
+        lives), and ``minmax`` is the per-group min/max already computed for the range statistic
+        (None when every sample gets one width: then nothing needs the ranges before quantizing).
         Without them ``ops.quantize`` checks and sums the bits tensor with ``int()`` — three host
         syncs per layer and step — and computes the min/max a second time.
         """
@@ -289,17 +307,19 @@ class Controller:
         self._positions[index] = _positions(kind, x)
         if not self.config.mixed_precision:
             return BitPlan(int(target))
-        minmax = ops.group_minmax(x, self.config.group_size, backend=self.config.backend)
-        mn, mx = minmax
-        r2 = torch.nan_to_num((mx - mn).pow(2), nan=0.0, posinf=0.0).sum(1)
-        self._range_sq[index] = r2
         alloc = self._allocation.get(index)
         if alloc is not None and len(alloc.bits_desc) == n:
             desc = list(alloc.bits_desc)
         else:
             desc = uniform_bits(n, float(target), self.config.min_bits, self.config.max_bits)
         if len(set(desc)) == 1 and desc[0] in UNIFORM_BITS:
-            return BitPlan(desc[0], minmax=minmax)
+            # One width for all: no rank match, so the quantizer takes the ranges in its own pass
+            # and the range statistic is read back from its scales (record_packed_ranges).
+            return BitPlan(desc[0], ranges_from_scales=True)
+        minmax = ops.group_minmax(x, self.config.group_size, backend=self.config.backend)
+        mn, mx = minmax
+        r2 = torch.nan_to_num_((mx - mn).square_(), nan=0.0, posinf=0.0).sum(1)
+        self._range_sq[index] = r2
         # Rank match on the device: the widest widths go to the samples with the largest ranges.
         rank = torch.argsort(r2, descending=True, stable=True)
         bits = torch.empty(n, dtype=torch.int32, device=x.device)
@@ -348,6 +368,8 @@ class BitPlan:
     bits: int | torch.Tensor
     total_bits: int | None = None
     minmax: tuple[torch.Tensor, torch.Tensor] | None = None
+    #: the range statistic is to be taken from the packed scales after quantizing (uniform width)
+    ranges_from_scales: bool = False
 
 
 class LayerSlot:
@@ -385,6 +407,8 @@ class LayerSlot:
             x, bits, group_size=self.config.group_size, backend=self.config.backend, seed_offset=c.draw_seed_offset(),
             total_bits=plan.total_bits, minmax=plan.minmax,
         )
+        if plan.ranges_from_scales:
+            c.record_packed_ranges(self.index, packed)
         mixed = isinstance(bits, torch.Tensor)
         spec = PackSpec(
             "packed", x.shape, x.dtype, None if mixed else bits, mixed, self.config.group_size, view_shape, device=x.device
@@ -454,6 +478,15 @@ class LayerSlot:
     def load_mask(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec) -> torch.Tensor:
         (packed,) = self._unstash(tensors, spec)
         return ops.unpack_mask(packed, spec.shape)
+
+    def masked_grad(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec, grad: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+        """grad * scale where the packed mask is set, else 0: one kernel for the packable dtypes."""
+        (packed,) = self._unstash(tensors, spec)
+        if grad.dtype in ops.PACKABLE_DTYPES and grad.shape == spec.shape:
+            return ops.apply_mask(grad, packed, scale)
+        mask = ops.unpack_mask(packed, spec.shape)
+        return grad * mask * scale if scale != 1.0 else grad * mask
 
     def load_argmax(self, tensors: tuple[torch.Tensor, ...], spec: PackSpec) -> torch.Tensor:
         (argmax,) = self._unstash(tensors, spec)

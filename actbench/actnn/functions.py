@@ -36,8 +36,9 @@ def kept_by_twin(t: torch.Tensor) -> bool:
 
 
 def save_mask(ctx, slot: LayerSlot, mask: torch.Tensor) -> None:
-    """Pack a boolean mask to 1 bit per value for backward: the mask twins (clamp, dropout,
-    hardsigmoid, stochastic depth) keep nothing else, so they share this and :func:`load_mask`."""
+    """Pack a mask to 1 bit per value for backward: the mask twins (clamp, dropout, hardsigmoid,
+    stochastic depth) keep nothing else, so they share this and :func:`load_mask`. ``mask`` is a
+    bool tensor or a ReLU's float output (its bits: value > 0, taken by the kernel in one pass)."""
     tensors, spec = slot.save_mask(mask)
     save(ctx, *tensors)
     ctx.slot, ctx.spec = slot, spec
@@ -48,6 +49,14 @@ def load_mask(ctx) -> torch.Tensor:
     slot = ctx.slot
     slot.after_backward()
     return slot.load_mask(tuple(ctx.saved_tensors), ctx.spec)
+
+
+def masked_grad(ctx, grad: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """grad * scale where the mask :func:`save_mask` packed is set, else 0, in one kernel pass
+    (no bool tensor, no type-promoting multiply); tells the slot its backward ran."""
+    slot = ctx.slot
+    slot.after_backward()
+    return slot.masked_grad(tuple(ctx.saved_tensors), ctx.spec, grad, scale)
 
 
 def autocast_like_torch(x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
@@ -206,8 +215,9 @@ class ClampFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, lo: float | None, hi: float | None, slot: LayerSlot, inplace: bool):
         if hi is None:
-            mask = x > 0
             out = torch.relu_(x) if inplace else torch.relu(x)
+            # y > 0 exactly where x > 0: the kernel reads the bits from the output itself
+            mask = out if out.dtype in ops.PACKABLE_DTYPES else out > 0
         else:
             mask = (x > lo) & (x < hi)
             out = x.clamp_(lo, hi) if inplace else torch.clamp(x, lo, hi)
@@ -218,7 +228,7 @@ class ClampFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return grad * load_mask(ctx), None, None, None, None
+        return masked_grad(ctx, grad), None, None, None, None
 
 
 class DropoutFunction(torch.autograd.Function):
@@ -235,7 +245,7 @@ class DropoutFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return grad * load_mask(ctx) * ctx.scale, None, None
+        return masked_grad(ctx, grad, ctx.scale), None, None
 
 
 @dataclass(frozen=True)

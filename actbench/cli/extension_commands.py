@@ -91,9 +91,12 @@ def bench_kernels(
         "runs"
     ),
 ) -> None:
-    """Time quantize+pack and unpack+dequantize against the torch reference and a plain copy.
+    """Time every op of the extension against a plain copy, the torch reference and torch's own ops.
 
-    Rates are GB/s of fp32 input. Each size also times x.clone() in the same run: the bandwidth
+    Ops: quantize (one pass: ranges and codes), dequantize, their per-sample-bits forms, group
+    min/max, mask pack/unpack/apply (against x > 0 and threshold_backward) and the max pool with
+    its backward (against max_pool2d_with_indices). Sizes that cannot fit in memory are refused
+    before anything runs. Rates are GB/s of fp32 input. Each size also times x.clone() in the same run: the bandwidth
     ceiling the kernels are judged against (targets at 256 MiB: CPU >= 50% of copy and >= 5x the
     reference; GPU >= 70% of copy). On cuda each timed sample is 10 back-to-back calls between two
     synchronisations (the ops never synchronise, so launches overlap kernels as in training).
@@ -113,11 +116,15 @@ def bench_kernels(
         repeats=repeats,
         reference_max_mib=reference_max_mib,
     )
+    try:
+        kernel_bench.check_sizes_fit(config)
+    except ValueError as err:
+        fail(str(err))
     run_dir = new_bench_dir(out, f"bench-kernels_{device}", device)
     fields = [f.name for f in dataclasses.fields(kernel_bench.KernelRow)]
     csv_path = run_dir / "kernels.csv"
     table = Table(title=f"bench-kernels on {device} (GB/s of fp32 input)")
-    for name in ("size", "op", "backend", "bits", "GB/s", "copy GB/s", "of copy", "vs ref"):
+    for name in ("size", "op", "backend", "bits", "GB/s", "copy GB/s", "of copy", "vs ref", "vs torch"):
         table.add_column(name, justify="right")
     with csv_path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
@@ -132,6 +139,7 @@ def bench_kernels(
                 f"{row.input_gb_per_s:.2f}", f"{row.copy_gb_per_s:.2f}",
                 f"{row.fraction_of_copy:.0%}",
                 f"{row.speedup_vs_reference:.1f}x" if row.speedup_vs_reference else "",
+                f"{row.speedup_vs_torch:.2f}x" if row.speedup_vs_torch else "",
             )
 
         try:
@@ -141,4 +149,49 @@ def bench_kernels(
     console.print(table)
     for text, ok in kernel_bench.verdicts(rows, device):
         console.print(("[green]met[/]  " if ok else "[red]missed[/] ") + text)
+    console.print(f"wrote {csv_path}")
+
+
+@app.command("bench-actnn")
+def bench_actnn(
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    quick: Annotated[bool, typer.Option("--quick", help="ResNet-18, batch 2, 32 px, one timed step: a check, not the targets.")] = False,
+    out: Annotated[Path, typer.Option("--out", help="Results root; writes OUT/bench-actnn_<device>_<time>/.")] = Path("runs"),
+) -> None:
+    """What ActNN costs in speed: img/s of fp32, L0, L1, L3 and checkpoint, and each one's ratio to fp32.
+
+    Runs `actbench throughput MODEL --strategies fp32,L0,L1,L3,checkpoint --image-size 112` for
+    ResNet-18 at batch 16 and ResNet-50 at batch 8, each in a fresh process, points one at a time.
+    Targets: L0 >= 0.95x fp32, L3 >= 0.80x. Writes actnn.csv and env.json; prints a table.
+
+    \b
+    Examples:
+      actbench bench-actnn                 # the table, on cpu (minutes on 2 cores)
+      actbench bench-actnn --quick         # a check in about a minute
+    """
+    from actbench import actnn_bench
+
+    if device not in MEASURING_DEVICES:
+        fail(f"--device must be {' or '.join(MEASURING_DEVICES)}, got {device!r}")
+    require_device(device)
+    run_dir = new_bench_dir(out, f"bench-actnn_{device}", device)
+    try:
+        rows = actnn_bench.run(device, quick, log=lambda line: err_console.print(line, markup=False))
+    except RuntimeError as err:
+        fail(str(err), code=1)
+    csv_path = run_dir / "actnn.csv"
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=[f.name for f in dataclasses.fields(actnn_bench.ActnnBenchRow)])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(dataclasses.asdict(row))
+    table = Table(title=f"bench-actnn on {device}" + (" (quick: not the targets' sizes)" if quick else ""))
+    for name in ("model", "batch", "px", "strategy", "img/s", "x fp32", "target", ""):
+        table.add_column(name, justify="right")
+    for r in rows:
+        verdict = "" if r.met is None else ("[green]met[/]" if r.met else "[red]missed[/]")
+        table.add_row(r.model, str(r.batch), str(r.image_size), r.strategy,
+                      "" if r.images_per_s is None else f"{r.images_per_s:.2f}",
+                      "" if r.ratio_to_fp32 is None else f"{r.ratio_to_fp32:.2f}", r.target, verdict)
+    console.print(table)
     console.print(f"wrote {csv_path}")

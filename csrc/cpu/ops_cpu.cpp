@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <functional>
 #include <queue>
@@ -17,10 +18,50 @@
 #include "actbench/checks.h"
 #include "actbench/quant_math.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace actbench {
 namespace {
 
 constexpr int64_t kGroupGrain = 16;  // groups per parallel task: ~16 KiB of fp32 input
+
+// Min and max of one group of len values (NaN for both when it holds NaN or +-inf). Eight
+// independent lanes so the loop vectorizes; v * 0 is NaN exactly for NaN and +-inf.
+template <int D>
+inline void group_range(const typename Format<D>::T* p, int64_t len, float* mn_out, float* mx_out) {
+  float lmn[8], lmx[8], lbad[8];
+  for (int j = 0; j < 8; ++j) {
+    lmn[j] = bits_float(0x7F800000u);
+    lmx[j] = bits_float(0xFF800000u);
+    lbad[j] = 0.0f;
+  }
+  int64_t full = len / 8 * 8;
+  for (int64_t i = 0; i < full; i += 8) {
+    for (int j = 0; j < 8; ++j) {
+      float v = Format<D>::load(p[i + j]);
+      lmn[j] = v < lmn[j] ? v : lmn[j];
+      lmx[j] = v > lmx[j] ? v : lmx[j];
+      lbad[j] += v * 0.0f;
+    }
+  }
+  for (int64_t i = full; i < len; ++i) {
+    float v = Format<D>::load(p[i]);
+    lmn[0] = v < lmn[0] ? v : lmn[0];
+    lmx[0] = v > lmx[0] ? v : lmx[0];
+    lbad[0] += v * 0.0f;
+  }
+  float a = lmn[0], b = lmx[0];
+  bool bad = false;
+  for (int j = 0; j < 8; ++j) {
+    a = lmn[j] < a ? lmn[j] : a;
+    b = lmx[j] > b ? lmx[j] : b;
+    bad = bad || is_nan(lbad[j]);
+  }
+  *mn_out = bad ? bits_float(0x7FC00000u) : a;
+  *mx_out = bad ? bits_float(0x7FC00000u) : b;
+}
 
 template <int D>
 void minmax_groups(const at::Tensor& x, const Groups& gr, float* mn, float* mx) {
@@ -28,41 +69,8 @@ void minmax_groups(const at::Tensor& x, const Groups& gr, float* mn, float* mx) 
   const T* data = reinterpret_cast<const T*>(x.data_ptr());
   at::parallel_for(0, gr.n * gr.g, kGroupGrain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      int64_t n = t / gr.g, gi = t % gr.g;
-      int64_t first = gi * gr.group_size;
-      int64_t len = std::min(gr.group_size, gr.per_sample - first);
-      const T* p = data + n * gr.per_sample + first;
-      // Eight independent lanes so the loop vectorizes; v * 0 is NaN exactly for NaN and +-inf.
-      float lmn[8], lmx[8], lbad[8];
-      for (int j = 0; j < 8; ++j) {
-        lmn[j] = bits_float(0x7F800000u);
-        lmx[j] = bits_float(0xFF800000u);
-        lbad[j] = 0.0f;
-      }
-      int64_t full = len / 8 * 8;
-      for (int64_t i = 0; i < full; i += 8) {
-        for (int j = 0; j < 8; ++j) {
-          float v = Format<D>::load(p[i + j]);
-          lmn[j] = v < lmn[j] ? v : lmn[j];
-          lmx[j] = v > lmx[j] ? v : lmx[j];
-          lbad[j] += v * 0.0f;
-        }
-      }
-      for (int64_t i = full; i < len; ++i) {
-        float v = Format<D>::load(p[i]);
-        lmn[0] = v < lmn[0] ? v : lmn[0];
-        lmx[0] = v > lmx[0] ? v : lmx[0];
-        lbad[0] += v * 0.0f;
-      }
-      float a = lmn[0], b = lmx[0];
-      bool bad = false;
-      for (int j = 0; j < 8; ++j) {
-        a = lmn[j] < a ? lmn[j] : a;
-        b = lmx[j] > b ? lmx[j] : b;
-        bad = bad || is_nan(lbad[j]);
-      }
-      mn[t] = bad ? bits_float(0x7FC00000u) : a;
-      mx[t] = bad ? bits_float(0x7FC00000u) : b;
+      int64_t n = t / gr.g, first = (t % gr.g) * gr.group_size;
+      group_range<D>(data + n * gr.per_sample + first, std::min(gr.group_size, gr.per_sample - first), mn + t, mx + t);
     }
   });
 }
@@ -77,7 +85,8 @@ std::tuple<at::Tensor, at::Tensor> group_minmax_cpu(const at::Tensor& x_in, int6
   switch (code) {
     case kF32: minmax_groups<kF32>(x, gr, pmn, pmx); break;
     case kF16: minmax_groups<kF16>(x, gr, pmn, pmx); break;
-    default: minmax_groups<kBF16>(x, gr, pmn, pmx); break;
+    case kBF16: minmax_groups<kBF16>(x, gr, pmn, pmx); break;
+    default: TORCH_CHECK(false, "actbench::group_minmax: unknown dtype code ", code);
   }
   return {mn, mx};
 }
@@ -103,11 +112,27 @@ void quantize_block(const typename Format<D>::T* sample, int64_t per_sample, int
   for (int64_t c = 0; c < chunks; ++c) pack8(q + c * 8, bits, out + c * bits);
 }
 
+// unpack8 with the width known at compile time, so its loops unroll.
+template <int B>
+void unpack_block(const uint8_t* in, int64_t chunks, uint32_t* q) {
+  for (int64_t c = 0; c < chunks; ++c) unpack8(in + c * B, B, q + c * 8);
+}
+
 template <int D>
 void dequantize_block(const uint8_t* in, int bits, float lo, float scale, int64_t per_sample, int64_t first,
                       int64_t len, typename Format<D>::T* sample) {
   uint32_t q[kBlock];
-  for (int64_t c = 0; c < len / 8; ++c) unpack8(in + c * bits, bits, q + c * 8);
+  switch (bits) {
+    case 1: unpack_block<1>(in, len / 8, q); break;
+    case 2: unpack_block<2>(in, len / 8, q); break;
+    case 3: unpack_block<3>(in, len / 8, q); break;
+    case 4: unpack_block<4>(in, len / 8, q); break;
+    case 5: unpack_block<5>(in, len / 8, q); break;
+    case 6: unpack_block<6>(in, len / 8, q); break;
+    case 7: unpack_block<7>(in, len / 8, q); break;
+    case 8: unpack_block<8>(in, len / 8, q); break;
+    default: TORCH_CHECK(false, "actbench::dequantize: bits must be in 1..8, got ", bits);
+  }
   const int64_t valid = std::max<int64_t>(0, std::min(len, per_sample - first));
   for (int64_t i = 0; i < valid; ++i) sample[first + i] = Format<D>::store(dequantize_code(q[i], lo, scale));
 }
@@ -122,7 +147,15 @@ void quantize_groups(const at::Tensor& x, const Groups& gr, const float* mn, con
     for (int64_t t = begin; t < end; ++t) {
       int64_t n = t / gr.g, gi = t % gr.g;
       int bits = layout.bits_of(n);
-      GroupParams p = group_params(mn[t], mx[t], bits);
+      float a, b;
+      if (mn != nullptr) {
+        a = mn[t];
+        b = mx[t];
+      } else {  // one pass: the group's range while its 256 values are in cache, then its codes
+        int64_t first = gi * gr.group_size;
+        group_range<D>(data + n * gr.per_sample + first, std::min(gr.group_size, gr.per_sample - first), &a, &b);
+      }
+      GroupParams p = group_params(a, b, bits);
       lo[t] = p.lo_bits;
       scale[t] = p.scale_bits;
       uint8_t* out = codes + layout.start_of(n, cps);
@@ -173,7 +206,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_impl(const char* op, con
                                                              int64_t group_size, int64_t seed, int64_t offset) {
   Groups gr = groups_of(x_in.sizes(), group_size, op);
   int code = dtype_code(x_in.scalar_type(), op, "x");
-  check_minmax(x_in, mn_in, mx_in, gr, op);
+  const bool fused = check_minmax(x_in, mn_in, mx_in, gr, op);
   at::Tensor x = x_in.contiguous(), mn = mn_in.contiguous(), mx = mx_in.contiguous();
   at::Tensor codes = at::empty({gr.chunks_per_sample() * total_bits}, x.options().dtype(at::kByte));
   at::Tensor lo = at::empty({gr.n, gr.g}, x.options().dtype(at::kBFloat16));
@@ -181,12 +214,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_impl(const char* op, con
   auto* pc = codes.data_ptr<uint8_t>();
   auto* pl = reinterpret_cast<uint16_t*>(lo.data_ptr());
   auto* ps = reinterpret_cast<uint16_t*>(scale.data_ptr());
-  const float *pmn = mn.data_ptr<float>(), *pmx = mx.data_ptr<float>();
+  const float* pmn = fused ? nullptr : mn.data_ptr<float>();
+  const float* pmx = fused ? nullptr : mx.data_ptr<float>();
   auto s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(offset);
   switch (code) {
     case kF32: quantize_groups<kF32>(x, gr, pmn, pmx, layout, s, o, pc, pl, ps); break;
     case kF16: quantize_groups<kF16>(x, gr, pmn, pmx, layout, s, o, pc, pl, ps); break;
-    default: quantize_groups<kBF16>(x, gr, pmn, pmx, layout, s, o, pc, pl, ps); break;
+    case kBF16: quantize_groups<kBF16>(x, gr, pmn, pmx, layout, s, o, pc, pl, ps); break;
+    default: TORCH_CHECK(false, "actbench::", op, ": unknown dtype code ", code);
   }
   return {codes, lo, scale};
 }
@@ -230,7 +265,8 @@ at::Tensor dequantize_impl(const char* op, const at::Tensor& codes_in, const at:
   switch (code) {
     case kF32: dequantize_groups<kF32>(pc, pl, ps, gr, layout, out.data_ptr()); break;
     case kF16: dequantize_groups<kF16>(pc, pl, ps, gr, layout, out.data_ptr()); break;
-    default: dequantize_groups<kBF16>(pc, pl, ps, gr, layout, out.data_ptr()); break;
+    case kBF16: dequantize_groups<kBF16>(pc, pl, ps, gr, layout, out.data_ptr()); break;
+    default: TORCH_CHECK(false, "actbench::", op, ": unknown dtype code ", code);
   }
   return out;
 }
@@ -257,37 +293,156 @@ at::Tensor dequantize_mixed_cpu(const at::Tensor& codes, const at::Tensor& lo, c
   return dequantize_impl("dequantize_mixed", codes, lo, scale, layout, total, group_size, shape, dtype);
 }
 
-at::Tensor pack_mask_cpu(const at::Tensor& mask_in) {
-  TORCH_CHECK(mask_in.scalar_type() == at::kBool, "actbench::pack_mask: mask must be bool, got ",
-              mask_in.scalar_type());
-  at::Tensor mask = mask_in.contiguous();
-  const int64_t numel = mask.numel(), nbytes = (numel + 7) / 8;
-  at::Tensor out = at::empty({nbytes}, mask.options().dtype(at::kByte));
-  const bool* m = mask.data_ptr<bool>();
-  uint8_t* o = out.data_ptr<uint8_t>();
-  at::parallel_for(0, nbytes, 4096, [&](int64_t begin, int64_t end) {
+constexpr int64_t kMaskGrain = 8192;  // packed bytes per parallel task: 64 Ki values
+
+// 8 bool bytes (0 or 1) -> one byte, least significant bit first: one multiply gathers the
+// eight low bits into the top byte.
+inline uint8_t pack8_bools(const bool* m) {
+  uint64_t w;
+  memcpy(&w, m, sizeof(w));
+  return static_cast<uint8_t>(((w & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56);
+}
+
+void pack_bools(const bool* m, int64_t numel, uint8_t* o) {
+  const int64_t full = numel / 8;
+  at::parallel_for(0, full, kMaskGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) o[i] = pack8_bools(m + i * 8);
+  });
+  if (full * 8 < numel) {
+    uint8_t byte = 0;
+    for (int64_t idx = full * 8; idx < numel; ++idx) byte |= static_cast<uint8_t>(m[idx] ? 1u : 0u) << (idx - full * 8);
+    o[full] = byte;
+  }
+}
+
+// A float tensor's mask is value > 0 (mask_bit), read straight from a ReLU's output.
+template <int D>
+void pack_values(const typename Format<D>::T* v, int64_t numel, uint8_t* o) {
+  const int64_t full = numel / 8;
+  at::parallel_for(0, full, kMaskGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      uint8_t byte = 0;
-      for (int j = 0; j < 8; ++j) {
-        int64_t idx = i * 8 + j;
-        if (idx < numel && m[idx]) byte |= static_cast<uint8_t>(1u << j);
-      }
-      o[i] = byte;
+      uint32_t byte = 0;
+      for (int j = 0; j < 8; ++j) byte |= mask_bit(Format<D>::load(v[i * 8 + j])) << j;
+      o[i] = static_cast<uint8_t>(byte);
     }
   });
+  if (full * 8 < numel) {
+    uint32_t byte = 0;
+    for (int64_t idx = full * 8; idx < numel; ++idx) byte |= mask_bit(Format<D>::load(v[idx])) << (idx - full * 8);
+    o[full] = static_cast<uint8_t>(byte);
+  }
+}
+
+at::Tensor pack_mask_cpu(const at::Tensor& mask_in) {
+  const char* op = "pack_mask";
+  const int code = mask_code(mask_in.scalar_type(), op);
+  at::Tensor mask = mask_in.contiguous();
+  const int64_t numel = mask.numel();
+  at::Tensor out = at::empty({(numel + 7) / 8}, mask.options().dtype(at::kByte));
+  uint8_t* o = out.data_ptr<uint8_t>();
+  const void* m = mask.data_ptr();
+  switch (code) {
+    case -1: pack_bools(static_cast<const bool*>(m), numel, o); break;
+    case kF32: pack_values<kF32>(static_cast<const float*>(m), numel, o); break;
+    case kF16: pack_values<kF16>(static_cast<const uint16_t*>(m), numel, o); break;
+    case kBF16: pack_values<kBF16>(static_cast<const uint16_t*>(m), numel, o); break;
+    default: TORCH_CHECK(false, "actbench::", op, ": unknown mask code ", code);
+  }
   return out;
+}
+
+// Byte b -> eight bool bytes (bit j of b in byte j): a 2 KiB table, built once.
+struct SpreadTable {
+  uint64_t v[256];
+  SpreadTable() {
+    for (int b = 0; b < 256; ++b) {
+      uint64_t w = 0;
+      for (int j = 0; j < 8; ++j) w |= static_cast<uint64_t>((b >> j) & 1) << (8 * j);
+      v[b] = w;
+    }
+  }
+};
+
+const SpreadTable& spread_table() {
+  static const SpreadTable table;
+  return table;
 }
 
 at::Tensor unpack_mask_cpu(const at::Tensor& packed_in, c10::SymIntArrayRef shape_sym) {
   c10::IntArrayRef shape = C10_AS_INTARRAYREF_SLOW(shape_sym);
-  const int64_t numel = check_unpack_mask(packed_in, shape);
+  const int64_t numel = check_unpack_mask(packed_in, shape, "unpack_mask");
   at::Tensor packed = packed_in.contiguous();
   at::Tensor out = at::empty(shape, packed.options().dtype(at::kBool));
   const uint8_t* p = packed.data_ptr<uint8_t>();
   bool* o = out.data_ptr<bool>();
-  at::parallel_for(0, numel, 32768, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) o[i] = (p[i >> 3] >> (i & 7)) & 1u;
+  const SpreadTable& table = spread_table();
+  const int64_t full = numel / 8;
+  at::parallel_for(0, full, kMaskGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) memcpy(o + i * 8, &table.v[p[i]], 8);
   });
+  for (int64_t idx = full * 8; idx < numel; ++idx) o[idx] = (p[full] >> (idx - full * 8)) & 1u;
+  return out;
+}
+
+// grad * scale where the packed mask is set, else 0, in one pass (no bool tensor in between).
+// Eight float32 values of one mask byte: masked_value with 4-lane compares (the same IEEE
+// multiply, and +0 where the bit is clear).
+inline bool apply_mask_byte_f32(const float* g, uint32_t byte, float scale, float* o) {
+#if defined(__SSE2__)
+  const __m128i lo = _mm_setr_epi32(1, 2, 4, 8), hi = _mm_setr_epi32(16, 32, 64, 128);
+  const __m128i b = _mm_set1_epi32(static_cast<int>(byte));
+  const __m128 s = _mm_set1_ps(scale);
+  const __m128 m0 = _mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(b, lo), lo));
+  const __m128 m1 = _mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(b, hi), hi));
+  _mm_storeu_ps(o, _mm_and_ps(m0, _mm_mul_ps(_mm_loadu_ps(g), s)));
+  _mm_storeu_ps(o + 4, _mm_and_ps(m1, _mm_mul_ps(_mm_loadu_ps(g + 4), s)));
+  return true;
+#else
+  (void)g, (void)byte, (void)scale, (void)o;
+  return false;
+#endif
+}
+
+template <int D>
+void apply_mask_values(const typename Format<D>::T* g, const uint8_t* p, int64_t numel, float scale,
+                       typename Format<D>::T* o) {
+  const int64_t bytes = (numel + 7) / 8;
+  at::parallel_for(0, bytes, kMaskGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if constexpr (D == kF32) {
+        if (i * 8 + 8 <= numel && apply_mask_byte_f32(g + i * 8, p[i], scale, o + i * 8)) continue;
+      }
+      const uint32_t byte = p[i];
+      const int64_t len = std::min<int64_t>(8, numel - i * 8);
+      for (int64_t j = 0; j < len; ++j) {
+        o[i * 8 + j] = Format<D>::store(masked_value(Format<D>::load(g[i * 8 + j]), (byte >> j) & 1u, scale));
+      }
+    }
+  });
+}
+
+at::Tensor apply_mask_cpu(const at::Tensor& grad_in, const at::Tensor& packed_in, double scale) {
+  const char* op = "apply_mask";
+  const int code = dtype_code(grad_in.scalar_type(), op, "grad");
+  const int64_t numel = check_unpack_mask(packed_in, grad_in.sizes(), op);
+  at::Tensor grad = grad_in.contiguous(), packed = packed_in.contiguous();
+  at::Tensor out = at::empty(grad.sizes(), grad.options());
+  const uint8_t* p = packed.data_ptr<uint8_t>();
+  const float s = static_cast<float>(scale);
+  switch (code) {
+    case kF32:
+      apply_mask_values<kF32>(grad.data_ptr<float>(), p, numel, s, out.data_ptr<float>());
+      break;
+    case kF16:
+      apply_mask_values<kF16>(static_cast<const uint16_t*>(grad.data_ptr()), p, numel, s,
+                              static_cast<uint16_t*>(out.data_ptr()));
+      break;
+    case kBF16:
+      apply_mask_values<kBF16>(static_cast<const uint16_t*>(grad.data_ptr()), p, numel, s,
+                               static_cast<uint16_t*>(out.data_ptr()));
+      break;
+    default: TORCH_CHECK(false, "actbench::", op, ": unknown dtype code ", code);
+  }
   return out;
 }
 
@@ -303,14 +458,19 @@ void pool_forward_planes(const at::Tensor& x, const Pool2d& p, int64_t planes, a
       for (int64_t oh = 0; oh < p.out_h; ++oh) {
         for (int64_t ow = 0; ow < p.out_w; ++ow) {
           float best;
-          a[c * out_plane + oh * p.out_w + ow] = window_argmax<Format<D>>(in + c * in_plane, p, oh, ow, &best);
-          o[c * out_plane + oh * p.out_w + ow] = Format<D>::store(best);
+          const int64_t r = c * out_plane + oh * p.out_w + ow;
+          a[r] = window_inside(p, oh, ow) ? window_argmax_inside<Format<D>>(in + c * in_plane, p, oh, ow, &best)
+                                          : window_argmax<Format<D>>(in + c * in_plane, p, oh, ow, &best);
+          o[r] = Format<D>::store(best);
         }
       }
     }
   });
 }
 
+// Scatter of each output's gradient to its argmax, outputs in descending order: every input then
+// adds its contributions in the order of the gather (pool_input_grad, the CUDA kernel's), starting
+// from 0, so the two agree bit for bit. One float plane of scratch per task.
 template <int D>
 void pool_backward_planes(const at::Tensor& grad, const at::Tensor& arg, const Pool2d& p, int64_t planes,
                           at::Tensor& gin) {
@@ -320,13 +480,24 @@ void pool_backward_planes(const at::Tensor& grad, const at::Tensor& arg, const P
   T* o = reinterpret_cast<T*>(gin.data_ptr());
   const int64_t in_plane = p.in_h * p.in_w, out_plane = p.out_h * p.out_w;
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(in_plane);
+    std::vector<int64_t> offset(p.kh * p.kw);  // window index -> input offset from the window's origin
+    for (int i = 0; i < p.kh; ++i)
+      for (int j = 0; j < p.kw; ++j) offset[i * p.kw + j] = int64_t{i} * p.dh * p.in_w + int64_t{j} * p.dw;
     for (int64_t c = begin; c < end; ++c) {
-      for (int64_t h = 0; h < p.in_h; ++h) {
-        for (int64_t w = 0; w < p.in_w; ++w) {
-          float v = pool_input_grad<Format<D>>(g + c * out_plane, a + c * out_plane, p, h, w);
-          o[c * in_plane + h * p.in_w + w] = Format<D>::store(v);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      const T* gp = g + c * out_plane;
+      const int8_t* ap = a + c * out_plane;
+      for (int64_t oh = p.out_h - 1; oh >= 0; --oh) {
+        const int64_t row = (oh * p.sh - p.ph) * p.in_w - p.pw;
+        for (int64_t ow = p.out_w - 1; ow >= 0; --ow) {
+          const int8_t k = ap[oh * p.out_w + ow];
+          if (k < 0) continue;
+          acc[row + ow * p.sw + offset[k]] += Format<D>::load(gp[oh * p.out_w + ow]);
         }
       }
+      T* op = o + c * in_plane;
+      for (int64_t i = 0; i < in_plane; ++i) op[i] = Format<D>::store(acc[i]);
     }
   });
 }
@@ -344,7 +515,8 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_with_argmax_cpu(const at::Tensor& 
   switch (code) {
     case kF32: pool_forward_planes<kF32>(x, p, planes, out, arg); break;
     case kF16: pool_forward_planes<kF16>(x, p, planes, out, arg); break;
-    default: pool_forward_planes<kBF16>(x, p, planes, out, arg); break;
+    case kBF16: pool_forward_planes<kBF16>(x, p, planes, out, arg); break;
+    default: TORCH_CHECK(false, "actbench::", op, ": unknown dtype code ", code);
   }
   return {out, arg};
 }
@@ -362,7 +534,8 @@ at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_in, const at::Tensor& 
   switch (code) {
     case kF32: pool_backward_planes<kF32>(grad, arg, p, planes, gin); break;
     case kF16: pool_backward_planes<kF16>(grad, arg, p, planes, gin); break;
-    default: pool_backward_planes<kBF16>(grad, arg, p, planes, gin); break;
+    case kBF16: pool_backward_planes<kBF16>(grad, arg, p, planes, gin); break;
+    default: TORCH_CHECK(false, "actbench::", op, ": unknown dtype code ", code);
   }
   return gin;
 }
@@ -426,6 +599,7 @@ TORCH_LIBRARY_IMPL(actbench, CPU, m) {
   m.impl("dequantize_mixed", &dequantize_mixed_cpu);
   m.impl("pack_mask", &pack_mask_cpu);
   m.impl("unpack_mask", &unpack_mask_cpu);
+  m.impl("apply_mask", &apply_mask_cpu);
   m.impl("max_pool2d_with_argmax", &max_pool2d_with_argmax_cpu);
   m.impl("max_pool2d_backward", &max_pool2d_backward_cpu);
   m.impl("allocate_bits", &allocate_bits_cpu);

@@ -45,14 +45,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_impl(const char* op, con
                                                              int64_t group_size, int64_t seed, int64_t offset) {
   Groups gr = groups_of(x_in.sizes(), group_size, op);
   int code = dtype_code(x_in.scalar_type(), op, "x");
-  check_minmax(x_in, mn_in, mx_in, gr, op);
+  const bool fused = check_minmax(x_in, mn_in, mx_in, gr, op);
   c10::cuda::CUDAGuard guard(x_in.device());
   at::Tensor x = x_in.contiguous(), mn = mn_in.contiguous(), mx = mx_in.contiguous();
   const int64_t total_bytes = gr.chunks_per_sample() * total_bits;
   at::Tensor codes = at::empty({total_bytes}, x.options().dtype(at::kByte));
   at::Tensor lo = at::empty({gr.n, gr.g}, x.options().dtype(at::kBFloat16));
   at::Tensor scale = at::empty({gr.n, gr.g}, x.options().dtype(at::kBFloat16));
-  check_launch(launch_quantize(code, x.data_ptr(), gr, mn.data_ptr<float>(), mx.data_ptr<float>(), layout,
+  const float* pmn = fused ? nullptr : mn.data_ptr<float>();
+  const float* pmx = fused ? nullptr : mx.data_ptr<float>();
+  check_launch(launch_quantize(code, x.data_ptr(), gr, pmn, pmx, layout,
                                total_bytes, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset),
                                codes.data_ptr<uint8_t>(), reinterpret_cast<uint16_t*>(lo.data_ptr()),
                                reinterpret_cast<uint16_t*>(scale.data_ptr()), c10::cuda::getCurrentCUDAStream()),
@@ -131,12 +133,11 @@ at::Tensor dequantize_mixed_cuda(const at::Tensor& codes, const at::Tensor& lo, 
 }
 
 at::Tensor pack_mask_cuda(const at::Tensor& mask_in) {
-  TORCH_CHECK(mask_in.scalar_type() == at::kBool, "actbench::pack_mask: mask must be bool, got ",
-              mask_in.scalar_type());
+  const int code = mask_code(mask_in.scalar_type(), "pack_mask");
   c10::cuda::CUDAGuard guard(mask_in.device());
   at::Tensor mask = mask_in.contiguous();
   at::Tensor out = at::empty({(mask.numel() + 7) / 8}, mask.options().dtype(at::kByte));
-  check_launch(launch_pack_mask(mask.data_ptr<bool>(), mask.numel(), out.data_ptr<uint8_t>(),
+  check_launch(launch_pack_mask(code, mask.data_ptr(), mask.numel(), out.data_ptr<uint8_t>(),
                                 c10::cuda::getCurrentCUDAStream()),
                "pack_mask");
   return out;
@@ -144,13 +145,27 @@ at::Tensor pack_mask_cuda(const at::Tensor& mask_in) {
 
 at::Tensor unpack_mask_cuda(const at::Tensor& packed_in, c10::SymIntArrayRef shape_sym) {
   c10::IntArrayRef shape = C10_AS_INTARRAYREF_SLOW(shape_sym);
-  const int64_t numel = check_unpack_mask(packed_in, shape);
+  const int64_t numel = check_unpack_mask(packed_in, shape, "unpack_mask");
   c10::cuda::CUDAGuard guard(packed_in.device());
   at::Tensor packed = packed_in.contiguous();
   at::Tensor out = at::empty(shape, packed.options().dtype(at::kBool));
   check_launch(launch_unpack_mask(packed.data_ptr<uint8_t>(), numel, out.data_ptr<bool>(),
                                   c10::cuda::getCurrentCUDAStream()),
                "unpack_mask");
+  return out;
+}
+
+at::Tensor apply_mask_cuda(const at::Tensor& grad_in, const at::Tensor& packed_in, double scale) {
+  const char* op = "apply_mask";
+  const int code = dtype_code(grad_in.scalar_type(), op, "grad");
+  const int64_t numel = check_unpack_mask(packed_in, grad_in.sizes(), op);
+  check_same_device(grad_in, packed_in, op, "packed");
+  c10::cuda::CUDAGuard guard(grad_in.device());
+  at::Tensor grad = grad_in.contiguous(), packed = packed_in.contiguous();
+  at::Tensor out = at::empty(grad.sizes(), grad.options());
+  check_launch(launch_apply_mask(code, grad.data_ptr(), packed.data_ptr<uint8_t>(), numel, static_cast<float>(scale),
+                                 out.data_ptr(), c10::cuda::getCurrentCUDAStream()),
+               op);
   return out;
 }
 
@@ -198,6 +213,7 @@ TORCH_LIBRARY_IMPL(actbench, CUDA, m) {
   m.impl("dequantize_mixed", &dequantize_mixed_cuda);
   m.impl("pack_mask", &pack_mask_cuda);
   m.impl("unpack_mask", &unpack_mask_cuda);
+  m.impl("apply_mask", &apply_mask_cuda);
   m.impl("max_pool2d_with_argmax", &max_pool2d_with_argmax_cuda);
   m.impl("max_pool2d_backward", &max_pool2d_backward_cuda);
 }

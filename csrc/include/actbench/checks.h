@@ -50,13 +50,35 @@ inline void check_same_device(const at::Tensor& a, const at::Tensor& b, const ch
               b.device());
 }
 
-inline void check_minmax(const at::Tensor& x, const at::Tensor& mn, const at::Tensor& mx, const Groups& gr,
+// mn/mx: float32 [N, G] computed earlier, or both empty: the quantizer then takes each group's
+// range in the same pass over x. Returns true for the latter (fused).
+inline bool check_minmax(const at::Tensor& x, const at::Tensor& mn, const at::Tensor& mx, const Groups& gr,
                          const char* op) {
+  if (mn.numel() == 0 && mx.numel() == 0 && mn.scalar_type() == at::kFloat && mx.scalar_type() == at::kFloat) {
+    return true;
+  }
   for (const at::Tensor* t : {&mn, &mx}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 2 && t->size(0) == gr.n && t->size(1) == gr.g,
-                "actbench::", op, ": mn and mx must be float32 [", gr.n, ", ", gr.g, "], got ", t->scalar_type(),
-                " ", t->sizes());
+                "actbench::", op, ": mn and mx must be float32 [", gr.n, ", ", gr.g, "] (or both empty), got ",
+                t->scalar_type(), " ", t->sizes());
     check_same_device(x, *t, op, "mn/mx");
+  }
+  return false;
+}
+
+// Code of a mask input: bool masks as they are, float outputs as value > 0 (a ReLU's output).
+inline int mask_code(at::ScalarType t, const char* op) {
+  switch (t) {
+    case at::kBool:
+      return -1;
+    case at::kFloat:
+      return kF32;
+    case at::kHalf:
+      return kF16;
+    case at::kBFloat16:
+      return kBF16;
+    default:
+      TORCH_CHECK(false, "actbench::", op, ": mask must be bool, float32, float16 or bfloat16, got ", t);
   }
 }
 
@@ -152,11 +174,11 @@ inline Pool2d pool_backward_geometry(const at::Tensor& grad, const at::Tensor& a
 }
 
 // Number of values of an unpacked mask; checks that ``packed`` holds exactly their bits.
-inline int64_t check_unpack_mask(const at::Tensor& packed, c10::IntArrayRef shape) {
+inline int64_t check_unpack_mask(const at::Tensor& packed, c10::IntArrayRef shape, const char* op) {
   int64_t numel = 1;
   for (auto d : shape) numel *= d;
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 1 && packed.numel() == (numel + 7) / 8,
-              "actbench::unpack_mask: packed must be uint8 [", (numel + 7) / 8, "] for shape ", shape, ", got ",
+              "actbench::", op, ": packed must be uint8 [", (numel + 7) / 8, "] for shape ", shape, ", got ",
               packed.scalar_type(), " ", packed.sizes());
   return numel;
 }

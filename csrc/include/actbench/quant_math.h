@@ -282,6 +282,16 @@ ACTBENCH_HD void dequantize_chunk(const uint8_t* in, int bits, float lo, float s
 }
 
 // ---------------------------------------------------------------------------------------------
+// 1-bit masks: a ReLU's mask is read from its float output (y > 0 exactly where x > 0; NaN -> 0),
+// and backward applies it to the gradient in one pass: bit ? grad * scale : 0 (threshold_backward's
+// select, so a NaN gradient where the mask is clear gives 0, not NaN).
+// ---------------------------------------------------------------------------------------------
+
+ACTBENCH_HD uint32_t mask_bit(float v) { return v > 0.0f ? 1u : 0u; }
+
+ACTBENCH_HD float masked_value(float g, uint32_t bit, float scale) { return bit ? g * scale : 0.0f; }
+
+// ---------------------------------------------------------------------------------------------
 // Max pooling: the window position of an output and the int8 argmax encoding.
 // ---------------------------------------------------------------------------------------------
 
@@ -306,6 +316,33 @@ ACTBENCH_HD int8_t window_argmax(const T* plane, const Pool2d& p, int64_t oh, in
       if (arg < 0 || v > best || is_nan(v)) {
         best = v;
         arg = static_cast<int8_t>(i * p.kw + j);  // after a NaN only a later NaN wins: PyTorch's rule
+      }
+    }
+  }
+  *best_out = best;
+  return arg;
+}
+
+// Whether output (oh, ow)'s whole window lies inside the input (no bounds checks needed).
+ACTBENCH_HD bool window_inside(const Pool2d& p, int64_t oh, int64_t ow) {
+  int64_t h0 = oh * p.sh - p.ph, w0 = ow * p.sw - p.pw;
+  return h0 >= 0 && w0 >= 0 && h0 + static_cast<int64_t>(p.kh - 1) * p.dh < p.in_h &&
+         w0 + static_cast<int64_t>(p.kw - 1) * p.dw < p.in_w;
+}
+
+// window_argmax for a window inside the input: the same order and rule, without bounds checks.
+template <typename Load, typename T>
+ACTBENCH_HD int8_t window_argmax_inside(const T* plane, const Pool2d& p, int64_t oh, int64_t ow, float* best_out) {
+  const T* w0 = plane + (oh * p.sh - p.ph) * p.in_w + (ow * p.sw - p.pw);
+  float best = Load::load(w0[0]);
+  int8_t arg = 0;
+  for (int i = 0; i < p.kh; ++i) {
+    const T* row = w0 + static_cast<int64_t>(i) * p.dh * p.in_w;
+    for (int j = (i == 0 ? 1 : 0); j < p.kw; ++j) {
+      float v = Load::load(row[static_cast<int64_t>(j) * p.dw]);
+      if (v > best || is_nan(v)) {
+        best = v;
+        arg = static_cast<int8_t>(i * p.kw + j);
       }
     }
   }
