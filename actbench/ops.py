@@ -17,7 +17,7 @@ from typing import Literal
 
 import torch
 
-from actbench import reference
+from actbench import compat, reference
 
 Backend = Literal["extension", "reference"]
 BACKENDS: tuple[str, ...] = ("extension", "reference")
@@ -50,7 +50,7 @@ def _lib():
 
 def cuda_kernels_registered() -> dict[str, bool]:
     """For each op, whether a CUDA kernel is registered in this process (after :func:`ensure_loaded`)."""
-    return {op: torch._C._dispatch_has_kernel_for_dispatch_key(f"actbench::{op}", "CUDA") for op in OPS}
+    return {op: compat.has_dispatch_kernel(f"actbench::{op}", "CUDA") for op in OPS}
 
 
 def ensure_loaded() -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from actbench import ops
+from actbench import compat, ops
 from actbench.actnn.controller import ROLE_STATISTICS, SAVED_ROLE, LayerSlot, saved_role
 
 
@@ -458,7 +458,7 @@ class SoftmaxFunction(torch.autograd.Function):
         slot = ctx.slot
         slot.record_grad(grad)
         y = slot.load_input(tuple(ctx.saved_tensors), ctx.spec).to(grad.dtype)
-        return torch.ops.aten._softmax_backward_data(grad, y, ctx.dim, ctx.dtype), None, None
+        return compat.softmax_backward(grad, y, ctx.dim, ctx.dtype), None, None
 
 
 class AttentionFunction(torch.autograd.Function):

@@ -402,7 +402,7 @@ def _routes() -> dict:
             F.hardswish: _smooth("hardswish", inplace_at=0),
             F.max_pool2d: _max_pool2d,
             F.normalize: _normalize,
-            F.avg_pool2d: _avg_pool2d, torch._C._nn.avg_pool2d: _avg_pool2d,
+            F.avg_pool2d: _avg_pool2d, compat.builtin_avg_pool2d(): _avg_pool2d,
             torch.sigmoid: _smooth("sigmoid"), torch.Tensor.sigmoid: _smooth("sigmoid"), F.sigmoid: _smooth("sigmoid"),
         })
     return _ROUTES

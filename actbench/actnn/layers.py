@@ -10,12 +10,13 @@ it raises :class:`NotConvertedError` instead of guessing a level for it.
 
 from __future__ import annotations
 
+import collections.abc
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.modules.utils import _pair
 from torchvision.models.convnext import CNBlock, LayerNorm2d
 from torchvision.ops import StochasticDepth
 
@@ -40,6 +41,11 @@ from actbench.actnn.functions import (
 
 KIND_CONV, KIND_LINEAR, KIND_BN, KIND_MASK, KIND_POOL = "conv", "linear", "bn", "mask", "pool"
 KIND_NORM, KIND_ACT, KIND_QK = "norm", "act", "qk"
+
+
+def _pair_of(value: Any) -> tuple:
+    """A kernel size, stride, padding or dilation as (height, width): pooling layers take either form."""
+    return tuple(value) if isinstance(value, collections.abc.Iterable) else (value, value)
 
 
 class NotConvertedError(RuntimeError):
@@ -288,10 +294,10 @@ class QMaxPool2d(_MaskModule, nn.MaxPool2d):
         if not self._masking(input) or self.return_indices:
             return super().forward(input)
         p = PoolParams(
-            _pair(self.kernel_size),
-            _pair(self.stride if self.stride is not None else self.kernel_size),
-            _pair(self.padding),
-            _pair(self.dilation),
+            _pair_of(self.kernel_size),
+            _pair_of(self.stride if self.stride is not None else self.kernel_size),
+            _pair_of(self.padding),
+            _pair_of(self.dilation),
             bool(self.ceil_mode),
         )
         return MaxPool2dFunction.apply(input, p, self.actnn_slot)
@@ -305,10 +311,10 @@ class QAvgPool2d(_MaskModule, nn.AvgPool2d):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._compressing(input):
             return super().forward(input)
-        k = _pair(self.kernel_size)
-        stride = _pair(self.stride) if self.stride is not None and self.stride != [] else k
+        k = _pair_of(self.kernel_size)
+        stride = _pair_of(self.stride) if self.stride is not None and self.stride != [] else k
         return AvgPool2dFunction.apply(
-            input, list(k), list(stride), list(_pair(self.padding)), bool(self.ceil_mode),
+            input, list(k), list(stride), list(_pair_of(self.padding)), bool(self.ceil_mode),
             bool(self.count_include_pad), self.divisor_override, self.actnn_slot,
         )
 
@@ -461,7 +467,7 @@ class QCNBlock(ActNNModule, CNBlock):
 
 def maxpool_supported(m: nn.MaxPool2d) -> bool:
     """int8 argmax fits windows of up to 128 positions; return_indices needs torch's own indices."""
-    return not m.return_indices and math.prod(_pair(m.kernel_size)) <= 128
+    return not m.return_indices and math.prod(_pair_of(m.kernel_size)) <= 128
 
 
 # Exact torch type -> ActNN twin (subclasses of these with their own forward are not converted).

@@ -12,8 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from actbench.cli.app import app, fail, new_bench_dir, require_device
-from actbench.devices import MEASURING_DEVICES
+from actbench.cli.app import MeasuringDevice, app, fail, new_bench_dir, require_device
 
 console = Console()
 err_console = Console(stderr=True)
@@ -80,7 +79,7 @@ def _parse_bits(text: str) -> tuple[int, ...]:
 
 @app.command("bench-kernels")
 def bench_kernels(
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    device: Annotated[MeasuringDevice, typer.Option("--device", help="The device to time on.")] = MeasuringDevice.cpu,
     sizes_mib: Annotated[str, typer.Option("--sizes-mib", help="Input sizes in MiB of fp32.")] = "1,4,16,64,256,1024",
     bits: Annotated[str, typer.Option("--bits", help="Bit widths to time, comma list of 1,2,4,8.")] = "2",
     repeats: Annotated[int, typer.Option("--repeats", help="Timed calls per point (after one warm-up).")] = 5,
@@ -104,10 +103,9 @@ def bench_kernels(
     """
     from actbench import kernel_bench
 
-    if device not in MEASURING_DEVICES:
-        fail(f"--device must be {' or '.join(MEASURING_DEVICES)}, got {device!r}")
     if repeats < 1:
         fail(f"--repeats must be >= 1, got {repeats}")
+    device = device.value
     require_device(device)
     config = kernel_bench.KernelBenchConfig(
         device=device,
@@ -154,7 +152,7 @@ def bench_kernels(
 
 @app.command("bench-actnn")
 def bench_actnn(
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    device: Annotated[MeasuringDevice, typer.Option("--device", help="The device to time on.")] = MeasuringDevice.cpu,
     quick: Annotated[bool, typer.Option("--quick", help="ResNet-18, batch 2, 32 px, one timed step: a check, not the targets.")] = False,
     out: Annotated[Path, typer.Option("--out", help="Results root; writes OUT/bench-actnn_<device>_<time>/.")] = Path("runs"),
 ) -> None:
@@ -171,8 +169,7 @@ def bench_actnn(
     """
     from actbench import actnn_bench
 
-    if device not in MEASURING_DEVICES:
-        fail(f"--device must be {' or '.join(MEASURING_DEVICES)}, got {device!r}")
+    device = device.value
     require_device(device)
     run_dir = new_bench_dir(out, f"bench-actnn_{device}", device)
     try:
