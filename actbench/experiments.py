@@ -16,13 +16,13 @@ A file describes, and only describes, which commands run with which options::
     [quick]                                            # overrides for every step with --quick
     image_size = 32
 
-Each step's keys are the fields of :class:`~actbench.commands.CommandSpec` with ``models`` for ``model`` (or
+Each step's keys are the fields of :class:`~actbench.execution.specs.CommandSpec` with ``models`` for ``model`` (or
 those of :class:`AccuracyStep`); an unknown key,
 a wrong type or a bad value is a one-line :class:`ExperimentError`. With ``quick``, the file's
 ``[quick]`` table and then the step's own ``[steps.quick]`` override the step.
 
-Execution calls the same library functions the commands call (``actbench.search`` configs and
-searches, ``actbench.runner.PointRunner``, ``actbench.accuracy.run_accuracy``); runs land in
+Execution calls the same library functions the commands call (``actbench.planning.search`` configs and
+searches, ``actbench.execution.runner.PointRunner``, ``actbench.studies.accuracy.run_accuracy``); runs land in
 ``OUT/<experiment>[-quick]/<run>/`` and the figures and the report are drawn from that folder.
 """
 
@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import Any, Callable, Union
 
 import actbench
-from actbench.commands import MEASURING_COMMANDS, PLAN_DEVICE, CommandSpec, RunPlan, SpecError
-from actbench.devices import DEVICE_NAMES as DEVICES
-from actbench.devices import PROFILES
+from actbench.execution.specs import MEASURING_COMMANDS, PLAN_DEVICE, CommandSpec, RunPlan, SpecError
+from actbench.core.devices import DEVICE_NAMES as DEVICES
+from actbench.core.devices import PROFILES
 from actbench.schema import RETRIED_STATUSES
-from actbench.scaleout import short_repr
+from actbench.execution.scaleout import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class ExperimentError(ValueError):
 # --- schema --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class HarnessStep:
-    """One measuring command over one or more models: a :class:`~actbench.commands.CommandSpec` per model.
+    """One measuring command over one or more models: a :class:`~actbench.execution.specs.CommandSpec` per model.
 
     The step's keys are the spec's fields, with ``models`` (a list) instead of ``model``; validation
     and defaults are the spec's, so a step means exactly what the same command line means. Fields
@@ -133,7 +133,7 @@ def _harness_step(data: dict[str, Any], where: str) -> HarnessStep:
 
 @dataclass(frozen=True)
 class AccuracyStep:
-    """Accuracy vs bits (actbench.accuracy); every field but ``command`` is an AccuracyConfig field."""
+    """Accuracy vs bits (actbench.studies.accuracy); every field but ``command`` is an AccuracyConfig field."""
 
     command: str
     config: Any  # AccuracyConfig
@@ -153,7 +153,7 @@ class Experiment:
     steps: tuple[HarnessStep | AccuracyStep, ...]
     path: Path
     quick: bool = False
-    #: the file's ``[slurm]`` table (actbench.scaleout.SlurmOptions): the job array's resources for
+    #: the file's ``[slurm]`` table (actbench.execution.scaleout.SlurmOptions): the job array's resources for
     #: ``actbench run --executor slurm`` (the CLI's ``--slurm`` options win)
     slurm: Any = None
 
@@ -212,7 +212,7 @@ def _build(cls: type, data: dict[str, Any], where: str, exclude: tuple[str, ...]
 def _fields_of(command: Any) -> set[str]:
     """Keys a step of ``command`` accepts (none for an unknown command; _step reports that)."""
     if command == "accuracy":
-        from actbench.accuracy import AccuracyConfig
+        from actbench.studies.accuracy import AccuracyConfig
 
         return {"command"} | {f.name for f in dataclasses.fields(AccuracyConfig)}
     if command in HARNESS_COMMANDS:
@@ -225,7 +225,7 @@ def _step(data: dict[str, Any], where: str) -> HarnessStep | AccuracyStep:
     if command not in COMMANDS:
         raise ExperimentError(f"{where}.command: must be one of {', '.join(COMMANDS)}, got {command!r}")
     if command == "accuracy":
-        from actbench.accuracy import AccuracyConfig
+        from actbench.studies.accuracy import AccuracyConfig
 
         rest = {k: v for k, v in data.items() if k != "command"}
         return AccuracyStep("accuracy", _checked_accuracy(_build(AccuracyConfig, rest, where), where))
@@ -350,7 +350,7 @@ def _slurm_table(table: Any, where: str) -> Any:
         return None
     if not isinstance(table, dict):
         raise ExperimentError(f"{where}: [slurm] must be a table")
-    from actbench.scaleout import SlurmOptions
+    from actbench.execution.scaleout import SlurmOptions
 
     try:
         return SlurmOptions.parse(table, where=f"{where}: [slurm]")
@@ -417,11 +417,11 @@ def run_harness_plan(plan: RunPlan, out: Path, timeout_s: float, on_event: Event
     """Execute one plan into ``out/<plan.name>/`` through PointRunner (resumes recorded points).
 
     Returns the run directory and its counts of rows, rows not ok, and rows that failed to measure.
-    ``force``/``retry_failed``: as :class:`~actbench.runner.PointRunner`'s; ``execution``: how the
-    points run (:class:`actbench.scaleout.ExecutionOptions`: jobs, GPUs, Slurm).
+    ``force``/``retry_failed``: as :class:`~actbench.execution.runner.PointRunner`'s; ``execution``: how the
+    points run (:class:`actbench.execution.scaleout.ExecutionOptions`: jobs, GPUs, Slurm).
     """
-    from actbench.results import RunStore, check_writable
-    from actbench.scaleout import execute
+    from actbench.store.results import RunStore, check_writable
+    from actbench.execution.scaleout import execute
 
     check_writable(out)
     store = RunStore(out / plan.name)
@@ -446,9 +446,9 @@ def run_experiment(exp: Experiment, out: Path, on_event: Event | None = None, dr
                    force: bool = False, retry_failed: bool = True, execution: Any = None) -> ExperimentResult:
     """Run every step of ``exp`` under ``exp.folder(out)``, then draw its figures and write its report.
 
-    ``force``/``retry_failed`` apply to the measuring steps (as :class:`~actbench.runner.PointRunner`'s).
+    ``force``/``retry_failed`` apply to the measuring steps (as :class:`~actbench.execution.runner.PointRunner`'s).
     """
-    from actbench.accuracy import run_accuracy
+    from actbench.studies.accuracy import run_accuracy
 
     emit = on_event or (lambda kind, text: log.info("%s %s", kind, text))
     folder = exp.folder(out)
@@ -486,7 +486,7 @@ def _accuracy_text(label: str, row) -> str:
 
 def _figures_and_report(folder: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
     """The folder's figures and its one report (harness and accuracy runs together)."""
-    from actbench.report import write_report
+    from actbench.reporting.report import write_report
 
     try:
         written = write_report(folder)

@@ -5,7 +5,7 @@ from stdout) and exits 0. Out-of-memory and over-budget are results; any other e
 ``error`` result with a one-line message. If the child dies before writing (a crash) or is killed (a
 timeout), the parent makes the row from the exit status.
 
-``--serve`` (a persistent worker, :class:`actbench.executors.WorkerProcess`): requests arrive as JSON
+``--serve`` (a persistent worker, :class:`actbench.execution.executors.WorkerProcess`): requests arrive as JSON
 lines on stdin and each reply is one JSON line on the original stdout, which the worker keeps for
 replies only (fd 1 itself is pointed at the point's log, as fd 2 is). Each point is measured exactly
 as in a fresh child (the model, optimizer, data and tracker are built for it, the seed is set, the
@@ -35,17 +35,17 @@ if TYPE_CHECKING:
     from actbench.schema import Measurement, PointConfig
 
 FAULT_ENV = "ACTBENCH_TEST_FAULT"
-#: Set for a spare worker (actbench/executors.py): one started before it is needed, which does its
+#: Set for a spare worker (actbench/execution/executors.py): one started before it is needed, which does its
 #: imports at the lowest priority while the points of another worker run.
 SPARE_ENV = "ACTBENCH_WORKER_SPARE"
 #: What a point imports: a worker imports it before its first request.
-_WARM_MODULES = ("actbench.measure.point", "actbench.models", "torchvision")
+_WARM_MODULES = ("actbench.measure.point", "actbench.training.models", "torchvision")
 
-#: Work an executor runs by name (``actbench.executors.Task``): "module:function", a function taking
+#: Work an executor runs by name (``actbench.execution.executors.Task``): "module:function", a function taking
 #: and returning JSON-able dicts.
 TASKS: dict[str, str] = {
-    "accuracy-setting": "actbench.accuracy:train_setting_task",
-    "verify-grads": "actbench.actnn.verify:verify_task",
+    "accuracy-setting": "actbench.studies.accuracy:train_setting_task",
+    "verify-grads": "actbench.studies.gradients:verify_task",
 }
 
 
@@ -123,7 +123,7 @@ def run_request(request: dict[str, Any], fault_spec: str | None) -> dict[str, An
 
         return {"environment": capture_environment(request["device"], alloc_conf)}
     if task == "measure":
-        from actbench.devices import profile
+        from actbench.core.devices import profile
         from actbench.measure.point import measure_point
         from actbench.schema import PointConfig
 
@@ -140,7 +140,7 @@ def run_request(request: dict[str, Any], fault_spec: str | None) -> dict[str, An
         from dataclasses import asdict
 
         return {"measurement": asdict(measurement)}
-    if task == "call":  # a named task of TASKS (actbench.executors.Task in the parent)
+    if task == "call":  # a named task of TASKS (actbench.execution.executors.Task in the parent)
         try:
             return {"result": task_function(request["name"])(request["args"])}
         except Exception as exc:  # the parent raises TaskError with this line
@@ -167,7 +167,7 @@ def _predicted(request: dict[str, Any]) -> bool:
     release, as in the in-process executor, whose predictions a worker's must equal. Releasing anyway
     (a garbage collection per point) cost 0.17 s and made the next point of the session ~50 % slower:
     resnet50 on meta, 12 points in one session, 14.6 s with a release after each, 10.0 s without."""
-    from actbench.devices import profile
+    from actbench.core.devices import profile
 
     point = request.get("point") if request.get("task") == "measure" else None
     return point is not None and profile(point["device"]).predicts
@@ -187,7 +187,7 @@ def release_point() -> bool:
     torch = sys.modules.get("torch")
     if torch is None:
         return True
-    from actbench import compat
+    from actbench.core import compat
 
     compat.forget_compiled_graphs()
     if not torch.cuda.is_initialized():

@@ -22,8 +22,8 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from actbench.accuracy import AccuracyConfig, _level, make_data
-from actbench.actnn.verify import compare_gradients
+from actbench.studies.accuracy import AccuracyConfig, _level, make_data
+from actbench.studies.gradients import compare_gradients
 
 CONFIGS = {
     "vit": AccuracyConfig(model="vit", model_depth=3, width=64, heads=4, patch_size=6, mlp_dim=128, num_classes=10,

@@ -69,7 +69,7 @@ step cuda_visible 60 "$PY" -c "import sys, torch; print(torch.__version__, torch
 step doctor 300 "$PY" -m actbench doctor
 # the CLI finds the extension's build without importing torch: with a GPU it must pick the same
 # folder (the GPU's own architecture) as a process that imported torch
-step build_key 60 "$PY" -c "import sys; from actbench import extension as e; a = e.plan(); import torch; b = e.plan(); print(a.cuda_archs, b.cuda_archs, a.directory); sys.exit(0 if a == b else 1)"
+step build_key 60 "$PY" -c "import sys; from actbench.kernels import extension as e; a = e.plan(); import torch; b = e.plan(); print(a.cuda_archs, b.cuda_archs, a.directory); sys.exit(0 if a == b else 1)"
 # (test_actnn_cuda.py includes issue 13's attention twin: Q/K and V packed apart on the device)
 step cuda_tests 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_ops_cuda.py tests/test_actnn_cuda.py tests/test_ops_opcheck.py
 # every op of the extension (quantize, dequantize, mixed, min/max, mask pack/unpack/apply, max-pool

@@ -1,6 +1,6 @@
 """Record what the CUDA caching allocator did over one measured point, beside meta's model of it.
 
-Why: the caching-allocator model (actbench/measure/allocator.py, docs/design.md §10) predicts
+Why: the caching-allocator model (actbench/planning/allocator_model.py, docs/design.md §10) predicts
 reserved bytes from the allocator's documented rules; this keeps the real allocator's segments and
 history of one point so the model can be checked against them later (scripts/gpu_check.sh runs it).
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from actbench.models import build_model
+from actbench.training.models import build_model
 from actbench.schema import ModelSpec
 from actbench.training.step import build_training_step, synthetic_batch
 

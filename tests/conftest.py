@@ -14,7 +14,7 @@ import gc
 import os
 import sys
 
-# Points in tests time exactly the steps they ask for (actbench/devices.py, EXACT_STEPS_ENV): the
+# Points in tests time exactly the steps they ask for (actbench/core/devices.py, EXACT_STEPS_ENV): the
 # suite checks what is measured, not how steady the numbers are; a test of the timing rules removes it.
 os.environ.setdefault("ACTBENCH_EXACT_STEPS", "1")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from actbench.accuracy import AccuracyConfig, run_accuracy
+from actbench.studies.accuracy import AccuracyConfig, run_accuracy
 from actbench.experiments import ExperimentError, load_experiment
 
 REPO = Path(__file__).resolve().parents[1]

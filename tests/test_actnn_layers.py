@@ -11,7 +11,7 @@ import torchvision
 from torch import nn
 from torchvision.models.convnext import CNBlock, LayerNorm2d
 
-from actbench import ops
+from actbench.kernels import ops
 from actbench.actnn import convert, level_config
 from actbench.actnn import layers as L
 

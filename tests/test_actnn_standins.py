@@ -1,6 +1,6 @@
 """Pure-torch stand-ins for the extension's mask, max-pool and allocation ops, for the ActNN tests.
 
-The ActNN code always calls ``actbench.ops`` (the compiled extension); while the extension cannot
+The ActNN code always calls ``actbench.kernels.ops`` (the compiled extension); while the extension cannot
 be loaded (not built yet, no compiler), the ActNN tests patch these stand-ins into ``ops`` so they
 still exercise the layers. When the extension loads, the tests here check the stand-ins against it,
 so a test that passed on stand-ins means the same with the real ops.
@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from actbench import ops
+from actbench.kernels import ops
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def quant_backend() -> str:
 
 
 def patch_ops(monkeypatch: pytest.MonkeyPatch) -> str:
-    """Patch stand-ins into ``actbench.ops`` when asked (ACTBENCH_TEST_STANDINS=1); returns the backend."""
+    """Patch stand-ins into ``actbench.kernels.ops`` when asked (ACTBENCH_TEST_STANDINS=1); returns the backend."""
     if not extension_available():
         for name, fn in STANDINS.items():
             monkeypatch.setattr(ops, name, fn)

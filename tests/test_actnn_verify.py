@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from actbench.actnn import level_config
-from actbench.actnn.verify import compare_gradients, grad_statistics
+from actbench.studies.gradients import compare_gradients, grad_statistics
 
 try:
     from test_actnn_standins import patch_ops
@@ -109,7 +109,7 @@ def test_compare_gradients_at_bf16_compares_with_the_uncompressed_bf16_gradient(
 def test_fp16_gradients_back_off_the_loss_scale_until_finite(backend):
     """Gradients that overflow fp16 at GradScaler's first scale (2^16): the scale halves until they are
     finite, and the unscaled gradients match fp32's to fp16 rounding. Without the back-off they are inf."""
-    from actbench.actnn.verify import LossScale, _grads
+    from actbench.studies.gradients import LossScale, _grads
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
@@ -146,7 +146,7 @@ def test_cli_verify_grads_at_bf16_names_its_csv_and_table(backend, tmp_path):
 def test_running_statistics_match_the_stacked_formula_and_call_rounding_exact():
     """Welford over draws gives the stacked mean/variance; a gradient that never varies is exact (z 0)
     within float rounding of fp32's, and infinitely biased beyond it (it was inf for 1e-7 of rounding)."""
-    from actbench.actnn.verify import EXACT_RELATIVE
+    from actbench.studies.gradients import EXACT_RELATIVE
 
     torch.manual_seed(1)
     g = {"w": torch.randn(500, dtype=torch.float64), "b": torch.randn(7, dtype=torch.float64)}
@@ -165,7 +165,7 @@ def test_running_statistics_match_the_stacked_formula_and_call_rounding_exact():
 
 
 def test_a_parameter_without_a_compressed_gradient_is_an_error():
-    from actbench.actnn.verify import RunningGrads
+    from actbench.studies.gradients import RunningGrads
 
     running = RunningGrads({"a": torch.zeros(3), "b": torch.zeros(3)})
     with pytest.raises(ValueError, match="no gradient for 1 parameter.*first b"):
@@ -178,7 +178,7 @@ def test_stochastic_depth_is_off_and_a_zero_head_gets_weights():
     from torchvision.models import VisionTransformer
     from torchvision.ops import StochasticDepth
 
-    from actbench.actnn.verify import _eval_dropout, _init_zero_weights
+    from actbench.studies.gradients import _eval_dropout, _init_zero_weights
 
     vit = VisionTransformer(image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=8,
                             num_classes=3)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from actbench.gpus import (CUBLAS_WORKSPACE_HOPPER, CUBLAS_WORKSPACE_PRE_HOPPER, GIB, GPU_NAMES, GPU_PROFILES, MIB,
+from actbench.planning.gpus import (CUBLAS_WORKSPACE_HOPPER, CUBLAS_WORKSPACE_PRE_HOPPER, GIB, GPU_NAMES, GPU_PROFILES, MIB,
                            gpu_profile)
-from actbench.measure.allocator import (AllocatorConfig, CachingAllocatorModel, allocation_size, next_power_of_two,
+from actbench.planning.allocator_model import (AllocatorConfig, CachingAllocatorModel, allocation_size, next_power_of_two,
                                         pinned_host_peak, replay, replay_steps, round_size)
 
 EXPANDABLE = AllocatorConfig(expandable_segments=True)

@@ -2,7 +2,7 @@
 
 Each test here fails when someone reintroduces what the design removed: torch loaded by reading
 results, a strategy list spelled outside the registry, a device name branched on outside
-``actbench/devices.py``, an import cycle.
+``actbench/core/devices.py``, an import cycle.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def _python(code: str) -> subprocess.CompletedProcess:
 
 
 def test_reading_and_plotting_results_does_not_import_torch() -> None:
-    code = ("import sys\nimport actbench.report, actbench.plots, actbench.analysis, actbench.schema, "
-            "actbench.results, actbench.strategies, actbench.devices\n"
+    code = ("import sys\nimport actbench.reporting.report, actbench.reporting.plots, actbench.reporting.analysis, actbench.schema, "
+            "actbench.store.results, actbench.strategies, actbench.core.devices\n"
             "print('torch' in sys.modules)")
     done = _python(code)
     assert done.returncode == 0, done.stderr
@@ -67,8 +67,8 @@ def test_registry_lists_every_strategy_in_table_order_with_what_it_needs() -> No
 
 def test_cli_choices_and_plot_colours_come_from_the_registry() -> None:
     from actbench import strategies
-    from actbench.parsing import parse_strategies
-    from actbench.plots import PALETTE
+    from actbench.execution.parsing import parse_strategies
+    from actbench.reporting.plots import PALETTE
 
     assert parse_strategies(",".join(strategies.ALL_STRATEGIES)) == strategies.ALL_STRATEGIES
     for name in strategies.ALL_STRATEGIES:
@@ -118,7 +118,7 @@ def test_no_device_name_branching_outside_the_device_profiles() -> None:
             continue
         for lineno, code in _device_branches(ast.parse(path.read_text())):
             offenders.append(f"{path.relative_to(PACKAGE.parent)}:{lineno}: {code}")
-    assert not offenders, "device branching outside actbench/devices.py:\n" + "\n".join(offenders)
+    assert not offenders, "device branching outside actbench/core/devices.py:\n" + "\n".join(offenders)
 
 
 def _modules() -> dict[str, Path]:
@@ -271,7 +271,7 @@ def test_no_private_torch_api_outside_compat() -> None:
             continue
         for lineno, name in _private_torch_uses(ast.parse(path.read_text())):
             offenders.append(f"{path.relative_to(PACKAGE.parent)}:{lineno}: {name}")
-    assert not offenders, "private torch API outside actbench/compat.py:\n" + "\n".join(sorted(set(offenders)))
+    assert not offenders, "private torch API outside actbench/core/compat.py:\n" + "\n".join(sorted(set(offenders)))
 
 
 def _option_types() -> list[tuple[str, str, type]]:
@@ -326,16 +326,16 @@ def _calls(node: ast.AST) -> set[str]:
 
 
 def test_every_op_has_a_fake_kernel_in_ops_that_checks_its_arguments() -> None:
-    """Each op's fake kernel is a module-level function of actbench/ops.py, named in its table of
+    """Each op's fake kernel is a module-level function of actbench/kernels/ops.py, named in its table of
     fakes, and checks shapes and dtypes with torch._check (itself or through a helper there)."""
-    from actbench import ops
+    from actbench.kernels import ops
 
-    tree = ast.parse((PACKAGE / "ops.py").read_text())
+    tree = ast.parse((PACKAGE / "kernels" / "ops.py").read_text())
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     table = next((n.value for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
                   and any(isinstance(t, ast.Name) and t.id == "_FAKES" for t in
                           (n.targets if isinstance(n, ast.Assign) else [n.target]))), None)
-    assert isinstance(table, ast.Dict), "actbench/ops.py needs a _FAKES table: op name -> fake kernel"
+    assert isinstance(table, ast.Dict), "actbench/kernels/ops.py needs a _FAKES table: op name -> fake kernel"
     fakes = {k.value: v.id for k, v in zip(table.keys, table.values)}
     assert set(fakes) == set(ops.OPS), f"ops without a fake kernel: {sorted(set(ops.OPS) - set(fakes))}"
 

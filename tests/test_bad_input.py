@@ -127,7 +127,7 @@ def test_bad_environment_variables_are_one_line_errors(tmp_path: Path, monkeypat
 def test_a_relative_cache_dir_is_made_absolute_for_every_child(tmp_path: Path, monkeypatch) -> None:
     import os
 
-    from actbench.executors import _child_env
+    from actbench.execution.executors import _child_env
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ACTBENCH_CACHE_DIR", "relative-cache")
@@ -139,7 +139,7 @@ def test_a_relative_cache_dir_is_made_absolute_for_every_child(tmp_path: Path, m
 
 
 def test_a_failed_build_names_the_compilers_error_and_the_variable(tmp_path: Path, monkeypatch) -> None:
-    from actbench import extension
+    from actbench.kernels import extension
 
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     p = extension.plan(cache_dir=tmp_path / "cache", with_cuda=False)
@@ -372,8 +372,8 @@ def test_rows_out_of_range_are_skipped_with_one_warning(tmp_path: Path, caplog, 
 
 def test_the_committed_rows_are_all_in_range() -> None:
     """The range checks skip nothing the harness wrote: every committed row reads back."""
-    from actbench.accuracy import find_accuracy_runs
-    from actbench.results import RunStore
+    from actbench.studies.accuracy import find_accuracy_runs
+    from actbench.store.results import RunStore
 
     results = REPO / "results"
     lines = sum(len([x for x in p.read_text().splitlines() if x.strip()]) for p in results.rglob("rows.jsonl"))

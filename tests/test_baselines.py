@@ -14,9 +14,9 @@ import torch
 from typer.testing import CliRunner
 
 from actbench import strategies
-from actbench.commands import CommandSpec, SpecError
-from actbench.models import build_model
-from actbench.parsing import parse_strategies
+from actbench.execution.specs import CommandSpec, SpecError
+from actbench.training.models import build_model
+from actbench.execution.parsing import parse_strategies
 from actbench.schema import Measurement, ModelSpec, PointConfig, ResultRow
 from actbench.strategies import StrategyOptions
 from actbench.training.step import build_training_step, synthetic_batch
@@ -249,7 +249,7 @@ def test_bf16_targets_on_meta_resnet50_batch_64() -> None:
 
 # --- analysis: series are strategy x precision; the paper sees fp32 rows only ------------------------
 def test_series_are_strategy_by_precision_and_only_fp32_meets_the_paper() -> None:
-    from actbench.analysis import BatchGroup, Series, max_batch_table
+    from actbench.reporting.analysis import BatchGroup, Series, max_batch_table
 
     def row(strategy: str, precision: str, batch: int, status: str = "ok") -> ResultRow:
         point = PointConfig(ModelSpec("resnet50"), strategy, batch, 224, "meta", budget_bytes=16 << 30,
@@ -273,7 +273,7 @@ def test_trust_at_bf16_compares_bf16_points_in_a_file_of_their_own(tmp_path) -> 
     the points really ran under autocast: torch's layers keep a bf16 copy of each conv and linear weight
     (2 bytes per parameter, 23 MB for ResNet-18), far more than its fp32 activations at 32 px (0.9 MB)."""
     from actbench.cli import app
-    from actbench.measure.trust import compare
+    from actbench.studies.trust import compare
 
     result = CliRunner().invoke(app, ["trust", "--models", "resnet18", "--strategies", "fp32,L3", "--precision",
                                       "bf16", "--out", str(tmp_path)])

@@ -6,7 +6,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from actbench import extension, kernel_bench
+from actbench.kernels import extension
+
+from actbench.kernels import bench as kernel_bench
 from actbench.cli import app
 
 runner = CliRunner()

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from actbench.executors import (ChildProcessExecutor, InProcessExecutor, Task, TaskError, WorkerProcess, executor_for,
+from actbench.execution.executors import (ChildProcessExecutor, InProcessExecutor, Task, TaskError, WorkerProcess, executor_for,
                                 run_child)
-from actbench.results import RunStore
-from actbench.runner import PointRunner
+from actbench.store.results import RunStore
+from actbench.execution.runner import PointRunner
 from actbench.schema import Measurement, ModelSpec, PointConfig
 from workers import live_workers
 
@@ -80,7 +80,7 @@ def test_a_failing_task_in_a_child_is_one_line_task_error() -> None:
 
 @pytest.mark.heavy  # a child trains; the executor's call path is also covered by verify-grads' test above
 def test_accuracy_settings_run_through_the_executor(tmp_path: Path) -> None:
-    from actbench.accuracy import AccuracyConfig, run_accuracy
+    from actbench.studies.accuracy import AccuracyConfig, run_accuracy
 
     cfg = AccuracyConfig(bits=(2,), steps=4, batch_size=16, train_size=64, test_size=32, image_size=16)
     calls: list[str] = []
@@ -113,7 +113,7 @@ def test_a_worker_dies_with_its_parent(tmp_path: Path, how: signal.Signals) -> N
         import os, tempfile
         tempfile.tempdir = os.getcwd()  # the worker's request path then names this test's folder
         os.environ["ACTBENCH_TEST_FAULT"] = "hang"
-        from actbench.executors import run_child
+        from actbench.execution.executors import run_child
         from actbench.schema import ModelSpec, PointConfig
         point = PointConfig(ModelSpec("resnet18"), "fp32", 2, 32, "cpu")
         run_child({{"task": "measure", "point": point.to_dict()}}, timeout_s=600)
@@ -164,7 +164,7 @@ def test_task_arguments_survive_json() -> None:
     import json
 
     from actbench.actnn import level_config
-    from actbench.actnn.verify import VerifyConfig
+    from actbench.studies.gradients import VerifyConfig
 
     config = VerifyConfig("resnet18", level_config("L2"), batch=2, seeds=2, image_size=32)
     args = json.loads(json.dumps(dataclasses.asdict(config)))

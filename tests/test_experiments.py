@@ -15,11 +15,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from actbench.accuracy import AccuracyConfig, AccuracyStore, make_gratings, run_accuracy
+from actbench.studies.accuracy import AccuracyConfig, AccuracyStore, make_gratings, run_accuracy
 from actbench.cli import app
 from actbench.experiments import (EXPERIMENTS_DIR, AccuracyStep, ExperimentError, HarnessStep, experiment_paths,
                                   load_experiment, resolve_experiment)
-from actbench.report import write_report
+from actbench.reporting.report import write_report
 
 PAPER_EXPERIMENTS = {"resnet50_throughput_vs_batch", "memory_per_level", "max_batch", "max_scale_resnet152",
                      "accuracy_vs_bits"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from actbench import extension
+from actbench.kernels import extension
 
 
 def test_plan_key_depends_on_torch_version_and_cuda(tmp_path):
@@ -28,7 +28,7 @@ def test_plan_without_importing_torch_is_the_same_plan(tmp_path):
     import sys
 
     code = (
-        "import sys; from pathlib import Path; from actbench import extension\n"
+        "import sys; from pathlib import Path; from actbench.kernels import extension\n"
         f"p = extension.plan(cache_dir=Path({str(tmp_path)!r}))\n"
         "print(p.directory); print('torch' in sys.modules)\n"
     )
@@ -43,7 +43,7 @@ def test_unreadable_torch_version_file_falls_back_to_importing_torch():
     import sys
 
     code = (
-        "from actbench import extension\n"
+        "from actbench.kernels import extension\n"
         "extension._read_torch_version_file = lambda: None\n"
         "f = extension.TorchFacts.installed(); print(f.version, f.cuda)\n"
     )

@@ -15,7 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from actbench import extension
+from actbench.kernels import extension
 from actbench.cli import app
 
 PLANTED_C = r"""

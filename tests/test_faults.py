@@ -29,8 +29,8 @@ from typing import Any, Iterable, Iterator
 import pytest
 from typer.testing import CliRunner
 
-from actbench.results import RunStore
-from actbench.runner import PointRunner
+from actbench.store.results import RunStore
+from actbench.execution.runner import PointRunner
 from actbench.schema import Measurement, ModelSpec, PointConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -146,7 +146,7 @@ def test_a_failure_is_retried_once_per_run(tmp_path: Path) -> None:
 
 
 def test_latest_row_wins_in_analysis(tmp_path: Path) -> None:
-    from actbench.analysis import find_runs
+    from actbench.reporting.analysis import find_runs
 
     run_dir = tmp_path / "results" / "run"
     runner(run_dir, Scripted({2: "error"})).run(point(2))
@@ -270,7 +270,7 @@ def test_unreadable_line_is_one_warning_in_runstore(tmp_path: Path, caplog, kind
 
 
 def test_accuracy_rows_with_unreadable_lines_warn(tmp_path: Path, caplog) -> None:
-    from actbench.accuracy import ROW_COLUMNS, AccuracyRow, AccuracyStore
+    from actbench.studies.accuracy import ROW_COLUMNS, AccuracyRow, AccuracyStore
 
     good = AccuracyRow(**{name: None for name in ROW_COLUMNS} | dict(
         key="a" * 16, run_id="acc", status="ok", message="", setting="fp32", chance_accuracy=0.1, steps=10,
@@ -346,8 +346,8 @@ def test_bad_lines_warn_in_resume_plot_and_report(meta_run, tmp_path: Path, capl
 WRITER = """
 import sys, time
 from pathlib import Path
-from actbench.results import RunStore
-from actbench.runner import PointRunner
+from actbench.store.results import RunStore
+from actbench.execution.runner import PointRunner
 from actbench.schema import Measurement, ModelSpec, PointConfig
 
 class Slow:
@@ -516,7 +516,7 @@ class Captured(Scripted):
 
 @pytest.mark.parametrize("recorded, now", [(True, ""), (False, "1")])
 def test_resume_refuses_to_mix_exact_step_timings(tmp_path: Path, monkeypatch, recorded: bool, now: str) -> None:
-    from actbench.devices import EXACT_STEPS_ENV
+    from actbench.core.devices import EXACT_STEPS_ENV
 
     run_dir = tmp_path / "run"
     monkeypatch.setenv(EXACT_STEPS_ENV, "1" if recorded else "")

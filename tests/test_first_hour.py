@@ -112,7 +112,7 @@ def test_cli_progress_lines_and_plural_summary_on_meta(tmp_path: Path) -> None:
 
 
 def test_extension_build_is_announced_before_it_starts(monkeypatch, tmp_path: Path) -> None:
-    from actbench import extension
+    from actbench.kernels import extension
 
     plan = extension.BuildPlan(False, None, None, "x", "0" * 64, tmp_path / "no-build-here")
     calls: list[str] = []
@@ -219,7 +219,7 @@ def test_memory_default_and_help_say_which_levels(tmp_path: Path) -> None:
 
 def test_explicit_options_keep_their_run_names(tmp_path: Path) -> None:
     """Defaults changed; a command that names its strategies still names the same run directory."""
-    from actbench.commands import CommandSpec
+    from actbench.execution.specs import CommandSpec
 
     spec = CommandSpec(command="sweep-batch", model="resnet50", strategies=("fp32", "swap"), batch="16:64:16",
                        budget="16GiB")
@@ -234,7 +234,7 @@ class _Profile:
 
 
 def test_timing_runs_to_a_minimum_time_until_the_spread_settles_within_bounds() -> None:
-    from actbench.devices import PROFILES
+    from actbench.core.devices import PROFILES
     from actbench.measure.point import timing_done
 
     prof = _Profile()
@@ -319,8 +319,8 @@ def test_every_point_failed_exits_1_but_one_result_is_enough(tmp_path: Path) -> 
 
 # --- 7. × fp32 means one thing in the CLI and in the figures ------------------------------------
 def test_max_scale_depth_multiple_agrees_between_cli_and_figure() -> None:
-    from actbench.analysis import ScaleGroup
-    from actbench.search import SearchOutcome
+    from actbench.reporting.analysis import ScaleGroup
+    from actbench.planning.search import SearchOutcome
 
     def r(strategy: str, extra: int, status: str = "ok") -> ResultRow:
         p = PointConfig(ModelSpec("resnet152", extra_blocks=extra), strategy, 64, 224, "meta", budget_bytes=1)

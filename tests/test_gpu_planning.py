@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from actbench.cli import app
-from actbench.commands import CommandSpec, SpecError
-from actbench.gpus import MIB, gpu_profile
+from actbench.execution.specs import CommandSpec, SpecError
+from actbench.planning.gpus import MIB, gpu_profile
 from actbench.measure.accounting import OverBudget
 from actbench.schema import MEMORY_FAILURES, STATUSES, Measurement, ModelSpec, PointConfig, ResultRow
 
@@ -68,7 +68,7 @@ def test_experiment_files_and_the_cli_share_the_check() -> None:
 
 def test_host_over_budget_is_a_memory_failure_status() -> None:
     assert "host_over_budget" in STATUSES and "host_over_budget" in MEMORY_FAILURES
-    from actbench.search import deciding_bytes
+    from actbench.planning.search import deciding_bytes
 
     row = ResultRow.build(PointConfig(ModelSpec("resnet18"), "swap", 4, 32, "meta", host_budget_bytes=1),
                           Measurement("host_over_budget", peak_alloc_bytes=10), "r", "e")
@@ -117,7 +117,7 @@ def test_meta_rows_record_the_gpu_profile_and_the_host_budget_status(tmp_path: P
 
 
 def test_trust_csv_compares_predicted_and_measured_reserved_bytes(tmp_path: Path) -> None:
-    from actbench.measure.trust import Comparison, write_csv
+    from actbench.studies.trust import Comparison, write_csv
 
     row = Comparison("resnet18", "L5", 16, 224, "cuda", "ok", "ok", 10, 10, 100, 110, 160 * MIB, "",
                      meta_reserved_bytes=120 * MIB)

@@ -299,7 +299,7 @@ def test_every_command_has_help(command: str) -> None:
 def test_plan_predicts_with_one_job_per_core_unless_told(monkeypatch) -> None:
     """plan's default --jobs: one per core, at most PLAN_MAX_DEFAULT_JOBS; as given otherwise; 1 where the
     points' placement is another option's (--gpus, --executor slurm)."""
-    from actbench import executors
+    from actbench.execution import executors
     from actbench.cli import harness_commands as hc
 
     monkeypatch.setattr(executors, "cpu_count", lambda: 2)

@@ -11,17 +11,20 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from actbench.measure.environment import GIT_COMMIT_VAR, _git_commit
-from actbench.devices import pinned_host_bytes
+from actbench.core.devices import pinned_host_bytes
 from actbench.measure.accounting import count_flops
 from actbench.measure.point import measure_point
 from actbench.measure.tracker import LiveStorageTracker, unique_storage_bytes
-from actbench.model_names import validate_model_spec
-from actbench.models import build_model, grown_resnet152_layers, logits_of, real_depth
-from actbench.parsing import combine_strategies, parse_bytes, parse_int_range, parse_levels, parse_strategies
+from actbench.training.model_names import validate_model_spec
+from actbench.training.models import build_model, grown_resnet152_layers, logits_of, real_depth
+from actbench.execution.parsing import combine_strategies, parse_bytes, parse_int_range, parse_levels, parse_strategies
 from actbench.schema import COLUMNS, Measurement, ModelSpec, PointConfig, ResultRow
-from actbench.search import MeasureSettings, SearchOutcome, binary_search_largest, linear_scan, multiples_of
+from actbench.planning.configs import multiples_of
+from actbench.planning.guided import binary_search_largest
+from actbench.planning.search import linear_scan, SearchOutcome
+from actbench.planning.settings import MeasureSettings
 from actbench.strategies import ALL_STRATEGIES, LEVEL_NAMES
-from actbench.training.checkpointing import apply_checkpointing
+from actbench.strategies.mechanics.checkpointing import apply_checkpointing
 from actbench.training.step import build_training_step, synthetic_batch
 
 TINY = dict(batch_size=4, image_size=32, device="cpu", warmup_steps=1, timed_steps=1)
@@ -128,7 +131,7 @@ def test_tracker_peak_agrees_with_pytorch_memtracker() -> None:
         opt.zero_grad(set_to_none=True)
         return model, opt, x
 
-    from actbench.compat import memtracker_class
+    from actbench.core.compat import memtracker_class
 
     model, opt, x = make()
     mem_tracker = memtracker_class()()
@@ -189,10 +192,10 @@ def test_unknown_model_suggests_close_names() -> None:
 
 
 def test_the_listed_classifiers_are_the_installed_torchvisions() -> None:
-    from actbench.model_names import TORCHVISION_CLASSIFIERS
-    from actbench.model_names import list_model_names
+    from actbench.training.model_names import TORCHVISION_CLASSIFIERS
+    from actbench.training.model_names import list_model_names
 
-    assert TORCHVISION_CLASSIFIERS == list_model_names(), "regenerate actbench/model_names.py's list"
+    assert TORCHVISION_CLASSIFIERS == list_model_names(), "regenerate actbench/training/model_names.py's list"
 
 
 def test_checking_a_known_model_name_imports_no_torch() -> None:
@@ -202,7 +205,7 @@ def test_checking_a_known_model_name_imports_no_torch() -> None:
     import sys
 
     code = ("import sys\n"
-            "from actbench.model_names import validate_model_spec\n"
+            "from actbench.training.model_names import validate_model_spec\n"
             "from actbench.schema import ModelSpec\n"
             "validate_model_spec(ModelSpec('resnet50'))\n"
             "try:\n    validate_model_spec(ModelSpec('resnet152', extra_blocks=-1))\n"
@@ -303,7 +306,7 @@ def test_a_row_says_how_many_steps_ran_and_how_long_they_took(fp32_measurement) 
 def test_timing_goes_to_the_minimum_time_unless_exact_steps_are_asked_for(monkeypatch) -> None:
     """By default a cpu point times at least the profile's minimum time (the suite's own points,
     with ACTBENCH_EXACT_STEPS=1 from conftest, time exactly the steps asked for)."""
-    from actbench.devices import EXACT_STEPS_ENV, PROFILES
+    from actbench.core.devices import EXACT_STEPS_ENV, PROFILES
 
     monkeypatch.setenv(EXACT_STEPS_ENV, "1")
     exact = measure_point(_point("fp32", batch_size=2, timed_steps=2))

@@ -16,7 +16,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from actbench.cli import app
-from actbench.measure.trust import compare
+from actbench.studies.trust import compare
 
 pytestmark = pytest.mark.slow
 
@@ -187,10 +187,10 @@ def test_deep_grown_resnet_flops_are_derived_exactly_from_a_few_counts(monkeypat
     At 56 px a stage-2 block (7x7) and a stage-3 block (4x4) differ in FLOPs, so a wrong split
     between the stages would show.
     """
-    from actbench import compat
+    from actbench.core import compat
     from actbench.measure import meta
     from actbench.measure.accounting import count_flops
-    from actbench.models import build_model, real_depth
+    from actbench.training.models import build_model, real_depth
     from actbench.schema import ModelSpec, PointConfig
     from actbench.training.step import synthetic_batch
 

@@ -14,10 +14,10 @@ import dataclasses
 import pytest
 import torch
 
-from actbench import compat
+from actbench.core import compat
 from actbench.measure.meta import MetaSessions
-from actbench.model_names import list_model_names
-from actbench.models import FAMILY_REPRESENTATIVES, build_model, model_family
+from actbench.training.model_names import list_model_names
+from actbench.training.models import FAMILY_REPRESENTATIVES, build_model, model_family
 from actbench.schema import LEVEL_NAMES, ModelSpec, PointConfig
 
 #: The smallest input each model accepts in training where 32 px is too small.

@@ -7,7 +7,7 @@ on a lent GPU). The CPU kernels run the very same per-element functions (quant_m
 import pytest
 import torch
 
-from actbench import ops
+from actbench.kernels import ops
 
 pytestmark = [
     pytest.mark.cuda,

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from actbench import ops
+from actbench.kernels import ops
 
 
 @pytest.mark.parametrize("shape", [(1,), (7,), (8,), (3, 5, 7), (2, 64, 9, 9)])

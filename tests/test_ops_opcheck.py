@@ -6,7 +6,9 @@ A rule lives only if a test enforces it: the sample table must name every op in 
 import pytest
 import torch
 
-from actbench import extension, ops
+from actbench.kernels import extension
+
+from actbench.kernels import ops
 
 
 def _samples(device: str) -> dict[str, list[tuple]]:

@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
-from actbench import ops, reference
+from actbench.kernels import ops
+
+from actbench.kernels import oracle as reference
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # F not a multiple of 256, N = 1, N not a multiple of 8/b, 1-D to 5-D.

@@ -16,14 +16,14 @@ import pytest
 from matplotlib.colors import to_hex
 from typer.testing import CliRunner
 
-from actbench import paper
-from actbench.accuracy import AccuracyRow, AccuracyStore
-from actbench.analysis import (BatchGroup, batch_groups, find_runs, infer_scale_dimension, max_batch_table,
+from actbench.reporting import paper
+from actbench.studies.accuracy import AccuracyRow, AccuracyStore
+from actbench.reporting.analysis import (BatchGroup, batch_groups, find_runs, infer_scale_dimension, max_batch_table,
                                memory_table, scale_groups)
 from actbench.cli import app
-from actbench.plots import (PALETTE, PREDICTED_HATCH, figures_for, plot_activation_vs_batch, plot_max_batch,
+from actbench.reporting.plots import (PALETTE, PREDICTED_HATCH, figures_for, plot_activation_vs_batch, plot_max_batch,
                             plot_max_scale, plot_memory, plot_throughput_vs_batch, write_figures)
-from actbench.report import build_accuracy_report, build_report, write_report
+from actbench.reporting.report import build_accuracy_report, build_report, write_report
 from actbench.schema import ResultRow
 
 GIB = 1 << 30

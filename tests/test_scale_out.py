@@ -28,12 +28,14 @@ from typing import Any, Iterable, Iterator
 import pytest
 from typer.testing import CliRunner
 
-from actbench.executors import ChildProcessExecutor
-from actbench.results import RunStore
-from actbench.scaleout import (ExecutionOptions, SlurmOptions, execute, parse_time_minutes, run_local, scan_window,
+from actbench.execution.executors import ChildProcessExecutor
+from actbench.store.results import RunStore
+from actbench.execution.scaleout import (ExecutionOptions, SlurmOptions, execute, parse_time_minutes, run_local, scan_window,
                                split)
 from actbench.schema import MEMORY_FAILURES, Measurement, ModelSpec, PointConfig
-from actbench.search import GridConfig, MeasureSettings, SweepConfig, run_grid, run_sweep
+from actbench.planning.configs import GridConfig, SweepConfig
+from actbench.planning.search import run_grid, run_sweep
+from actbench.planning.settings import MeasureSettings
 from workers import live_workers
 
 FAULT_ENV = "ACTBENCH_TEST_FAULT"
@@ -158,7 +160,7 @@ def test_guided_searches_and_grids_in_parallel_give_the_serial_answers(tmp_path:
 def test_a_strategy_predicted_as_another_searches_in_that_strategys_part() -> None:
     """On meta L5's step is L4's: one part (one thread, one worker) searches both, so L5 reuses L4's
     steps; on a measuring device every strategy is a part of its own."""
-    from actbench.search import PlanConfig
+    from actbench.planning.configs import PlanConfig
 
     def plan(device: str) -> PlanConfig:
         return PlanConfig("batch", "resnet50", ("fp32", "L4", "L3", "L5"), 64, 224, 4, 64, 4,
@@ -198,7 +200,7 @@ def test_several_writers_keep_the_run_directory_consistent(tmp_path: Path) -> No
 @pytest.mark.slow
 def test_meta_with_jobs_predicts_in_workers_what_one_process_predicts(tmp_path: Path) -> None:
     """--jobs 2 on meta: predictions in two worker children, same keys, statuses and bytes as in process."""
-    from actbench.commands import CommandSpec
+    from actbench.execution.specs import CommandSpec
 
     spec = CommandSpec(command="sweep-batch", model="resnet18", strategies=("fp32", "L3"), batch="8:48:8",
                        image_size=32, device="meta", budget="150MiB")
@@ -217,7 +219,7 @@ def test_a_plan_with_a_spare_slot_certifies_side_by_side_and_finds_the_same_maxi
     """One strategy, two jobs: the guided search probes its predicted answer with the neighbour that
     certifies it at once (two points in flight together); same maximum as one job, at most one
     probe more."""
-    from actbench.commands import CommandSpec
+    from actbench.execution.specs import CommandSpec
 
     spec = CommandSpec(command="plan", model="resnet18", strategies=("fp32",), image_size=32, device="meta",
                        budget="300MiB", dim="batch", batch="8")
@@ -327,7 +329,7 @@ def test_a_persistent_worker_dies_with_its_parent(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent("""
         import os, threading
         os.environ["ACTBENCH_TEST_FAULT"] = "hang"
-        from actbench.executors import ChildProcessExecutor
+        from actbench.execution.executors import ChildProcessExecutor
         from actbench.schema import ModelSpec, PointConfig
         point = PointConfig(ModelSpec("resnet18"), "fp32", 2, 16, "cpu", timed_steps=0)
         executor = ChildProcessExecutor(timeout_s=600, persistent=True)
@@ -355,7 +357,7 @@ def test_a_persistent_worker_dies_with_its_parent(tmp_path: Path) -> None:
 
 # --- Slurm through submitit -------------------------------------------------------------------------
 def cpu_plan():
-    from actbench.commands import CommandSpec
+    from actbench.execution.specs import CommandSpec
 
     spec = CommandSpec(command="sweep-batch", model="resnet18", strategies=("fp32",), batch="2,4", image_size=16,
                        device="cpu", warmup_steps=1, timed_steps=0)
@@ -448,9 +450,9 @@ def invoke(args: list[str]):
     (["--device", "cpu", "--slurm", "time=soon"], "--slurm: time must be minutes"),
 ])
 def test_options_that_do_not_go_together_are_one_line_errors(tmp_path: Path, monkeypatch, extra, message) -> None:
-    import actbench.scaleout
+    import actbench.execution.scaleout
 
-    monkeypatch.setattr(actbench.scaleout.shutil, "which", lambda name: None)
+    monkeypatch.setattr(actbench.execution.scaleout.shutil, "which", lambda name: None)
     result = invoke(["sweep-batch", "resnet18", "--strategies", "fp32", "--batch", "2", "--image-size", "16",
                      "--out", str(tmp_path / "out"), *extra])
     assert result.exit_code == 2, result.output

@@ -16,9 +16,11 @@ from typing import Callable
 import pytest
 
 from actbench.schema import MEMORY_FAILURES, Measurement, ModelSpec, PointConfig, ResultRow
-from actbench.search import (GROWTH, MAX_GUIDED_PROBES, MaxScaleConfig, MeasureSettings, PlanConfig, SweepConfig,
-                             binary_search_largest, guided_search_largest, multiples_of, predictive_search_largest,
-                             run_max_scale, run_plan, run_sweep, search_probes)
+from actbench.planning.configs import MaxScaleConfig, multiples_of, PlanConfig, SweepConfig
+from actbench.planning.guided import (binary_search_largest, GROWTH, guided_search_largest, MAX_GUIDED_PROBES,
+                                      predictive_search_largest, search_probes)
+from actbench.planning.search import run_max_scale, run_plan, run_sweep
+from actbench.planning.settings import MeasureSettings
 
 GiB = 2**30
 BATCHES = multiples_of(4, 4, 16384)  # plan's batch range

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from actbench.cli import app
 from actbench.experiments import ExperimentError, load_experiment
-from actbench.scaleout import SlurmOptions
+from actbench.execution.scaleout import SlurmOptions
 
 MEMORY = ["memory", "resnet18", "--device", "meta", "--batch", "2", "--image-size", "32", "--strategies", "fp32",
           "--no-baseline"]
@@ -148,7 +148,7 @@ def poisoned(tmp_path: Path, monkeypatch) -> Path:
 
 
 def test_bench_harness_children_ignore_the_cwd_and_pythonpath(poisoned: Path, tmp_path: Path) -> None:
-    from actbench.harness_bench import _run
+    from actbench.studies.harness_cost import _run
 
     _run(tuple(MEMORY), tmp_path / "out", lambda _: None)
     assert not poisoned.exists(), poisoned.read_text()
@@ -176,7 +176,7 @@ def test_the_extension_check_child_ignores_the_cwd_and_pythonpath(poisoned: Path
 
 
 def test_slurm_tasks_start_python_with_safe_path(tmp_path: Path, slurm_path: Path) -> None:
-    from actbench.scaleout import _submitit_executor
+    from actbench.execution.scaleout import _submitit_executor
 
     executor = _submitit_executor(None, tmp_path / "slurm", SlurmOptions(), 0, "actbench-x")
     command = executor._submitit_command_str

@@ -8,7 +8,7 @@ from types import MappingProxyType
 import pytest
 import torch
 
-from actbench.gpus import GPU_NAMES
+from actbench.planning.gpus import GPU_NAMES
 from actbench.measure.tracker import LiveStorageTracker
 from actbench.planning.device_models import GPU_SPEED_MODELS, DeviceModel, gpu_speed_model
 from actbench.planning.step_time import (COPY, HOST_ONLY, KERNEL, OVERLAPPED_COPY, OpCost, OpRecorder,
@@ -64,7 +64,7 @@ def test_the_extensions_ops_run_at_its_own_bandwidth_when_the_model_has_one() ->
 
 
 def test_the_recorder_marks_the_extensions_ops() -> None:
-    from actbench import ops
+    from actbench.kernels import ops
 
     ops.ensure_loaded()
     recorder = OpRecorder()

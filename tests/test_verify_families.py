@@ -21,8 +21,8 @@ import math
 
 import pytest
 
-from actbench.actnn.verify import VerifyConfig, verify_grads
-from actbench.models import FAMILY_REPRESENTATIVES, ModelSpec, build_model
+from actbench.studies.gradients import VerifyConfig, verify_grads
+from actbench.training.models import FAMILY_REPRESENTATIVES, ModelSpec, build_model
 
 #: Input side and batch where a family needs more than 64 px (windows of 7, Inception's stem).
 SIZES = {"maxvit_t": (224, 2), "inception_v3": (299, 2)}

@@ -41,7 +41,9 @@ from dataclasses import dataclass
 
 import torch
 
-from actbench import compat, ops
+from actbench.core import compat
+
+from actbench.kernels import ops
 from actbench.actnn.levels import UNIFORM_BITS, LevelConfig
 from actbench.actnn.offload import Offloader
 

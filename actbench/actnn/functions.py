@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from actbench import compat, ops
+from actbench.core import compat
+
+from actbench.kernels import ops
 from actbench.actnn.controller import ROLE_STATISTICS, SAVED_ROLE, LayerSlot, saved_role
 
 

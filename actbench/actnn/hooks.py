@@ -52,7 +52,9 @@ from torch import nn
 
 from torch.overrides import TorchFunctionMode
 
-from actbench import compat, ops
+from actbench.core import compat
+
+from actbench.kernels import ops
 from actbench.actnn.controller import ROLE_COMPRESSED, Controller, LayerSlot, PackSpec, saved_role
 from actbench.actnn.layers import ActNNModule
 from actbench.actnn.functions import (AvgPool2dFunction, ClampFunction, DerivativeFunction, DropoutFunction,

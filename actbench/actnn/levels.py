@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from actbench import ops
+from actbench.kernels import ops
 
 from actbench.schema import LEVEL_NAMES  # noqa: E402  (spelled once, in the torch-free schema)
 UNIFORM_BITS: tuple[int, ...] = (1, 2, 4, 8)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from actbench import compat
+from actbench.core import compat
 from actbench.actnn import hooks
 from actbench.actnn.controller import ROLE_COMPRESSED, ROLE_STATISTICS, saved_role
 from actbench.actnn.layers import ActNNModule

@@ -19,7 +19,7 @@ from typing import Callable, ContextManager
 
 import torch
 
-from actbench.devices import profile_of
+from actbench.core.devices import profile_of
 
 log = logging.getLogger(__name__)
 

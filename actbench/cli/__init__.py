@@ -18,9 +18,9 @@ def check_environment() -> None:
     absolute here, so every child (whose working directory is private) finds the same cache."""
     import os
 
-    from actbench import extension
+    from actbench.kernels import extension
     from actbench.cli.app import fail
-    from actbench.devices import exact_steps
+    from actbench.core.devices import exact_steps
 
     try:
         exact_steps()

@@ -1,4 +1,4 @@
-"""ActNN commands: verify-grads. Parses options, calls actbench.actnn.verify, renders."""
+"""ActNN commands: verify-grads. Parses options, calls actbench.studies.gradients, renders."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def _check_batchnorm_batch(model: str, batch: int, image_size: int) -> None:
     import torch
     from torch import nn
 
-    from actbench.models import build_model
-    from actbench.model_names import ModelSpec
+    from actbench.training.models import build_model
+    from actbench.training.model_names import ModelSpec
 
     with torch.device("meta"):
         built = build_model(ModelSpec(model), image_size)
@@ -70,9 +70,9 @@ def verify_grads_command(
       actbench verify-grads resnet18 --level L3 --batch 8 --seeds 16 --precision bf16
     """
     from actbench.actnn import level_config
-    from actbench.actnn.verify import GradRow, VerifyConfig, write_csv
-    from actbench.executors import InProcessExecutor, Task
-    from actbench.model_names import ModelSpec, validate_model_spec
+    from actbench.studies.gradients import GradRow, VerifyConfig, write_csv
+    from actbench.execution.executors import InProcessExecutor, Task
+    from actbench.training.model_names import ModelSpec, validate_model_spec
 
     precision = precision.value
     try:

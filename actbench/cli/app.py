@@ -10,7 +10,7 @@ from typing import Iterator, NoReturn
 
 import typer
 
-from actbench.devices import DEVICE_NAMES, MEASURING_DEVICES, profile
+from actbench.core.devices import DEVICE_NAMES, MEASURING_DEVICES, profile
 from actbench.schema import PRECISIONS
 
 app = typer.Typer(
@@ -72,7 +72,7 @@ def new_bench_dir(out: Path, name: str, device: str) -> Path:
     import time
 
     from actbench.measure.environment import capture_environment
-    from actbench.results import atomic_write_text
+    from actbench.store.results import atomic_write_text
 
     base = f"{name}_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     for n in range(1, 1000):
@@ -90,7 +90,7 @@ def new_bench_dir(out: Path, name: str, device: str) -> Path:
     return run_dir
 
 
-#: --device choices, from the device profiles (actbench/devices.py).
+#: --device choices, from the device profiles (actbench/core/devices.py).
 Device = enum.Enum("Device", {name: name for name in DEVICE_NAMES}, type=str)
 #: Devices that compute (not meta): bench-kernels, verify-grads, trust.
 MeasuringDevice = enum.Enum("MeasuringDevice", {name: name for name in MEASURING_DEVICES}, type=str)
@@ -138,7 +138,7 @@ def terminate_like_ctrl_c() -> Iterator[None]:
     """While measuring, SIGTERM and SIGHUP raise :class:`Terminated` (a KeyboardInterrupt).
 
     Whatever runs a child kills the child's process group on any exception
-    (``actbench.executors.run_child``), and every ``except KeyboardInterrupt`` that keeps finished
+    (``actbench.execution.executors.run_child``), and every ``except KeyboardInterrupt`` that keeps finished
     rows keeps them here too; :func:`interrupted_exit_code` then gives 128 + the signal's number.
     Outside the main thread (no signal handlers there) this does nothing.
     """

@@ -1,4 +1,4 @@
-"""``bench-harness``: what the harness itself costs (actbench/harness_bench.py). Parse, call, render."""
+"""``bench-harness``: what the harness itself costs (actbench/studies/harness_cost.py). Parse, call, render."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def bench_harness(
       actbench bench-harness --only plan --jobs 2  # only plan's speed-up from a second job
       actbench bench-harness --quick               # a first look in under a minute
     """
-    from actbench import harness_bench
+    from actbench.studies import harness_cost as harness_bench
 
     which = tuple(dict.fromkeys(w.strip() for w in only.split(",") if w.strip()))
     bad = [w for w in which if w not in harness_bench.BENCHMARKS]
@@ -48,7 +48,7 @@ def bench_harness(
         fail(f"--only must list {', '.join(harness_bench.BENCHMARKS)}, got {only!r}")
     if jobs < 2:
         fail(f"--jobs must be >= 2 (it is compared with --jobs 1), got {jobs}")
-    from actbench.executors import cpu_count
+    from actbench.execution.executors import cpu_count
 
     if jobs > max(2, cpu_count()):
         fail(f"--jobs must be between 2 and {max(2, cpu_count())} (this machine's cores: each job of the plan takes "

@@ -21,7 +21,7 @@ from actbench.cli.app import (DEFAULT_OUT, Device, app, fail, interrupted_by, in
                               terminate_like_ctrl_c)
 from actbench.cli.harness_commands import ExecutorChoice, ExecutorOpt, GpusOpt, IsolateOpt, JobsOpt, SlurmOpt
 from actbench.cli.progress import ensure_extension, plural
-from actbench.devices import profile
+from actbench.core.devices import profile
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def run_command(
                               device=device.value if device is not None else None)
     except ExperimentError as exc:
         fail(str(exc))
-    from actbench.scaleout import ExecutionOptions, SlurmOptions, parse_gpus
+    from actbench.execution.scaleout import ExecutionOptions, SlurmOptions, parse_gpus
 
     try:
         execution = ExecutionOptions(executor=executor.value, jobs=jobs, gpus=parse_gpus(gpus), isolate=isolate,

@@ -24,7 +24,7 @@ def doctor() -> None:
 
     Exits non-zero when something is broken, with the cause on the failing line.
     """
-    from actbench.doctor import diagnose
+    from actbench.kernels.doctor import diagnose
 
     report = diagnose()
     table = Table(title="actbench doctor", show_header=True)
@@ -49,7 +49,7 @@ def build(
     TORCH_CUDA_ARCH_LIST picks the GPU architectures. The build is cached under
     ~/.cache/actbench (or $ACTBENCH_CACHE_DIR), keyed by sources, torch version and CUDA.
     """
-    from actbench import extension
+    from actbench.kernels import extension
 
     start = time.perf_counter()
     try:
@@ -101,7 +101,7 @@ def bench_kernels(
     synchronisations (the ops never synchronise, so launches overlap kernels as in training).
     Writes kernels.csv and env.json; prints a table.
     """
-    from actbench import kernel_bench
+    from actbench.kernels import bench as kernel_bench
 
     if repeats < 1:
         fail(f"--repeats must be >= 1, got {repeats}")
@@ -167,7 +167,7 @@ def bench_actnn(
       actbench bench-actnn                 # the table, on cpu (minutes on 2 cores)
       actbench bench-actnn --quick         # a check in about a minute
     """
-    from actbench import actnn_bench
+    from actbench.studies import actnn_cost as actnn_bench
 
     device = device.value
     require_device(device)

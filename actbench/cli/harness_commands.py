@@ -1,7 +1,7 @@
 """Harness commands: models, sweep-batch, max-scale, throughput, memory.
 
-Thin by design: parse options, build a frozen config, call the library (actbench.search /
-actbench.runner), render. Bad values exit 2 with one line on stderr and touch no results.
+Thin by design: parse options, build a frozen config, call the library (actbench.planning.search /
+actbench.execution.runner), render. Bad values exit 2 with one line on stderr and touch no results.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEA
                               terminate_like_ctrl_c)
 from actbench.cli.progress import PointProgress, ensure_extension, plural
 from actbench.cli.speed_commands import DeviceModelOpt, use_device_model
-from actbench.gpus import GPU_NAMES
-from actbench.commands import DEFAULT_STRATEGIES, PLAN_DEVICE
-from actbench.devices import PROFILES, profile
+from actbench.planning.gpus import GPU_NAMES
+from actbench.execution.specs import DEFAULT_STRATEGIES, PLAN_DEVICE
+from actbench.core.devices import PROFILES, profile
 from actbench.strategies import PLAIN_STRATEGIES
 from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, PLAN_DIMENSIONS, RETRIED_STATUSES, one_line
 
@@ -75,7 +75,7 @@ PrecisionOpt = Annotated[Precision, typer.Option("--precision", help=(
     "fp32, or autocast to bf16 / fp16 (fp16 with a gradient scaler), for every strategy; rows record it."))]
 TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", show_default=False, help=(
     f"Seconds before a point's child is killed (status timeout; default {DEFAULT_TIMEOUT_S:g})."))]
-# How a run executes (actbench/scaleout.py): never part of what it measures, nor of the run's name.
+# How a run executes (actbench/execution/scaleout.py): never part of what it measures, nor of the run's name.
 ExecutorChoice = enum.Enum("ExecutorChoice", {"local": "local", "slurm": "slurm"}, type=str)
 JobsOpt = Annotated[int, typer.Option("--jobs", help=(
     "cpu and meta: points measured at once (strategies side by side; each cpu child gets cores/N threads)."))]
@@ -104,7 +104,7 @@ def plan_jobs(jobs: Optional[int], gpus: Optional[str], executor: Any) -> int:
         return jobs
     if gpus or getattr(executor, "value", executor) != "local":
         return 1
-    from actbench.executors import cpu_count
+    from actbench.execution.executors import cpu_count
 
     return max(1, min(PLAN_MAX_DEFAULT_JOBS, cpu_count()))
 
@@ -117,8 +117,8 @@ def _checked(fn: Callable[[], Any]) -> Any:
 
 
 def _spec(**fields: Any):
-    """The command's spec (actbench/commands.py): every check and default, shared with experiment files."""
-    from actbench.commands import CommandSpec, SpecError
+    """The command's spec (actbench/execution/specs.py): every check and default, shared with experiment files."""
+    from actbench.execution.specs import CommandSpec, SpecError
 
     try:
         return CommandSpec(**fields)
@@ -132,8 +132,8 @@ _GRID_COMMANDS = ("throughput", "memory")
 
 def _execution(jobs: int = 1, gpus: Optional[str] = None, executor: Any = "local", isolate: bool = False,
                slurm: Optional[list[str]] = None):
-    """How the run executes (actbench/scaleout.py): --executor, --jobs, --gpus, --isolate, --slurm."""
-    from actbench.scaleout import ExecutionOptions, SlurmOptions, parse_gpus
+    """How the run executes (actbench/execution/scaleout.py): --executor, --jobs, --gpus, --isolate, --slurm."""
+    from actbench.execution.scaleout import ExecutionOptions, SlurmOptions, parse_gpus
 
     return _checked(lambda: ExecutionOptions(executor=getattr(executor, "value", executor), jobs=jobs,
                                              gpus=parse_gpus(gpus), isolate=isolate, slurm=SlurmOptions.parse(slurm)))
@@ -194,7 +194,7 @@ def _refuse_idle_switches(spec, execution, switches: dict[str, Any]) -> None:
     process, as does --timeout (no child to stop there); --stop-after ends a scan that --find-max does
     not run; --no-retry keeps error rows that --force measures again anyway.
     """
-    from actbench.executors import cpu_count
+    from actbench.execution.executors import cpu_count
 
     if execution.executor == "local" and execution.jobs > cpu_count():
         fail(f"--jobs must be between 1 and {cpu_count()} (this machine's cores: each point at once takes one), "
@@ -215,7 +215,7 @@ def _refuse_idle_switches(spec, execution, switches: dict[str, Any]) -> None:
 
 def _strategies(strategies: Optional[str], levels: Optional[str], no_baseline: bool) -> tuple[str, ...]:
     """--strategies and --levels add up (fp32 leads unless --no-baseline); neither: the default comparison."""
-    from actbench.parsing import combine_strategies, parse_levels, parse_strategies
+    from actbench.execution.parsing import combine_strategies, parse_levels, parse_strategies
 
     for option, given in (("--strategies", strategies), ("--levels", levels)):
         if given is not None and not given.strip(" ,"):
@@ -239,7 +239,7 @@ def _instead(command: str) -> str:
 
 def _open_store(out: Path, plan):
     """Checks that need the machine (not needed for --dry-run), then the run directory."""
-    from actbench.results import RunStore, check_writable
+    from actbench.store.results import RunStore, check_writable
 
     require_device(plan.device, _instead(plan.command))
     _checked(lambda: check_writable(out))
@@ -250,9 +250,9 @@ def _open_store(out: Path, plan):
 
 def _execute(store, plan, force: bool = False, retry_failed: bool = True, execution=None) -> Any:
     """Run the plan's search with progress on stderr; Ctrl-C, SIGTERM and SIGHUP keep every finished row."""
-    from actbench.results import OutputError, RunFileError
-    from actbench.runner import EnvironmentCaptureError
-    from actbench.scaleout import execute
+    from actbench.store.results import OutputError, RunFileError
+    from actbench.execution.runner import EnvironmentCaptureError
+    from actbench.execution.scaleout import execute
 
     settings = plan.config.settings
     err = Console(stderr=True, highlight=False)
@@ -346,7 +346,7 @@ def _precision_suffix(rows) -> str:
 
 
 def _render(rows, title: str) -> None:
-    from actbench.parsing import format_bytes
+    from actbench.execution.parsing import format_bytes
 
     table = Table(title=_cell(title))
     for col in ("strategy", "model", "depth", "batch", "px", "status", "activation", "peak alloc",
@@ -378,10 +378,10 @@ def _bound_caption(outcome) -> str | None:
 def _max_cells(outcome, strategy: str) -> tuple[str, str]:
     """(maximum, × fp32) as text; "≥" marks a lower bound, and a ratio to or of one is only a bound.
 
-    × fp32 has one definition, shared with the figures and the report (actbench.analysis): the
+    × fp32 has one definition, shared with the figures and the report (actbench.reporting.analysis): the
     searched quantity ÷ fp32's, where depth counts layers (not the extra blocks searched over).
     """
-    from actbench.analysis import bound_ratio, scale_value
+    from actbench.reporting.analysis import bound_ratio, scale_value
 
     value = outcome.maxima.get(strategy)
     exact = outcome.bounded(strategy)
@@ -396,7 +396,7 @@ def _max_cells(outcome, strategy: str) -> tuple[str, str]:
 
 
 def _maxima_caption(outcome) -> str:
-    from actbench.analysis import MULTIPLE_DEFINITIONS
+    from actbench.reporting.analysis import MULTIPLE_DEFINITIONS
 
     lines = [MULTIPLE_DEFINITIONS.get(outcome.dim, MULTIPLE_DEFINITIONS["batch"])]
     bound = _bound_caption(outcome)
@@ -431,7 +431,7 @@ def _print_plan(run_dir: Path, lines: list[str]) -> None:
 @app.command("models")
 def models_command(pattern: Annotated[Optional[str], typer.Argument(help="Glob filter, e.g. 'resnet*'.")] = None) -> None:
     """List the model names every measuring command accepts (torchvision classification models)."""
-    from actbench.model_names import list_model_names
+    from actbench.training.model_names import list_model_names
 
     names = list_model_names(pattern)
     if not names:
@@ -634,7 +634,7 @@ def memory(
     _, ran = _launch("memory", locals())  # first statement: locals() holds the parameters only
     if ran is None:
         return
-    from actbench.parsing import format_bytes
+    from actbench.execution.parsing import format_bytes
 
     store, outcome = ran
     table = Table(title=_cell(f"memory {model} on {device.value} -> {store.run_dir}"))
@@ -694,7 +694,7 @@ def plan(
     spec, ran = _launch("plan", locals(), batch=str(batch), device=PLAN_DEVICE)
     if ran is None:
         return
-    from actbench.parsing import format_bytes
+    from actbench.execution.parsing import format_bytes
 
     store, outcome = ran
     settings = spec.settings()

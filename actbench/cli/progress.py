@@ -166,7 +166,7 @@ class PointProgress:
 #: before a first-use build, so the parent can announce it.
 _CHILD_BUILD = (
     "import sys\n"
-    "from actbench import extension\n"
+    "from actbench.kernels import extension\n"
     "try:\n"
     "    p = extension.plan()\n"
     "    if not (p.marker.exists() and p.library.exists()):\n"
@@ -191,14 +191,14 @@ def ensure_extension(strategies: Iterable[str], device: str, say: Callable[[str]
     parent must not initialise them (``DeviceProfile.environment_in_child``: cuda) check and build
     in a child process; the others here (the build itself initialises no device).
     """
-    from actbench.devices import profile
+    from actbench.core.devices import profile
 
     if not needs_extension(strategies):
         return None
     started = time.monotonic()
     if profile(device).environment_in_child:
         return _ensure_in_child(say, started)
-    from actbench import extension
+    from actbench.kernels import extension
 
     try:
         p = extension.plan()
@@ -215,7 +215,7 @@ def ensure_extension(strategies: Iterable[str], device: str, say: Callable[[str]
 def _ensure_in_child(say: Callable[[str], None], started: float) -> str | None:
     """The extension checked (and built) in an isolated child in a process group of its own, so the
     compilers it starts die with it; None when ready, else the one line that says why not."""
-    from actbench.child_env import python_child_env
+    from actbench.core.child_env import python_child_env
 
     with tempfile.TemporaryDirectory(prefix="actbench-build-cwd-") as cwd:
         proc = subprocess.Popen([sys.executable, "-P", "-c", _CHILD_BUILD], stdin=subprocess.DEVNULL,
@@ -250,7 +250,7 @@ def _follow_build_child(proc: subprocess.Popen, say: Callable[[str], None], star
 
 def _end_group(proc: subprocess.Popen) -> None:
     """Kill whatever is left of the child and all it started (the compilers of a build), then reap it."""
-    from actbench.extension import kill_process_tree
+    from actbench.kernels.extension import kill_process_tree
 
     if proc.poll() is None:
         kill_process_tree(proc.pid)

@@ -1,6 +1,6 @@
 """Commands that read finished runs: ``plot`` (figures) and ``report`` (Markdown).
 
-Thin: parse, call actbench.plots / actbench.report, print what was written. A missing or empty
+Thin: parse, call actbench.reporting.plots / actbench.reporting.report, print what was written. A missing or empty
 results folder, or an output path that is empty, unwritable or one of the run files read, exits 2
 with one line on stderr before anything is drawn.
 """
@@ -49,7 +49,7 @@ def plot_command(
       actbench plot runs/                    # your runs (the measuring commands' default --out)
       actbench plot results/ --paper         # the committed results; the paper's points where the setting matches
     """
-    from actbench.plots import write_figures_per_folder
+    from actbench.reporting.plots import write_figures_per_folder
 
     try:
         drawn = write_figures_per_folder(results_dir, _path("--out", out), with_paper=paper, paper_csv=paper_csv)
@@ -65,8 +65,8 @@ def plot_command(
     typer.echo(f"drew {figures} figure{'s' if figures != 1 else ''} (PNG and PDF) from "
                f"{len(drawn)} folder{'s' if len(drawn) != 1 else ''} of runs: {where}", err=True)
     if paper:
-        from actbench.analysis import find_runs
-        from actbench.plots import paper_overlay_groups
+        from actbench.reporting.analysis import find_runs
+        from actbench.reporting.plots import paper_overlay_groups
 
         try:
             runs = find_runs(results_dir)
@@ -92,7 +92,7 @@ def report_command(
     Example:
       actbench report results/meta --out results/meta/report.md
     """
-    from actbench.report import write_report
+    from actbench.reporting.report import write_report
 
     try:
         result = write_report(results_dir, _path("--out", out), _path("--figures", figures),

@@ -74,7 +74,7 @@ def calibrate_command(
 
 
 def _calibrated(device: str, quick: bool, name: Optional[str]):
-    from actbench.planning.calibrate import FULL, QUICK, calibrate
+    from actbench.measure.calibrate import FULL, QUICK, calibrate
 
     typer.echo(f"calibrating {device}{' (quick)' if quick else ''} ...", err=True)
     return calibrate(device, QUICK if quick else FULL, name=name.strip() if name else None)
@@ -96,7 +96,7 @@ def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...
     from rich.console import Console
     from rich.table import Table
 
-    from actbench.measure.trust import compare_speed, same_speed_order, speed_csv_name, write_speed_csv
+    from actbench.studies.trust import compare_speed, same_speed_order, speed_csv_name, write_speed_csv
     from actbench.planning.device_models import load_device_model
 
     try:
@@ -147,7 +147,7 @@ FASTEST_DEFAULT = "fp32,checkpoint,swap,L0,L1,L2,L3,L4,L5"
 @app.command("fastest")
 def fastest_command(
     model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
-    gpu: Annotated[str, typer.Option("--gpu", help="The GPU to plan for (a profile of actbench/gpus.py).")],
+    gpu: Annotated[str, typer.Option("--gpu", help="The GPU to plan for (a profile of actbench/planning/gpus.py).")],
     batch: Annotated[int, typer.Option("--batch", help="Batch size to train at.")],
     image_size: Annotated[int, typer.Option("--image-size", help="Input side in pixels.")] = 224,
     strategies: Annotated[str, typer.Option("--strategies", help="Comma list of strategies and levels.")] = FASTEST_DEFAULT,
@@ -163,9 +163,9 @@ def fastest_command(
       actbench fastest resnet50 --gpu t4 --batch 300
       actbench fastest resnet18 --gpu a100-80gb --batch 1024 --image-size 128 --strategies fp32,L3,swap
     """
-    from actbench.gpus import gpu_profile
-    from actbench.model_names import ModelSpec, validate_model_spec
-    from actbench.parsing import parse_strategies
+    from actbench.planning.gpus import gpu_profile
+    from actbench.training.model_names import ModelSpec, validate_model_spec
+    from actbench.execution.parsing import parse_strategies
     from actbench.schema import LIMITS, MIN_IMAGE_SIZE
 
     try:
@@ -204,7 +204,7 @@ def _print_choices(model: str, gpu, batch: int, image_size: int, choices: list) 
     from rich.console import Console
     from rich.table import Table
 
-    from actbench.parsing import format_bytes
+    from actbench.execution.parsing import format_bytes
     from actbench.planning.step_time import fastest_first
 
     table = Table(title=f"{model} batch {batch}, {image_size}px on {gpu.describe()} (predicted on meta)")

@@ -1,6 +1,6 @@
 """``actbench trust``: how far meta's predictions are from measurements on this machine.
 
-Thin: validate, call actbench.measure.trust, print each point as it finishes, keep the CSV current.
+Thin: validate, call actbench.studies.trust, print each point as it finishes, keep the CSV current.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rich.table import Table
 from actbench.cli.app import (PRECISION_HELP, MeasuringDevice, Precision, app, checked_out_dir, fail,
                               interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
 from actbench.cli.progress import ensure_extension
-from actbench.measure.trust import TRUST_MODELS, TRUST_STRATEGIES
+from actbench.studies.trust import TRUST_MODELS, TRUST_STRATEGIES
 from actbench.schema import DEFAULT_PRECISION, MIN_IMAGE_SIZE
 
 
@@ -53,10 +53,10 @@ def trust_command(
       actbench trust --device cuda --batch 16 --image-size 224      # on a GPU
       actbench trust --models resnet18 --strategies fp32,L3,swap --batch 4 --image-size 64 --device-model runs/device_models/cpu.json
     """
-    from actbench.measure.trust import compare, csv_name, write_csv
-    from actbench.model_names import ModelSpec, validate_model_spec
-    from actbench.parsing import parse_strategies
-    from actbench.results import check_writable
+    from actbench.studies.trust import compare, csv_name, write_csv
+    from actbench.training.model_names import ModelSpec, validate_model_spec
+    from actbench.execution.parsing import parse_strategies
+    from actbench.store.results import check_writable
 
     precision = precision.value
     if batch < 2:

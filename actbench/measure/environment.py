@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from actbench.devices import EXACT_STEPS_ENV, exact_steps, profile
+from actbench.core.devices import EXACT_STEPS_ENV, exact_steps, profile
 
 
 def _cpu_model() -> str:

@@ -2,7 +2,7 @@
 
 Every tensor, parameters included, is a fake tensor (``compat.fake_tensor_mode``) that claims to be
 on the CPU, so a meta step runs the op set of a ``cpu`` measurement — the extension's ops through
-their fake kernels in :mod:`actbench.ops` — and the same :class:`LiveStorageTracker` counts its
+their fake kernels in :mod:`actbench.kernels.ops` — and the same :class:`LiveStorageTracker` counts its
 storages. The protocol is the cpu one (build, warm up, one tracked step), except that the warm-up
 is an optimizer step on zero gradients (:func:`_warm_optimizer_state`). Rows carry no throughput.
 Mixed precision (L3-L5) cannot read statistics from fake tensors: the controller keeps the uniform
@@ -25,15 +25,17 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from actbench import compat, strategies
-from actbench.devices import profile
+from actbench import strategies
+
+from actbench.core import compat
+from actbench.core.devices import profile
 from actbench.measure.accounting import (OverBudget, check_budget, check_host_budget, classified, count_flops,
                                          file_offloads_as_host, model_breakdown, tracked_memory_step, with_census)
-from actbench.measure.allocator import AllocatorConfig, pinned_host_peak, replay_steps
+from actbench.planning.allocator_model import AllocatorConfig, pinned_host_peak, replay_steps
 from actbench.measure.tracker import LiveStorageTracker
 from actbench.planning.device_models import DeviceModel, selected_device_model
 from actbench.planning.step_time import OpCost, OpRecorder, fill_prediction
-from actbench.models import build_model, grown_resnet152_layers, real_depth
+from actbench.training.models import build_model, grown_resnet152_layers, real_depth
 from actbench.schema import GROWABLE_MODEL, Measurement, PointConfig
 from actbench.strategies import StrategyOptions
 from actbench.training.step import TrainingStep, build_training_step, synthetic_batch
@@ -260,7 +262,7 @@ def predict_reserved(point: PointConfig, result: Measurement, trace: StepTrace) 
     (``point.gpu``) the replay also holds cuBLAS's and cuBLASLt's workspaces, and a request it cannot
     reserve is a predicted out-of-memory: ``over_budget``.
     """
-    from actbench.gpus import gpu_profile
+    from actbench.planning.gpus import gpu_profile
 
     config = AllocatorConfig.parse(strategies.cuda_alloc_conf(point.strategy))
     gpu = None if point.gpu is None else gpu_profile(point.gpu)

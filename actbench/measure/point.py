@@ -3,7 +3,7 @@
 Runs inside the worker child process (``actbench.worker``), never in the CLI process, so an
 out-of-memory or a crash costs one row, not the sweep. What each number means is in
 :mod:`actbench.measure.accounting`; how each device measures it is its profile
-(:mod:`actbench.devices`). Predicted points (``meta``) are :mod:`actbench.measure.meta`'s.
+(:mod:`actbench.core.devices`). Predicted points (``meta``) are :mod:`actbench.measure.meta`'s.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Callable, Iterator
 import torch
 
 from actbench import strategies
-from actbench.devices import DeviceProfile, exact_steps, profile
+from actbench.core.devices import DeviceProfile, exact_steps, profile
 from actbench.measure.accounting import (check_budget, check_host_budget, classified, count_flops, file_offloads_as_host,
                                          model_breakdown, tracked_memory_step, with_census)
 from actbench.measure.tracker import LiveStorageTracker, OpObserver
-from actbench.models import build_model, real_depth
+from actbench.training.models import build_model, real_depth
 from actbench.planning.device_models import selected_device_model
 from actbench.planning.step_time import OpRecorder, fill_prediction
 from actbench.schema import Measurement, PointConfig

@@ -17,8 +17,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from actbench.compat import TorchDispatchMode, storage_identity, tree_flatten
-from actbench.devices import holds_data
+from actbench.core.compat import TorchDispatchMode, storage_identity, tree_flatten
+from actbench.core.devices import holds_data
 
 
 #: ATen ops that copy tensors (the step-time model prices them at PCIe bandwidth when they cross to the host)
@@ -41,7 +41,7 @@ class LiveStorageTracker(TorchDispatchMode):
 
     ``record=True`` also keeps the order of allocations and frees (``device_events``, ``host_events``:
     ``(serial, nbytes)`` to allocate, ``(serial, 0)`` to free), which the caching-allocator model
-    replays (actbench/measure/allocator.py, docs/design.md §10).
+    replays (actbench/planning/allocator_model.py, docs/design.md §10).
     """
 
     def __init__(self, record: bool = False, observer: Any = None) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from actbench.compat import op_bytes_moved, op_flops
+from actbench.core.compat import op_bytes_moved, op_flops
 from actbench.planning.device_models import DeviceModel
 
 #: Op kinds of a record: a device kernel, a copy between device and host (serial or overlapped), host-only.

@@ -18,7 +18,7 @@ from actbench.strategies.registry import (HostScope, PreparedModel, Strategy, St
                                           registered)
 
 for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in ("registry", "combined"):
+    if not _module.ispkg and _module.name not in ("registry", "combined"):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 #: Every strategy name, in table order (fp32, swap, checkpoint, L0..L5, then any newer ones).

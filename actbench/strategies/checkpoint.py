@@ -13,7 +13,7 @@ class Checkpoint(Strategy):
     colour = "#9467bd"
 
     def prepare(self, model, device, options, host_scope) -> PreparedModel:
-        from actbench.training.checkpointing import apply_checkpointing
+        from actbench.strategies.mechanics.checkpointing import apply_checkpointing
 
         made = apply_checkpointing(model, options.checkpoint_segments)
         return PreparedModel(model=model, note=f"{made} checkpoint segments")

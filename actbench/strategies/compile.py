@@ -37,8 +37,8 @@ class Compile(Strategy):
         return made
 
     def prepare(self, model, device, options, host_scope) -> PreparedModel:
-        from actbench import compat
-        from actbench.training.compiling import compile_model
+        from actbench.core import compat
+        from actbench.strategies.mechanics.compiling import compile_model
 
         compiled, backend = compile_model(model, device)
         budget = self.budget

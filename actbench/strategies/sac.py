@@ -15,7 +15,7 @@ class SelectiveCheckpoint(Strategy):
     colour = "#637939"
 
     def prepare(self, model, device, options, host_scope) -> PreparedModel:
-        from actbench.training.selective import apply_selective_checkpointing
+        from actbench.strategies.mechanics.selective import apply_selective_checkpointing
 
         made = apply_selective_checkpointing(model, options.checkpoint_segments)
         return PreparedModel(model=model, note=f"{made} selective checkpoint segments (keep conv/matmul outputs)")

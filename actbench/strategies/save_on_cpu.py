@@ -37,7 +37,7 @@ def _save_on_cpu_context(device: Any, host_scope: HostScope) -> Callable[[], Con
     """
     import torch
 
-    from actbench.devices import profile_of
+    from actbench.core.devices import profile_of
 
     pin = profile_of(device).pins_host_memory
 

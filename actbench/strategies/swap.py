@@ -32,8 +32,8 @@ def _swap_context(model: Any, device: Any, host_scope: HostScope) -> Callable[[]
     """
     import torch
 
-    from actbench.compat import storage_identity, tensor_version
-    from actbench.devices import profile_of
+    from actbench.core.compat import storage_identity, tensor_version
+    from actbench.core.devices import profile_of
 
     param_ptrs = frozenset(storage_identity(p) for p in model.parameters())  # fake tensors all have data_ptr 0
     pin = profile_of(device).pins_host_memory

@@ -16,8 +16,8 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 from torch import nn
 
-from actbench import compat
-from actbench.models import logits_of
+from actbench.core import compat
+from actbench.training.models import logits_of
 from actbench.schema import DEFAULT_PRECISION
 from actbench.strategies import HostScope, StrategyOptions, get
 from actbench.training.precision import autocast, check_precision, make_scaler

@@ -1,0 +1,216 @@
+"""``actbench calibrate``: measure this machine's device and write its :class:`DeviceModel`.
+
+Each probe times one kind of op the step-time model prices (docs/design.md §11): matmuls and
+convolutions at a few shapes and dtypes (peak FLOP/s and the fraction of it a step's kernels reach),
+copies, elementwise ops and reductions (DRAM bandwidth), a tiny op's cost per call (the host's
+dispatch cost; on a device with asynchronous copies also the launch gap of kernels replayed without
+the host), and, where the device pins host memory, pinned host<->device copies. Timings are the
+median of a few repetitions after a warm-up, each repetition synchronised on the device.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Callable
+
+import torch
+
+from actbench.core.devices import DeviceProfile, profile
+from actbench.planning.device_models import DeviceModel
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ProbeSizes:
+    """Shapes of the probes: ``quick`` ones for tests (a few seconds), full ones under a minute on a CPU."""
+
+    matmul: tuple[int, ...]
+    conv: tuple[tuple[int, int, int], ...]  # (batch, channels, side) of a 3x3 convolution
+    stream_elements: tuple[int, ...]  # fp32 vector lengths of the memory probes (a step's tensors range widely)
+    repeats: int
+    tiny_ops: int
+
+
+QUICK = ProbeSizes(matmul=(128, 256), conv=((2, 32, 16),), stream_elements=(1 << 18,), repeats=3, tiny_ops=200)
+FULL = ProbeSizes(matmul=(256, 512, 1024), conv=((8, 64, 56), (8, 128, 28), (8, 256, 14), (8, 512, 7)),
+                  stream_elements=(1 << 16, 1 << 20, 1 << 24), repeats=5, tiny_ops=2000)
+
+
+def _seconds(fn: Callable[[], object], prof: DeviceProfile, device: torch.device, repeats: int) -> float:
+    """Median synchronised seconds of ``fn`` after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        prof.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        prof.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_rates(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes, dtype: torch.dtype) -> list[float]:
+    """FLOP/s of square matmuls of each size in ``sizes.matmul``."""
+    rates = []
+    for n in sizes.matmul:
+        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+        rates.append(2 * n ** 3 / _seconds(lambda: a @ b, prof, device, sizes.repeats))
+    return rates
+
+
+def conv_rates(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes, dtype: torch.dtype) -> list[float]:
+    """FLOP/s of 3x3 same-padding convolutions (channels in = out) at each shape in ``sizes.conv``."""
+    rates = []
+    for batch, channels, side in sizes.conv:
+        x = torch.randn(batch, channels, side, side, device=device, dtype=dtype)
+        w = torch.randn(channels, channels, 3, 3, device=device, dtype=dtype)
+        flops = 2 * batch * channels * channels * 9 * side * side
+        rates.append(flops / _seconds(lambda: torch.nn.functional.conv2d(x, w, padding=1), prof, device,
+                                      sizes.repeats))
+    return rates
+
+
+def conv_backward_ratio(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> float:
+    """Median over ``sizes.conv`` of a convolution's backward FLOP/s (input and weight gradients, twice
+    the forward's FLOPs) over its forward FLOP/s, fp32."""
+    ratios = []
+    for batch, channels, side in sizes.conv:
+        x = torch.randn(batch, channels, side, side, device=device, requires_grad=True)
+        w = torch.randn(channels, channels, 3, 3, device=device, requires_grad=True)
+        y = torch.nn.functional.conv2d(x, w, padding=1)
+        grad = torch.randn_like(y)
+        forward = _seconds(lambda: torch.nn.functional.conv2d(x, w, padding=1), prof, device, sizes.repeats)
+        backward = _seconds(lambda: torch.autograd.grad(y, (x, w), grad, retain_graph=True), prof, device,
+                            sizes.repeats)
+        ratios.append(2 * forward / backward)
+    return statistics.median(ratios)
+
+
+def memory_rates(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> dict[str, float]:
+    """Bytes/s read plus written by a copy, an elementwise add and a reduction over fp32 vectors of each
+    length in ``sizes.stream_elements`` (``copy@N`` and so on)."""
+    rates = {}
+    for n in sizes.stream_elements:
+        a, b = torch.randn(n, device=device), torch.randn(n, device=device)
+        nbytes = a.numel() * a.element_size()
+        rates[f"copy@{n}"] = 2 * nbytes / _seconds(a.clone, prof, device, sizes.repeats)
+        rates[f"elementwise@{n}"] = 3 * nbytes / _seconds(lambda: a + b, prof, device, sizes.repeats)
+        rates[f"reduction@{n}"] = nbytes / _seconds(a.sum, prof, device, sizes.repeats)
+    return rates
+
+
+def host_op_seconds(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> float:
+    """Seconds per call of a one-element in-place add issued back to back (dispatch and launch)."""
+    x = torch.zeros(1, device=device)
+
+    def many() -> None:
+        for _ in range(sizes.tiny_ops):
+            x.add_(1)
+
+    return _seconds(many, prof, device, sizes.repeats) / sizes.tiny_ops
+
+
+def launch_gap_seconds(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> float:
+    """Device seconds per tiny kernel with no host in the way: a CUDA graph of them, replayed."""
+    x = torch.zeros(1, device=device)
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        x.add_(1)  # warm-up outside capture, as graph capture requires
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(sizes.tiny_ops):
+            x.add_(1)
+    return _seconds(graph.replay, prof, device, sizes.repeats) / sizes.tiny_ops
+
+
+def pinned_copy_rates(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> tuple[float, float]:
+    """(host-to-device, device-to-host) bytes/s of copies between pinned host memory and the device."""
+    host = torch.empty(max(sizes.stream_elements), pin_memory=True)
+    dev = torch.empty(max(sizes.stream_elements), device=device)
+    nbytes = host.numel() * host.element_size()
+    h2d = nbytes / _seconds(lambda: dev.copy_(host, non_blocking=True), prof, device, sizes.repeats)
+    d2h = nbytes / _seconds(lambda: host.copy_(dev, non_blocking=True), prof, device, sizes.repeats)
+    return h2d, d2h
+
+
+def extension_rate(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> float | None:
+    """Bytes/s the extension's ops move in a 2-bit quantize and dequantize (each op's inputs and outputs,
+    as the step-time model counts them); None when the extension cannot be loaded here."""
+    from actbench.kernels import ops
+    from actbench.kernels.extension import ExtensionError
+
+    try:
+        ops.ensure_loaded()
+    except (ExtensionError, OSError, RuntimeError):
+        return None
+    x = torch.randn(256, 4096, device=device)  # 4 MiB, the size of a small step's activations
+    packed = ops.quantize(x, 2)
+    # group_minmax and quantize read x, dequantize writes it; quantize writes the packed bytes, dequantize reads them
+    moved = 3 * x.numel() * x.element_size() + 2 * packed.nbytes
+    seconds = _seconds(lambda: ops.dequantize(ops.quantize(x, 2)), prof, device, sizes.repeats)
+    return moved / seconds
+
+
+def _median_copy(memory: dict[str, float]) -> float:
+    """Bytes/s of a copy in memory, as a "host copy" of that many tensor bytes (half the bytes moved)."""
+    return statistics.median(v for k, v in memory.items() if k.startswith("copy@")) / 2
+
+
+def _device_label(prof: DeviceProfile, device: torch.device) -> str:
+    if prof.async_host_copies:
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "host CPU"
+
+
+def calibrate(device_name: str, sizes: ProbeSizes = FULL, name: str | None = None) -> DeviceModel:
+    """Measure the device ``device_name`` (cpu, cuda) of this machine and return its model.
+
+    Peaks per dtype are the fastest matmul or convolution measured in it; ``compute_efficiency`` is the
+    median fp32 probe over the fp32 peak (the fraction a step's mixed shapes reach), likewise for memory.
+    On a device without asynchronous copies (a CPU) the host and the device are one: the tiny op's cost
+    is the host's, launches cost nothing more, and a "copy to the host" is a copy in memory.
+    """
+    prof = profile(device_name)
+    device = prof.torch_device()
+    rates = {"fp32": matmul_rates(prof, device, sizes, torch.float32) + conv_rates(prof, device, sizes, torch.float32)}
+    smaller = ProbeSizes(sizes.matmul[:2], sizes.conv, sizes.stream_elements, sizes.repeats, sizes.tiny_ops)
+    for dtype in ("bf16", "fp16") if prof.async_host_copies else ("bf16",):  # fp16 on a CPU: not a training dtype
+        rates[dtype] = matmul_rates(prof, device, smaller, _DTYPES[dtype])
+    backward = conv_backward_ratio(prof, device, sizes)
+    extension = extension_rate(prof, device, sizes)
+    memory = memory_rates(prof, device, sizes)
+    host_op = host_op_seconds(prof, device, sizes)
+    launch = launch_gap_seconds(prof, device, sizes) if prof.async_host_copies else 0.0
+    h2d, d2h = (pinned_copy_rates(prof, device, sizes) if prof.pins_host_memory
+                else (_median_copy(memory), _median_copy(memory)))
+    peaks = {dtype: max(values) for dtype, values in rates.items()}
+    dram = max(memory.values())
+    label = _device_label(prof, device)
+    sources = {"peaks": "calibrate: fastest of " + "; ".join(
+                   f"{d} {', '.join(f'{r / 1e9:.1f}' for r in v)} GFLOP/s" for d, v in rates.items()),
+               "dram": "calibrate: " + ", ".join(f"{k} {v / 1e9:.2f} GB/s" for k, v in memory.items()),
+               "copies": f"calibrate: host-to-device {h2d / 1e9:.2f} GB/s, device-to-host {d2h / 1e9:.2f} GB/s"
+                         + ("" if prof.pins_host_memory else " (a copy in memory: host and device are one)"),
+               "backward": f"calibrate: convolution backward at {backward:.2f} of the forward's FLOP/s",
+               "extension": ("calibrate: the extension could not be loaded: its ops priced at DRAM bandwidth"
+                             if extension is None else
+                             f"calibrate: 2-bit quantize + dequantize of 4 MiB move {extension / 1e9:.2f} GB/s"),
+               "host_op": f"calibrate: {host_op * 1e6:.2f} us per one-element add_",
+               "launch": (f"calibrate: {launch * 1e6:.2f} us per kernel of a replayed CUDA graph"
+                          if prof.async_host_copies else "calibrate: no separate device (the host op cost covers it)"),
+               "machine": f"{platform.node()} {label}, torch {torch.__version__}, {torch.get_num_threads()} threads"}
+    return DeviceModel(
+        name=name or f"calibrated-{device_name}", label=label, peak_flops=MappingProxyType(peaks),
+        dram_bytes_per_s=dram, h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h, launch_s=launch, host_op_s=host_op,
+        compute_efficiency=statistics.median(rates["fp32"]) / peaks["fp32"],
+        memory_efficiency=statistics.median(memory.values()) / dram, backward_efficiency=backward,
+        extension_bytes_per_s=extension,
+        host_overlaps_device=prof.async_host_copies, async_copies=prof.async_host_copies,
+        conv_fp32_as_tf32=False, calibrated=True, sources=MappingProxyType(sources))

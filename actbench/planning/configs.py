@@ -1,0 +1,180 @@
+"""The configs of the searches (sweep, grid, max-scale, plan): their candidates, points and checks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from actbench.planning.settings import MeasureSettings
+from actbench.schema import DIMENSIONS, GROWABLE_MODEL, PLAN_DIMENSIONS, ModelSpec, PointConfig
+
+
+#: (low, high, step) per dimension: depth = extra bottleneck blocks, width = width_per_group, resolution = pixels
+DEFAULT_RANGES: dict[str, tuple[int, int, int]] = {
+    "depth": (0, 4096, 1),
+    "width": (64, 512, 8),
+    "resolution": (224, 768, 32),
+}
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    model: ModelSpec
+    strategies: tuple[str, ...]
+    batches: tuple[int, ...]
+    image_size: int
+    settings: MeasureSettings
+    stop_after: int = 2
+    find_max: bool = False
+
+    def identity(self) -> dict[str, Any]:
+        return {"command": "sweep-batch", "model": asdict(self.model), "strategies": self.strategies,
+                "batches": self.batches, "image_size": self.image_size, "stop_after": self.stop_after,
+                "find_max": self.find_max, **self.settings.identity()}
+
+    def candidates(self) -> tuple[int, ...]:
+        if not self.find_max:
+            return self.batches
+        return multiples_of(4, min(self.batches), max(self.batches))
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    """Every strategy x batch, no early stop: ``throughput`` and ``memory``."""
+
+    command: str
+    model: ModelSpec
+    strategies: tuple[str, ...]
+    batches: tuple[int, ...]
+    image_size: int
+    settings: MeasureSettings
+
+    def identity(self) -> dict[str, Any]:
+        return {"command": self.command, "model": asdict(self.model), "strategies": self.strategies,
+                "batches": self.batches, "image_size": self.image_size, **self.settings.identity()}
+
+    def points(self) -> list[PointConfig]:
+        return [self.settings.point(self.model, s, b, self.image_size) for s in self.strategies for b in self.batches]
+
+
+@dataclass(frozen=True)
+class MaxScaleConfig:
+    dim: str
+    model_name: str
+    strategies: tuple[str, ...]
+    batch: int
+    image_size: int
+    low: int
+    high: int
+    step: int
+    settings: MeasureSettings
+
+    def identity(self) -> dict[str, Any]:
+        return {"command": "max-scale", **{k: v for k, v in asdict(self).items() if k != "settings"},
+                **self.settings.identity()}
+
+    def candidates(self) -> tuple[int, ...]:
+        return tuple(range(self.low, self.high + 1, self.step))
+
+    def point(self, strategy: str, value: int) -> PointConfig:
+        if self.dim == "depth":
+            return self.settings.point(ModelSpec(self.model_name, extra_blocks=value), strategy, self.batch, self.image_size)
+        if self.dim == "width":
+            return self.settings.point(ModelSpec(self.model_name, width_per_group=value), strategy, self.batch,
+                                       self.image_size)
+        return self.settings.point(ModelSpec(self.model_name), strategy, self.batch, value)
+
+
+#: plan's batch range (multiples of 4, as in upstream's max-batch search, up to a size no GPU holds)
+PLAN_BATCH_RANGE = (4, 16384, 4)
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """``actbench plan``: the predicted largest batch/depth/width/resolution per strategy, on meta."""
+
+    dim: str
+    model_name: str
+    strategies: tuple[str, ...]
+    batch: int
+    image_size: int
+    low: int
+    high: int
+    step: int
+    settings: MeasureSettings
+
+    def __post_init__(self) -> None:
+        if self.settings.budget_bytes is None:
+            raise ValueError("plan needs a memory budget (--budget, e.g. 16GiB)")
+
+    def identity(self) -> dict[str, Any]:
+        return {"command": "plan", **{k: v for k, v in asdict(self).items() if k != "settings"},
+                **self.settings.identity()}
+
+    def candidates(self) -> tuple[int, ...]:
+        return tuple(range(self.low, self.high + 1, self.step))
+
+    def as_max_scale(self) -> MaxScaleConfig:
+        """The same search as a max-scale config (dims depth, width, resolution share its points and checks)."""
+        return MaxScaleConfig(self.dim, self.model_name, self.strategies, self.batch, self.image_size, self.low,
+                              self.high, self.step, self.settings)
+
+    def point(self, strategy: str, value: int) -> PointConfig:
+        if self.dim == "batch":
+            return self.settings.point(ModelSpec(self.model_name), strategy, value, self.image_size)
+        return self.as_max_scale().point(strategy, value)
+
+    def first_guess(self) -> int:
+        """Where each search starts: the given batch (dim batch) or the low end of the range."""
+        return self.batch if self.dim == "batch" else self.low
+
+
+def plan_defaults(dim: str, low: int | None, high: int | None, step: int | None) -> tuple[int, int, int]:
+    if dim == "batch":
+        d_low, d_high, d_step = PLAN_BATCH_RANGE
+        return (d_low if low is None else low, d_high if high is None else high, d_step if step is None else step)
+    return with_defaults(dim, low, high, step)
+
+
+def validate_plan(cfg: PlanConfig) -> None:
+    if cfg.dim not in PLAN_DIMENSIONS:
+        raise ValueError(f"unknown dimension '{cfg.dim}': choose batch, depth, width or resolution")
+    if cfg.dim == "batch":
+        check_search_range("batch", cfg.low, cfg.high, cfg.step)
+        return
+    validate_max_scale(cfg.as_max_scale())
+
+
+def validate_max_scale(cfg: MaxScaleConfig) -> None:
+    if cfg.dim not in DIMENSIONS:
+        raise ValueError(f"unknown dimension '{cfg.dim}': choose depth, width or resolution")
+    if cfg.dim in ("depth", "width") and cfg.model_name != GROWABLE_MODEL:
+        raise ValueError(f"--dim {cfg.dim} grows {GROWABLE_MODEL} only, got model '{cfg.model_name}'")
+    check_search_range(cfg.dim, cfg.low, cfg.high, cfg.step)
+
+
+def check_search_range(dim: str, low: int, high: int, step: int) -> None:
+    """A ValueError naming the bad end or step and what is allowed: ``smallest <= low <= high``, ``step >= 1``
+    (depth counts extra blocks, so it starts at 0; the other dimensions at 1)."""
+    smallest = 0 if dim == "depth" else 1
+    bad = f"bad search range for --dim {dim}:"
+    allowed = f"allowed: {smallest} <= --low <= --high, --step >= 1"
+    if low < smallest:
+        raise ValueError(f"{bad} --low must be at least {smallest}, got {low} ({allowed})")
+    if low > high:
+        raise ValueError(f"{bad} --low must be at most --high, got --low {low} --high {high} ({allowed})")
+    if step < 1:
+        raise ValueError(f"{bad} --step must be at least 1, got {step} ({allowed})")
+
+
+def multiples_of(k: int, lo: int, hi: int) -> tuple[int, ...]:
+    """Multiples of ``k`` in [lo, hi]; if none, the nearest one above lo (so a search has a candidate)."""
+    first = max(k, math.ceil(lo / k) * k)
+    values = tuple(range(first, hi + 1, k))
+    return values or (first,)
+
+
+def with_defaults(dim: str, low: int | None, high: int | None, step: int | None) -> tuple[int, int, int]:
+    d_low, d_high, d_step = DEFAULT_RANGES[dim]
+    return (d_low if low is None else low, d_high if high is None else high, d_step if step is None else step)

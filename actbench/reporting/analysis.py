@@ -1,0 +1,519 @@
+"""Derived views of finished runs: which rows belong together, and the tables plots and reports share.
+
+Plots and the Markdown report must agree on every number (the largest batch, the memory at a batch,
+the maximum depth), so both read them from here; nothing in this module writes anything.
+
+Grouping: batch-type runs (sweep-batch, throughput, memory) are pooled by *setting* — model, input
+size and budget — so a cuda measurement and a meta prediction of the same setting share a figure.
+Max-scale runs vary the model or the input size on purpose, so each is grouped by its dimension.
+Within a group a *series* is one (strategy, device); a predicting device (meta) marks a prediction.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
+
+from actbench.core.devices import is_prediction
+from actbench.store.results import RunFileError, RunStore, read_json_file, run_files
+from actbench.schema import DEFAULT_PRECISION, DIMENSIONS, MEMORY_FAILURES, PRECISIONS, ModelSpec, ResultRow
+from actbench.strategies import rank as strategy_rank
+
+
+log = logging.getLogger(__name__)
+
+
+def read_json(path: Path) -> Mapping[str, Any]:
+    """A run's ``env.json`` or ``config.json`` as a mapping; empty when absent. One that cannot be read
+    (not a regular file, not UTF-8 or JSON, past the limits, not an object) is a warning naming it,
+    and the run is reported without it."""
+    try:
+        data = read_json_file(path)
+    except RunFileError as exc:
+        log.warning("%s; read as empty", exc)
+        return MappingProxyType({})
+    if data is not None and not isinstance(data, dict):
+        log.warning("'%s' is not a JSON object; read as empty", path)
+    return MappingProxyType(data if isinstance(data, dict) else {})
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory as read from disk."""
+
+    path: Path
+    rows: tuple[ResultRow, ...]
+    env: Mapping[str, Any]
+    config: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def scale_dimension(self) -> str | None:
+        """The max-scale dimension: from config.json when the harness wrote it, else from what varies.
+
+        A ``plan`` over depth, width or resolution is a max-scale search too (predicted): its figure
+        is the maxima per strategy, not a memory chart per model it probed."""
+        if self.config.get("command") in ("max-scale", "plan") and self.config.get("dim") in DIMENSIONS:
+            return str(self.config["dim"])
+        if self.config.get("command") not in (None, "max-scale"):
+            return None
+        return infer_scale_dimension(self.rows)
+
+
+def infer_scale_dimension(rows: Iterable[ResultRow]) -> str | None:
+    """Within each strategy a max-scale run keeps the batch fixed and varies exactly one model/input field."""
+    by_strategy: dict[tuple[str, str], list[ResultRow]] = {}
+    for row in rows:
+        by_strategy.setdefault((row.strategy, row.device), []).append(row)
+    if not by_strategy:
+        return None
+    found: set[str] = set()
+    for group in by_strategy.values():
+        if len({r.batch_size for r in group}) != 1:
+            return None
+        varying = [dim for dim, field in (("depth", "extra_blocks"), ("width", "width_per_group"),
+                                          ("resolution", "image_size"))
+                   if len({getattr(r, field) for r in group}) > 1]
+        if len(varying) > 1:
+            return None
+        found.update(varying)
+    return found.pop() if len(found) == 1 else None
+
+
+def _check_results_dir(results_dir: Path) -> None:
+    if not results_dir.exists():
+        raise ValueError(f"results directory '{results_dir}' does not exist")
+    if not results_dir.is_dir():
+        raise ValueError(f"'{results_dir}' is not a directory")
+
+
+def _harness_runs(results_dir: Path) -> tuple[Run, ...]:
+    runs = []
+    for rows_path in sorted(results_dir.rglob("rows.jsonl")):
+        run_dir = rows_path.parent
+        store = RunStore(run_dir)
+        store.refresh()  # RunFileError (one line) for a rows.jsonl that is not a regular file
+        rows = tuple(store.rows)  # the latest row per key (a retried point: its new row)
+        if rows:
+            runs.append(Run(path=run_dir, rows=rows, env=read_json(run_dir / "env.json"),
+                            config=read_json(run_dir / "config.json")))
+    return tuple(runs)
+
+
+def find_runs(results_dir: Path) -> tuple[Run, ...]:
+    """Every folder under ``results_dir`` (itself included) holding a ``rows.jsonl``, sorted by path.
+
+    Raises ValueError with one line when the folder is missing or holds no rows.
+    """
+    _check_results_dir(results_dir)
+    runs = _harness_runs(results_dir)
+    if not runs:
+        raise ValueError(f"no result rows under '{results_dir}' (no rows.jsonl with at least one row)")
+    return runs
+
+
+@dataclass(frozen=True)
+class ResultRuns:
+    """Both kinds of run under one folder: harness measurements and accuracy-vs-bits trainings."""
+
+    harness: tuple[Run, ...]
+    accuracy: tuple[tuple[Path, tuple[Any, ...]], ...]  # (run directory, AccuracyRow tuple)
+
+    def files(self) -> list[Path]:
+        """Every run file of these runs: what no output of ``plot`` or ``report`` may replace."""
+        dirs = [run.path for run in self.harness] + [run_dir for run_dir, _ in self.accuracy]
+        return [path for run_dir in dirs for path in run_files(run_dir)]
+
+
+def find_result_runs(results_dir: Path) -> ResultRuns:
+    """Harness runs (``rows.jsonl``) and accuracy runs (``accuracy.jsonl``) under ``results_dir``.
+
+    ``plot`` and ``report`` accept a folder holding either kind; ValueError (one line) when it holds neither.
+    """
+    from actbench.studies.accuracy import ROWS_FILE, find_accuracy_runs
+
+    _check_results_dir(results_dir)
+    found = ResultRuns(harness=_harness_runs(results_dir), accuracy=find_accuracy_runs(results_dir))
+    if not found.harness and not found.accuracy:
+        raise ValueError(f"no result rows under '{results_dir}' "
+                         f"(no rows.jsonl or {ROWS_FILE} with at least one row)")
+    return found
+
+
+def model_label(row: ResultRow) -> str:
+    """The model as built for this row (grown ResNet-152s included), the same label runs are named by."""
+    return ModelSpec(row.model, extra_blocks=row.extra_blocks, width_per_group=row.width_per_group).label()
+
+
+def size_text(n_bytes: int, sep: str = " ") -> str:
+    """``16 GiB`` / ``136 MiB``: GiB from 1 GiB up, so small cpu budgets stay readable."""
+    if n_bytes >= 1 << 30:
+        return f"{n_bytes / (1 << 30):.3g}{sep}GiB"
+    return f"{n_bytes / (1 << 20):.3g}{sep}MiB"
+
+
+def format_budget(budget_bytes: int | None) -> str:
+    return "no budget" if budget_bytes is None else f"budget {size_text(budget_bytes)}"
+
+
+def slug(*parts: object) -> str:
+    """Deterministic, filesystem-safe name part."""
+    text = "_".join(str(p) for p in parts if p is not None and p != "")
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "-", text).strip("-")
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line/bar family: a strategy at a precision on a device (meta = predicted).
+
+    ``Series("fp32", device)`` is the baseline: strategy fp32 at precision fp32. Only fp32-precision
+    series are compared with the paper's numbers (the paper trained in fp32).
+    """
+
+    strategy: str
+    device: str
+    precision: str = DEFAULT_PRECISION
+
+    @property
+    def predicted(self) -> bool:
+        return is_prediction(self.device)
+
+    @property
+    def name(self) -> str:
+        """``L3``, or ``L3 bf16`` away from fp32: what legends and tables call the series."""
+        return self.strategy if self.precision == DEFAULT_PRECISION else f"{self.strategy} {self.precision}"
+
+    @property
+    def paper_comparable(self) -> bool:
+        return self.precision == DEFAULT_PRECISION
+
+    def has(self, row: ResultRow) -> bool:
+        return row.strategy == self.strategy and row.device == self.device and row.precision == self.precision
+
+
+def _precision_rank(precision: str) -> int:
+    return PRECISIONS.index(precision) if precision in PRECISIONS else len(PRECISIONS)
+
+
+def _series_of(rows: Iterable[ResultRow]) -> tuple[Series, ...]:
+    found = {Series(r.strategy, r.device, r.precision) for r in rows}
+    return tuple(sorted(found, key=lambda s: (strategy_rank(s.strategy), _precision_rank(s.precision), s.predicted,
+                                              s.device)))
+
+
+def _devices_text(devices: Iterable[str]) -> str:
+    return ", ".join(f"{d} (predicted)" if is_prediction(d) else d for d in sorted(set(devices)))
+
+
+@dataclass(frozen=True)
+class BatchGroup:
+    """Rows of one setting (model, input size, budget) over batch sizes, from any number of runs."""
+
+    model: str
+    image_size: int
+    budget_bytes: int | None
+    rows: tuple[ResultRow, ...]
+    run_names: tuple[str, ...]
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(sorted({r.device for r in self.rows}))
+
+    @property
+    def gpu(self) -> str | None:
+        """The GPU profile the rows were planned for (docs/design.md §10), when they share one."""
+        names = {getattr(r, "gpu", None) for r in self.rows}
+        return names.pop() if len(names) == 1 else None
+
+    @property
+    def base_model(self) -> str:
+        return self.rows[0].model
+
+    @property
+    def measured_devices(self) -> tuple[str, ...]:
+        return tuple(d for d in self.devices if not is_prediction(d))
+
+    def title(self, what: str) -> str:
+        budget = format_budget(self.budget_bytes) + ("" if self.gpu is None else f" ({self.gpu} profile)")
+        return f"{what}: {self.model}, {_devices_text(self.devices)}, {budget}, " \
+               f"{self.image_size}×{self.image_size} px"
+
+    def slug(self) -> str:
+        budget = "nobudget" if self.budget_bytes is None else size_text(self.budget_bytes, sep="")
+        return slug(self.model, f"{self.image_size}px", budget, self.gpu)
+
+    def series(self) -> tuple[Series, ...]:
+        return _series_of(self.rows)
+
+    def label(self, series: Series) -> str:
+        """Strategy name, plus the device when several measured devices share the figure."""
+        if series.predicted:
+            return f"{series.name} (predicted)"
+        if len(self.measured_devices) > 1:
+            return f"{series.name} ({series.device})"
+        return series.name
+
+    def rows_of(self, series: Series) -> list[ResultRow]:
+        return sorted((r for r in self.rows if series.has(r)), key=lambda r: r.batch_size)
+
+    def ok_points(self, series: Series) -> list[ResultRow]:
+        """One ok row per batch size (the first in run order), sorted by batch."""
+        chosen: dict[int, ResultRow] = {}
+        for row in self.rows_of(series):
+            if row.ok and row.batch_size not in chosen:
+                chosen[row.batch_size] = row
+        return [chosen[b] for b in sorted(chosen)]
+
+    def first_failure(self, series: Series) -> ResultRow | None:
+        """Smallest batch whose status is oom/over_budget and at which no row is ok."""
+        ok_batches = {r.batch_size for r in self.ok_points(series)}
+        fails = [r for r in self.rows_of(series) if r.status in MEMORY_FAILURES and r.batch_size not in ok_batches]
+        return fails[0] if fails else None
+
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted({r.batch_size for r in self.rows}))
+
+
+def bound_ratio(value: float | None, exact: bool, base: float | None, base_exact: bool) -> str | None:
+    """``value ÷ base`` as text, honest about lower bounds; None when nothing can be said.
+
+    A maximum that nothing larger was seen failing is only a lower bound ("≥"). Its ratio to an
+    exact fp32 maximum is then a lower bound too ("≥1.75"); an exact maximum over a bounded fp32
+    gives an upper bound ("≤1.75"); two lower bounds give no ratio at all. The CLI's tables, the
+    figures and the report all print ratios through here, so they agree.
+    """
+    if value is None or not base:
+        return None
+    if not exact and not base_exact:
+        return None
+    text = f"{value / base:.2f}"
+    if exact and base_exact:
+        return text
+    return f"≥{text}" if base_exact else f"≤{text}"
+
+
+def max_text(value: int | None, exact: bool) -> str:
+    """``608``, or ``≥608`` for a lower bound, or ``none fits``."""
+    if value is None:
+        return "none fits"
+    return str(value) if exact else f"≥{value}"
+
+
+#: What "× fp32" means beside a maximum, per searched quantity (one definition, stated wherever printed).
+MULTIPLE_DEFINITIONS: Mapping[str, str] = MappingProxyType({
+    "batch": "× fp32 = this maximum batch ÷ fp32's maximum batch (same device)",
+    "depth": "× fp32 = this maximum depth ÷ fp32's maximum depth, both in layers (ResNet-152: 152 layers; "
+             "each extra bottleneck adds 3)",
+    "width": "× fp32 = this maximum width_per_group ÷ fp32's",
+    "resolution": "× fp32 = this maximum input side (pixels) ÷ fp32's",
+})
+
+
+def scale_value(dim: str, row: ResultRow) -> int:
+    """The searched quantity of a row: batch, real depth in layers, width_per_group, or input side in pixels."""
+    if dim == "batch":
+        return row.batch_size
+    if dim == "depth":
+        return row.depth if row.depth is not None else row.extra_blocks
+    if dim == "width":
+        return row.width_per_group if row.width_per_group is not None else 64
+    return row.image_size
+
+
+@dataclass(frozen=True)
+class MaxBatchEntry:
+    series: Series
+    label: str
+    max_batch: int | None
+    #: a larger batch was tried and failed, so max_batch is the maximum, not just the largest tried
+    bounded: bool
+    samples_per_s: float | None
+    multiple_of_fp32: float | None
+    #: the multiple as printed: "1.75", "≥1.75" (this maximum is a lower bound), "≤1.75" (fp32's is), or None
+    multiple_text: str | None = None
+
+    @property
+    def max_text(self) -> str:
+        return max_text(self.max_batch, self.bounded)
+
+
+def max_batch_table(group: BatchGroup) -> tuple[MaxBatchEntry, ...]:
+    """Largest ok batch per series, and its multiple of fp32 on the same device."""
+    raw = {}
+    for s in group.series():
+        ok = group.ok_points(s)
+        best = ok[-1] if ok else None
+        fail = any(r.status in MEMORY_FAILURES and (best is None or r.batch_size > best.batch_size)
+                   for r in group.rows_of(s))
+        raw[s] = (best, fail)
+    entries = []
+    for s, (best, fail) in raw.items():
+        fp32, fp32_bounded = raw.get(Series("fp32", s.device), (None, False))
+        multiple = (best.batch_size / fp32.batch_size) if best is not None and fp32 is not None else None
+        text = bound_ratio(best.batch_size if best else None, fail, fp32.batch_size if fp32 else None, fp32_bounded)
+        entries.append(MaxBatchEntry(series=s, label=group.label(s), max_batch=best.batch_size if best else None,
+                                     bounded=fail, samples_per_s=best.samples_per_s_median if best else None,
+                                     multiple_of_fp32=multiple, multiple_text=text))
+    return tuple(entries)
+
+
+@dataclass(frozen=True)
+class MemoryEntry:
+    series: Series
+    label: str
+    activation_bytes: int | None
+    peak_alloc_bytes: int | None
+    model_bytes: int | None
+    host_bytes: int | None = None  # swap's and L4/L5's copies in CPU memory, outside the device columns
+
+
+def memory_batch(group: BatchGroup) -> int | None:
+    """The batch at which the most series have an ok row with memory columns (ties: the largest batch)."""
+    counts: dict[int, int] = {}
+    for s in group.series():
+        for r in group.ok_points(s):
+            if r.activation_bytes is not None or r.peak_alloc_bytes is not None:
+                counts[r.batch_size] = counts.get(r.batch_size, 0) + 1
+    if not counts:
+        return None
+    return max(counts, key=lambda b: (counts[b], b))
+
+
+def memory_table(group: BatchGroup, batch: int | None = None) -> tuple[int | None, tuple[MemoryEntry, ...]]:
+    """Activation, peak and model bytes per series at one batch size (default: :func:`memory_batch`)."""
+    batch = memory_batch(group) if batch is None else batch
+    if batch is None:
+        return None, ()
+    entries = []
+    for s in group.series():
+        row = next((r for r in group.ok_points(s) if r.batch_size == batch), None)
+        if row is not None:
+            entries.append(MemoryEntry(s, group.label(s), row.activation_bytes, row.peak_alloc_bytes, row.model_bytes,
+                                       row.host_bytes))
+    return batch, tuple(entries)
+
+
+def batch_groups(runs: Iterable[Run]) -> tuple[BatchGroup, ...]:
+    """Rows of runs that are not max-scale searches, pooled by setting; duplicate keys counted once."""
+    pooled: dict[tuple, list[ResultRow]] = {}
+    names: dict[tuple, list[str]] = {}
+    seen: set[str] = set()
+    for run in runs:
+        if run.scale_dimension() is not None:
+            continue
+        for row in run.rows:
+            if row.key in seen:
+                continue
+            seen.add(row.key)
+            k = (model_label(row), row.image_size, row.budget_bytes, getattr(row, "gpu", None))
+            pooled.setdefault(k, []).append(row)
+            if run.name not in names.setdefault(k, []):
+                names[k].append(run.name)
+    return tuple(BatchGroup(model=k[0], image_size=k[1], budget_bytes=k[2], rows=tuple(pooled[k]),
+                            run_names=tuple(names[k]))
+                 for k in sorted(pooled, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2], k[3] or "")))
+
+
+@dataclass(frozen=True)
+class ScaleEntry:
+    series: Series
+    label: str
+    max_value: int | None
+    max_label: str
+    depth: int | None
+    samples_per_s: float | None
+    flops_per_sample: float | None
+    multiple_of_fp32: float | None
+    #: a larger value was seen failing (oom, over budget): the maximum, not a lower bound
+    bounded: bool = True
+    #: the multiple as printed (see :func:`bound_ratio`), or None
+    multiple_text: str | None = None
+
+
+@dataclass(frozen=True)
+class ScaleGroup:
+    """One max-scale run: one dimension grown per strategy at a fixed batch."""
+
+    dim: str
+    run_name: str
+    rows: tuple[ResultRow, ...]
+
+    @property
+    def model(self) -> str:
+        return self.rows[0].model
+
+    @property
+    def batch_size(self) -> int:
+        return self.rows[0].batch_size
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return self.rows[0].budget_bytes
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(sorted({r.device for r in self.rows}))
+
+    def title(self, what: str) -> str:
+        size = "" if self.dim == "resolution" else f", {self.rows[0].image_size}×{self.rows[0].image_size} px"
+        return f"{what}: {self.model}, batch {self.batch_size}, {_devices_text(self.devices)}, " \
+               f"{format_budget(self.budget_bytes)}{size}"
+
+    def slug(self) -> str:
+        return slug(self.dim, self.run_name)
+
+    def value(self, row: ResultRow) -> int:
+        """The grown quantity: real depth in layers, width_per_group in channels, or input side in pixels."""
+        return scale_value(self.dim, row)
+
+    def definition(self) -> str:
+        """What "× fp32" means in this group's tables and figures."""
+        return MULTIPLE_DEFINITIONS[self.dim]
+
+    def _size(self, row: ResultRow) -> int:
+        """What the search varied, comparable between ok and failed rows (a failed row may have no depth)."""
+        return row.extra_blocks if self.dim == "depth" else self.value(row)
+
+    def unit(self) -> str:
+        return {"depth": "layers", "width": "channels per group", "resolution": "pixels"}[self.dim]
+
+    def table(self) -> tuple[ScaleEntry, ...]:
+        best: dict[Series, ResultRow | None] = {}
+        bounded: dict[Series, bool] = {}
+        for s in _series_of(self.rows):
+            mine = [r for r in self.rows if s.has(r)]
+            ok = [r for r in mine if r.ok]
+            best[s] = max(ok, key=self.value) if ok else None
+            bounded[s] = any(r.status in MEMORY_FAILURES and (best[s] is None or self._size(r) > self._size(best[s]))
+                             for r in mine)
+        entries = []
+        for s, row in best.items():
+            fp32 = best.get(Series("fp32", s.device))
+            value = self.value(row) if row is not None else None
+            base = self.value(fp32) if fp32 is not None else None
+            multiple = value / base if value and base else None
+            text = bound_ratio(value, bounded[s], base, bounded.get(Series("fp32", s.device), False))
+            label = f"{s.name} (predicted)" if s.predicted else s.name
+            extra = f" (+{row.extra_blocks} blocks)" if row is not None and self.dim == "depth" else ""
+            entries.append(ScaleEntry(series=s, label=label, max_value=value,
+                                      max_label="none fits" if value is None else f"{max_text(value, bounded[s])}{extra}",
+                                      depth=row.depth if row else None,
+                                      samples_per_s=row.samples_per_s_median if row else None,
+                                      flops_per_sample=row.flops_per_sample if row else None,
+                                      multiple_of_fp32=multiple, bounded=bounded[s], multiple_text=text))
+        return tuple(entries)
+
+
+def scale_groups(runs: Iterable[Run]) -> tuple[ScaleGroup, ...]:
+    groups = []
+    for run in runs:
+        dim = run.scale_dimension()
+        if dim is not None:
+            groups.append(ScaleGroup(dim=dim, run_name=run.name, rows=run.rows))
+    return tuple(groups)

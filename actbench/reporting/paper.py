@@ -1,0 +1,127 @@
+"""The ActNN paper's reference numbers (docs/design.md §6), so plots and reports can set ours beside theirs.
+
+Every number here comes from Chen, Zheng et al., ICML 2021 (arXiv 2104.14129): ResNet-50, 224²,
+an NVIDIA T4 with 16 GB, PyTorch 1.7. Comparisons are only meaningful for the same model, input
+size and memory budget, so :func:`matches` is the single gate every caller goes through.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
+
+CITATION = ("Chen, Zheng et al., \"ActNN: Reducing Training Memory Footprint via 2-Bit Activation "
+            "Compressed Training\", ICML 2021, arXiv 2104.14129")
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class PaperSetting:
+    """The set-up the paper measured; ours is compared to it only when model, size and budget agree."""
+
+    model: str = "resnet50"
+    image_size: int = 224
+    budget_bytes: int = 16 * GIB
+    gpu: str = "NVIDIA T4 (16 GB)"
+    torch_version: str = "1.7"
+    #: "16 GB" (a T4 exposes ~15 GiB) and "16 GiB" budgets both count as the paper's budget
+    budget_tolerance: float = 0.10
+    #: the GPU profile (actbench/planning/gpus.py) that plans for the paper's GPU; rows planned for it match
+    gpu_profile: str = "t4"
+    #: the paper's machine: "an AWS g4dn.4xlarge instance, which has a 16GB NVIDIA T4 GPU and 64GB CPU
+    #: memory" (Section 6); the host budget its swap and L4/L5 had, at most (docs/design.md §6, §10)
+    host_memory_bytes: int = 64 * GIB
+    machine: str = "AWS g4dn.4xlarge (64 GB host memory)"
+    #: the paper's maximum batches are all multiples of 32: each is a lower bound, the true limit lies
+    #: below the next multiple
+    batch_grid: int = 32
+
+
+SETTING = PaperSetting()
+
+#: largest batch that trains, per strategy (docs/design.md §6); dtr/cap/blpa are the paper's baselines
+MAX_BATCH: Mapping[str, int] = MappingProxyType({
+    "fp32": 160, "L1": 256, "L2": 416, "L3": 608, "L4": 768, "L5": 1056,
+    "swap": 480, "dtr": 256, "cap": 288, "blpa": 608,
+})
+
+#: fp32 activation bytes / L3 activation bytes (64 vs ~5.25 bits per element per conv-BN-ReLU block)
+ACTIVATION_REDUCTION_L3 = 12.0
+
+#: default location of the throughput figure's points inside the repository
+DEFAULT_THROUGHPUT_CSV = Path(__file__).resolve().parents[2] / "results" / "paper" / "resnet50_t4_throughput.csv"
+
+
+@dataclass(frozen=True)
+class PaperPoint:
+    """One point read off the paper's throughput figure (±1 images/s, ±4 batch)."""
+
+    strategy: str
+    batch_size: int
+    samples_per_s: float | None
+    status: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def matches(model: str, image_size: int | None, budget_bytes: int | None, setting: PaperSetting = SETTING,
+            gpu: str | None = None) -> bool:
+    """True when a group of rows was measured in the paper's setting (model, input size, and the budget
+    or, for rows planned for a GPU profile, the paper's GPU's profile)."""
+    if model != setting.model or image_size != setting.image_size:
+        return False
+    if gpu is not None:
+        return gpu == setting.gpu_profile
+    if budget_bytes is None:
+        return False
+    return abs(budget_bytes - setting.budget_bytes) <= setting.budget_tolerance * setting.budget_bytes
+
+
+def paper_batch_range(strategy: str, setting: PaperSetting = SETTING) -> tuple[int, int] | None:
+    """(lowest, highest) the paper's true maximum batch can be: its number is on a 32-grid, a lower bound."""
+    value = paper_max_batch(strategy)
+    return None if value is None else (value, value + setting.batch_grid - 1)
+
+
+def matches_model(model: str, image_size: int | None, setting: PaperSetting = SETTING) -> bool:
+    """Model and input size agree (enough for ratios that do not depend on the budget, e.g. activation)."""
+    return model == setting.model and image_size == setting.image_size
+
+
+def paper_max_batch(strategy: str) -> int | None:
+    return MAX_BATCH.get(strategy) if strategy in MAX_BATCH else MAX_BATCH.get(strategy.lower())
+
+
+def load_throughput(path: Path | None = None) -> tuple[PaperPoint, ...]:
+    """Points of the paper's throughput-vs-batch figure; raises ValueError when the CSV is missing or bad."""
+    path = DEFAULT_THROUGHPUT_CSV if path is None else path
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"paper throughput CSV '{path}' cannot be read: {exc.strerror or exc}") from None
+    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    points = []
+    for record in csv.DictReader(lines):
+        try:
+            ips = record["ips"].strip()
+            points.append(PaperPoint(strategy=record["strategy"].strip(), batch_size=int(record["batch_size"]),
+                                     samples_per_s=float(ips) if ips else None, status=record["status"].strip()))
+        except (KeyError, ValueError, AttributeError):
+            raise ValueError(f"paper throughput CSV '{path}': bad line {record}") from None
+    if not points:
+        raise ValueError(f"paper throughput CSV '{path}' has no points")
+    return tuple(points)
+
+
+def paper_throughput_at(points: tuple[PaperPoint, ...], strategy: str, batch_size: int,
+                        tolerance: int = 4) -> PaperPoint | None:
+    """The paper's ok point of ``strategy`` nearest ``batch_size``, within the ±4 read-off tolerance."""
+    near = [p for p in points if p.ok and p.strategy.lower() == strategy.lower()
+            and abs(p.batch_size - batch_size) <= tolerance and p.samples_per_s is not None]
+    return min(near, key=lambda p: abs(p.batch_size - batch_size)) if near else None

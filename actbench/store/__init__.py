@@ -1,0 +1,1 @@
+"""Run directories on disk: rows.jsonl (the truth), derived tables, locks and claims."""

@@ -1,0 +1,1 @@
+"""How strategies change a model: checkpointing segments, selective recompute, compiled steps."""

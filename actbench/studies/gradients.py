@@ -1,0 +1,248 @@
+"""verify-grads: bias and variance of ActNN's compressed gradients against fp32, per parameter.
+
+For a fixed batch, the fp32 gradient g is computed once; then K gradients g_k of the converted
+model, each with fresh rounding noise. At another precision (``precision``: bf16 or fp16, forward
+and loss under autocast as in the measured training step, docs/design.md §1) g is the unconverted
+model's gradient at that precision, so the statistics isolate compression from autocast's own
+rounding; fp16 scales the loss as a gradient scaler does. Per parameter tensor (``fp32_norm`` keeps
+its name: it is g's norm, at whatever precision g was computed):
+
+* ``rel_bias`` = ||mean_k g_k - g|| / ||g||
+* ``rel_std``  = sqrt(sum_k ||g_k - mean||^2 / (K - 1)) / ||g||   (spread of one draw)
+* ``bias_z``   = ||mean_k g_k - g|| / (rel_std ||g|| / sqrt(K)): the bias in units of its own
+  standard error. An unbiased estimator gives about 1; a real bias grows like sqrt(K).
+
+Dropout and stochastic depth are put in eval mode in both models (the two would otherwise draw
+different masks, and the difference would not be compression); BatchNorm stays in training mode.
+A freshly built model whose weight is all zeros (torchvision's ViT head) passes no gradient to any
+earlier layer, so such weights start from a small seeded random init instead. A gradient equal to
+fp32's up to float rounding (relative 1e-5) in every draw is exact: its ``bias_z`` is 0, not inf.
+Statistics run over the draws as they come (Welford): K draws keep two float64 copies of the
+gradients, not K.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from actbench.actnn.convert import convert
+from actbench.actnn.levels import LevelConfig, resolve
+from actbench.schema import DEFAULT_PRECISION
+from actbench.training.precision import autocast, check_precision, uses_loss_scaling
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """One verification: model (torchvision name), level, batch, K seeds, input side, device, precision."""
+
+    model: str
+    level: str | LevelConfig = "L3"
+    batch: int = 4
+    seeds: int = 8
+    image_size: int = 64
+    device: str = "cpu"
+    num_classes: int = 10
+    data_seed: int = 0
+    precision: str = DEFAULT_PRECISION
+
+    def __post_init__(self) -> None:
+        check_precision(self.precision)
+        if self.batch < 1:
+            raise ValueError(f"batch must be >= 1, got {self.batch}")
+        if self.seeds < 2:
+            raise ValueError(f"seeds must be >= 2 (a variance needs two draws), got {self.seeds}")
+        if self.image_size < 8:
+            raise ValueError(f"image_size must be >= 8, got {self.image_size}")
+
+
+@dataclass(frozen=True)
+class GradRow:
+    """Statistics of one parameter's compressed gradient (relative to the fp32 gradient's norm)."""
+
+    parameter: str
+    numel: int
+    fp32_norm: float
+    rel_bias: float
+    rel_std: float
+    bias_z: float
+
+
+#: Relative deviation from fp32 below which a gradient that never varies counts as exact (float rounding).
+EXACT_RELATIVE = 1e-5
+
+
+def _eval_dropout(model: nn.Module) -> None:
+    """Dropout and stochastic depth off: their random masks are not compression."""
+    from torchvision.ops import StochasticDepth
+
+    for m in model.modules():
+        if isinstance(m, (nn.modules.dropout._DropoutNd, StochasticDepth)):
+            m.eval()
+
+
+def _init_zero_weights(model: nn.Module, seed: int) -> list[str]:
+    """Give all-zero weights (ViT's head) a small seeded init, so gradients reach the layers below."""
+    g = torch.Generator().manual_seed(seed)
+    names = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("weight") and p.dim() >= 2 and not bool(p.any()):
+                p.copy_(0.02 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+                names.append(name)
+    return names
+
+
+class LossScale:
+    """fp16's loss scale, shared by the reference and every draw: GradScaler's first scale (2^16), halved
+    and the step redone while a gradient is not finite (GradScaler skips such a step; here the step's
+    gradient is the result). It never grows again, so one verification's draws see one scale or less."""
+
+    def __init__(self, precision: str) -> None:
+        self.value = 2.0**16 if uses_loss_scaling(precision) else 1.0
+
+
+def _grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str = DEFAULT_PRECISION,
+           scale: LossScale | None = None) -> dict[str, torch.Tensor]:
+    """Parameter gradients (float64, cpu) of one cross-entropy step at ``precision``."""
+    from actbench.training.models import logits_of
+
+    scale = scale or LossScale(precision)
+    while True:
+        model.zero_grad(set_to_none=True)
+        with autocast(precision, x.device):
+            loss = F.cross_entropy(logits_of(model(x)), y)
+        (loss if scale.value == 1.0 else loss * scale.value).backward()
+        grads = {n: p.grad.detach().to("cpu", torch.float64) / scale.value
+                 for n, p in model.named_parameters() if p.grad is not None}
+        if scale.value == 1.0 or all(bool(torch.isfinite(g).all()) for g in grads.values()):
+            return grads
+        scale.value /= 2
+
+
+class RunningGrads:
+    """Per-parameter mean and sum of squared deviations over draws (Welford), one draw at a time."""
+
+    def __init__(self, reference: dict[str, torch.Tensor]) -> None:
+        self.reference = reference
+        self.k = 0
+        self.mean: dict[str, torch.Tensor] = {}
+        self.m2: dict[str, torch.Tensor] = {}
+
+    def add(self, draw: dict[str, torch.Tensor]) -> None:
+        missing = [n for n in self.reference if n not in draw]
+        if missing:
+            raise ValueError(f"the compressed model gave no gradient for {len(missing)} parameter(s) fp32 trains, "
+                             f"first {missing[0]}")
+        self.k += 1
+        for name in self.reference:
+            g = draw[name]
+            if self.k == 1:
+                self.mean[name], self.m2[name] = g.clone(), torch.zeros_like(g)
+            else:
+                delta = g - self.mean[name]
+                self.mean[name] += delta / self.k
+                self.m2[name] += delta * (g - self.mean[name])
+
+    def rows(self) -> list[GradRow]:
+        """Rows for every parameter in the reference (needs K >= 2 draws)."""
+        if self.k < 2:
+            raise ValueError(f"a variance needs two draws, got {self.k}")
+        rows = []
+        for name, g in self.reference.items():
+            norm = float(g.norm()) or 1e-30
+            bias = float((self.mean[name] - g).norm())
+            std = math.sqrt(float(self.m2[name].sum()) / (self.k - 1))
+            exact = bias <= EXACT_RELATIVE * norm
+            z = bias / (std / math.sqrt(self.k)) if std > 0 else (0.0 if exact else math.inf)
+            rows.append(GradRow(name, g.numel(), float(g.norm()), bias / norm, std / norm, z))
+        return rows
+
+
+def grad_statistics(reference: dict[str, torch.Tensor], draws: list[dict[str, torch.Tensor]]) -> list[GradRow]:
+    """Rows for every parameter in ``reference`` from K >= 2 draws."""
+    running = RunningGrads(reference)
+    for draw in draws:
+        running.add(draw)
+    return running.rows()
+
+
+def compare_gradients(
+    model: nn.Module,
+    level: str | LevelConfig,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    seeds: int,
+    progress: Callable[[int, int], None] | None = None,
+    precision: str = DEFAULT_PRECISION,
+) -> list[GradRow]:
+    """Gradient of ``model`` on (x, y) vs ``seeds`` compressed draws at ``level``, both at ``precision``."""
+    config = resolve(level)
+    model = copy.deepcopy(model).train()
+    _eval_dropout(model)
+    scale = LossScale(check_precision(precision))
+    reference = _grads(copy.deepcopy(model), x, y, precision, scale)
+    generator = torch.Generator().manual_seed(0)
+    conv = convert(model, config, generator=generator)
+    _eval_dropout(conv.model)
+    _grads(conv.model, x, y, precision, scale)  # warm-up: L3's allocation adapts from the second step on
+    running = RunningGrads(reference)
+    for k in range(seeds):
+        generator.manual_seed(1000 + k)
+        running.add(_grads(conv.model, x, y, precision, scale))
+        if progress:
+            progress(k + 1, seeds)
+    return running.rows()
+
+
+def verify_grads(config: VerifyConfig, progress: Callable[[int, int], None] | None = None) -> list[GradRow]:
+    """Build the torchvision model, make a fixed batch, and compare (see module docstring)."""
+    from actbench.training.models import ModelSpec, build_model
+
+    torch.manual_seed(config.data_seed)
+    model = build_model(ModelSpec(config.model, num_classes=config.num_classes), config.image_size)
+    zeroed = _init_zero_weights(model, config.data_seed + 1)
+    if zeroed:
+        log.info("verify-grads %s: all-zero weights given a small random init: %s", config.model, ", ".join(zeroed))
+    device = torch.device(config.device)
+    model = model.to(device)
+    g = torch.Generator().manual_seed(config.data_seed)
+    x = torch.randn(config.batch, 3, config.image_size, config.image_size, generator=g).to(device)
+    y = torch.randint(0, config.num_classes, (config.batch,), generator=g).to(device)
+    log.info("verify-grads %s at %s %s: batch %d, %d seeds, %d px", config.model, resolve(config.level).name,
+             config.precision, config.batch, config.seeds, config.image_size)
+    return compare_gradients(model, config.level, x, y, config.seeds, progress, config.precision)
+
+
+def verify_task(args: dict, progress: Callable[[int, int], None] | None = None) -> dict:
+    """The executor task "verify-grads": ``args`` are VerifyConfig's fields (a level as a name or as
+    LevelConfig fields); returns ``{"rows": [GradRow fields, ...]}``."""
+    fields = dict(args)
+    if isinstance(fields.get("level"), dict):
+        fields["level"] = LevelConfig(**fields["level"])
+    rows = verify_grads(VerifyConfig(**fields), progress)
+    return {"rows": [dataclasses.asdict(r) for r in rows]}
+
+
+def write_csv(rows: list[GradRow], path: Path) -> Path:
+    """Write rows as CSV (columns = GradRow fields); refuses to overwrite an existing file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("x", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[fld.name for fld in dataclasses.fields(GradRow)])
+        writer.writeheader()
+        for r in rows:
+            writer.writerow(dataclasses.asdict(r))
+    return path

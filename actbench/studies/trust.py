@@ -1,0 +1,200 @@
+"""How far ``meta`` predictions are from measurements: the same points on meta and on cpu or cuda.
+
+``actbench trust --device cuda`` writes ``meta_vs_<device>.csv`` (one row per point: both byte
+counts and their ratio meta / measured; ``meta_vs_<device>_<precision>.csv`` at bf16 or fp16, where
+both sides run under the same autocast); ``tests/test_meta.py`` holds the cpu ratios within 5%. On
+cuda the peak ratio includes what cuDNN workspaces add, which meta does not see; ``reserved_ratio``
+compares meta's caching-allocator model (docs/design.md §10, no GPU profile: no cuBLAS workspaces)
+with the allocator's measured reserved peak. Points are measured in this process (the in-process
+executor, no child per point).
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from actbench.core.devices import PROFILES
+from actbench.execution.executors import InProcessExecutor
+from actbench.schema import DEFAULT_PRECISION, Measurement, ModelSpec, PointConfig
+
+if TYPE_CHECKING:
+    from actbench.planning.device_models import DeviceModel
+
+TRUST_MODELS = ("resnet18", "resnet50", "densenet121", "mobilenet_v2")
+TRUST_STRATEGIES = ("fp32", "checkpoint", "L2", "L3")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One point on meta and on ``device``; ratios are meta / measured (None when not measured)."""
+
+    model: str
+    strategy: str
+    batch_size: int
+    image_size: int
+    device: str
+    meta_status: str
+    measured_status: str
+    meta_activation_bytes: int | None
+    measured_activation_bytes: int | None
+    meta_peak_alloc_bytes: int | None
+    measured_peak_alloc_bytes: int | None
+    measured_reserved_bytes: int | None
+    message: str
+    precision: str = DEFAULT_PRECISION
+    meta_reserved_bytes: int | None = None
+
+    @property
+    def activation_ratio(self) -> float | None:
+        return _ratio(self.meta_activation_bytes, self.measured_activation_bytes)
+
+    @property
+    def peak_ratio(self) -> float | None:
+        return _ratio(self.meta_peak_alloc_bytes, self.measured_peak_alloc_bytes)
+
+    @property
+    def reserved_ratio(self) -> float | None:
+        """meta's modelled reserved peak / the caching allocator's (None off cuda: nothing reserves there)."""
+        return _ratio(self.meta_reserved_bytes, self.measured_reserved_bytes)
+
+
+def _ratio(a: int | None, b: int | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+#: The device whose points are predictions (meta).
+PREDICTING_DEVICE = next(name for name, p in PROFILES.items() if p.predicts)
+
+
+def compare(device: str, models=TRUST_MODELS, strategies=TRUST_STRATEGIES, batch_size: int = 2,
+            image_size: int = 32, on_point: Callable[[Comparison], None] | None = None,
+            precision: str = DEFAULT_PRECISION) -> list[Comparison]:
+    """Measure every (model, strategy) on meta and on ``device`` (memory only, no timed steps), both
+    at ``precision``."""
+    executor = InProcessExecutor()  # an exception becomes an ``error`` measurement: one bad point ends nothing
+    out = []
+    for model in models:
+        for strategy in strategies:
+            predicted = PointConfig(ModelSpec(model), strategy, batch_size, image_size, PREDICTING_DEVICE,
+                                    timed_steps=0, precision=precision)
+            measured = PointConfig(ModelSpec(model), strategy, batch_size, image_size, device, warmup_steps=1,
+                                   timed_steps=0, precision=precision)
+            meta, real = executor.measure([predicted, measured])
+            out.append(Comparison(model, strategy, batch_size, image_size, device, meta.status, real.status,
+                                  meta.activation_bytes, real.activation_bytes, meta.peak_alloc_bytes,
+                                  real.peak_alloc_bytes, real.reserved_bytes, (meta.message or real.message)[:120],
+                                  precision, meta.reserved_bytes))
+            if on_point is not None:
+                on_point(out[-1])
+    return out
+
+
+def csv_name(device: str, precision: str = DEFAULT_PRECISION) -> str:
+    """``meta_vs_<device>.csv``; another precision than fp32 gets its own file (fp32's name as before)."""
+    return f"meta_vs_{device}.csv" if precision == DEFAULT_PRECISION else f"meta_vs_{device}_{precision}.csv"
+
+
+def write_csv(rows: list[Comparison], path: Path) -> None:
+    """Columns as before precision existed, then ``precision``, then the reserved-bytes comparison (readers by
+    position keep working)."""
+    later = ("precision", "meta_reserved_bytes")
+    fields = [n for n in Comparison.__dataclass_fields__ if n not in later]
+    names = fields + ["activation_ratio", "peak_ratio", *later, "reserved_ratio"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(names)
+        for r in rows:
+            writer.writerow(["" if (v := getattr(r, n)) is None else (f"{v:.4f}" if isinstance(v, float) else v)
+                             for n in names])
+
+
+# --- speed: the step-time model against measured step times ----------------------------------------
+SPEED_STRATEGIES = ("fp32", "L0", "L3", "checkpoint", "swap")
+
+
+@dataclass(frozen=True)
+class SpeedComparison:
+    """One point's step time predicted on meta (priced on ``device_model``) and measured on ``device``."""
+
+    model: str
+    strategy: str
+    batch_size: int
+    image_size: int
+    device: str
+    device_model: str
+    predicted_status: str
+    measured_status: str
+    predicted_step_s: float | None
+    measured_step_s: float | None
+    #: the measured steps' spread: IQR of samples/s over their median (None: too few steps)
+    measured_spread: float | None
+    message: str
+    precision: str = DEFAULT_PRECISION
+
+    @property
+    def step_ratio(self) -> float | None:
+        """predicted ÷ measured step seconds (1.0 = exact)."""
+        return _ratio(self.predicted_step_s, self.measured_step_s)
+
+
+def compare_speed(device: str, speed_model: "DeviceModel", models=("resnet18",), strategies=SPEED_STRATEGIES,
+                  batch_size: int = 4, image_size: int = 64, timed_steps: int = 3,
+                  on_point: Callable[[SpeedComparison], None] | None = None,
+                  precision: str = DEFAULT_PRECISION) -> list[SpeedComparison]:
+    """Predict every (model, strategy) on meta priced on ``speed_model`` and time it on ``device``."""
+    from actbench.measure.meta import MetaSessions
+    from actbench.measure.point import measure_point
+    from actbench.worker import error_measurement
+
+    sessions = MetaSessions(speed_model=speed_model)
+    out = []
+    for model in models:
+        for strategy in strategies:
+            predicted = sessions.measure_point(PointConfig(ModelSpec(model), strategy, batch_size, image_size,
+                                                           PREDICTING_DEVICE, timed_steps=0, precision=precision))
+            point = PointConfig(ModelSpec(model), strategy, batch_size, image_size, device, warmup_steps=1,
+                                timed_steps=timed_steps, precision=precision)
+            try:
+                real = measure_point(point)
+            except Exception as exc:  # one bad point is a row, not the end of the comparison
+                real = error_measurement(exc)
+            spread = (real.samples_per_s_iqr / real.samples_per_s_median
+                      if real.samples_per_s_iqr is not None and real.samples_per_s_median else None)
+            out.append(SpeedComparison(model, strategy, batch_size, image_size, device, speed_model.name,
+                                       predicted.status, real.status, predicted.predicted_step_s,
+                                       real.step_time_s_median, spread, (predicted.message or real.message)[:120],
+                                       precision))
+            if on_point is not None:
+                on_point(out[-1])
+    return out
+
+
+def same_speed_order(rows: list[SpeedComparison]) -> bool:
+    """Whether, per model and batch, ordering the strategies by predicted step time gives the measured order."""
+    groups: dict[tuple, list[SpeedComparison]] = {}
+    for r in rows:
+        if r.predicted_step_s is not None and r.measured_step_s is not None:
+            groups.setdefault((r.model, r.batch_size, r.image_size), []).append(r)
+    return all([r.strategy for r in sorted(g, key=lambda r: r.predicted_step_s)]
+               == [r.strategy for r in sorted(g, key=lambda r: r.measured_step_s)] for g in groups.values())
+
+
+def speed_csv_name(device: str, precision: str = DEFAULT_PRECISION) -> str:
+    """``speed_vs_<device>.csv`` (``speed_vs_<device>_<precision>.csv`` at bf16 or fp16)."""
+    return f"speed_vs_{device}.csv" if precision == DEFAULT_PRECISION else f"speed_vs_{device}_{precision}.csv"
+
+
+def write_speed_csv(rows: list[SpeedComparison], path: Path) -> None:
+    """One row per point: both step times, the measured spread and the ratio predicted ÷ measured."""
+    names = [*SpeedComparison.__dataclass_fields__, "step_ratio"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(names)
+        for r in rows:
+            writer.writerow(["" if (v := getattr(r, n)) is None else (f"{v:.6g}" if isinstance(v, float) else v)
+                             for n in names])
