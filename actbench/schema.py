@@ -84,7 +84,7 @@ class PointConfig:
     checkpoint_segments: int | None = None
     seed: int = 0
     precision: str = DEFAULT_PRECISION
-    #: GPU profile the point is planned for (actbench/planning/gpus.py; meta only), None: an idealised device
+    #: GPU profile the point is planned for (actbench/core/gpus.py; meta only), None: an idealised device
     gpu: str | None = None
     #: pinned host memory allowed (swap, save_on_cpu, L4/L5), None: unlimited
     host_budget_bytes: int | None = None

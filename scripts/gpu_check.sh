@@ -61,7 +61,7 @@ keep() {  # keep GLOB NAME: flat copy of a run file under $OUT ($OUT comes back 
   for f in $1; do [ -f "$f" ] && cp "$f" "$OUT/$2"; done
 }
 
-# In order of what the open issues still need: the build and CUDA tests (#2, #3), the kernel
+# In order of what still needs a GPU: the build and CUDA tests (#2, #3), the kernel
 # bandwidth (#2), a measured sweep (#4), then meta's gap to cuda (#5).
 step nvidia_smi 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 # without a visible GPU the CUDA tests below would all skip and pass: this step fails instead
@@ -70,7 +70,7 @@ step doctor 300 "$PY" -m actbench doctor
 # the CLI finds the extension's build without importing torch: with a GPU it must pick the same
 # folder (the GPU's own architecture) as a process that imported torch
 step build_key 60 "$PY" -c "import sys; from actbench.kernels import extension as e; a = e.plan(); import torch; b = e.plan(); print(a.cuda_archs, b.cuda_archs, a.directory); sys.exit(0 if a == b else 1)"
-# (test_actnn_cuda.py includes issue 13's attention twin: Q/K and V packed apart on the device)
+# (test_actnn_cuda.py includes the attention twin: Q/K and V packed apart on the device)
 step cuda_tests 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_ops_cuda.py tests/test_actnn_cuda.py tests/test_ops_opcheck.py
 # every op of the extension (quantize, dequantize, mixed, min/max, mask pack/unpack/apply, max-pool
 # forward and backward) against a copy of the same bytes and torch's own op where one exists
@@ -82,7 +82,7 @@ keep "$SCRATCH/bench-kernels_cuda_*/env.json" env_cuda.json
 # each strategy's img/s as a ratio to fp32 (small points: the host-side share shows most there)
 step bench_actnn 110 "$PY" -m actbench bench-actnn --device cuda --out "$SCRATCH"
 keep "$SCRATCH/bench-actnn_cuda_*/actnn.csv" actnn_cuda.csv
-# issue 16: its rows carry steps_run and steps_s, so elapsed_s - steps_s is the harness's cost per cuda point
+# its rows carry steps_run and steps_s, so elapsed_s - steps_s is the harness's cost per cuda point
 # (two strategies: L3's first point is taken by a spare worker started while fp32 was measured)
 step sweep 200 "$PY" -m actbench sweep-batch resnet50 --strategies fp32 --levels L3 --batch 64:256:64 \
   --image-size 224 --device cuda --budget 16GiB --warmup-steps 2 --timed-steps 5 --out "$SCRATCH"
@@ -98,11 +98,11 @@ step meta_vs_cuda 180 "$PY" -m actbench trust --device cuda --batch 16 --image-s
 step calibrate_cuda 120 "$PY" -m actbench calibrate --device cuda --out "$OUT/device_model_cuda.json"
 step speed_vs_cuda 300 "$PY" -m actbench trust --device cuda --models resnet50 --strategies fp32,L0,L3,L4,checkpoint,swap \
     --batch 64 --image-size 224 --device-model "$OUT/device_model_cuda.json" --out "$OUT"
-# issue 14: one point's caching-allocator history and segments (memory_snapshot.pickle, no stack traces)
+# one point's caching-allocator history and segments (memory_snapshot.pickle, no stack traces)
 # and the CUDA context, beside meta's caching-allocator model of the same point (memory_snapshot.json)
 step memory_snapshot 120 "$PY" scripts/memory_snapshot.py "$OUT" fp32 64
 
-# issue 15: bf16 points (autocast: fp32 and L3, whose conv and linear twins cast as torch's layers are
+# bf16 points (autocast: fp32 and L3, whose conv and linear twins cast as torch's layers are
 # cast, docs/design.md §1) and one sac point of ResNet-50 at batch 64 on cuda, then meta's predictions
 # of the same points (meta runs CPU autocast's op list; the gap is what cuda's adds).
 BASE=(resnet50 --batch 64 --image-size 224 --budget 16GiB --out "$SCRATCH/baselines")

@@ -1,4 +1,4 @@
-"""The accuracy experiment's small vision transformer (issue 13, item 5): its configuration, that a
+"""The accuracy experiment's small vision transformer: its configuration, that a
 ResNet's runs keep their names, and that every compressed tensor of the ViT gets the bit target."""
 
 from __future__ import annotations

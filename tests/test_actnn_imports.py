@@ -1,4 +1,4 @@
-"""actbench.actnn's modules import each other without cycles (issue 10: convert <-> memory was one).
+"""actbench.actnn's modules import each other without cycles (convert <-> memory was one).
 
 Function-level imports count too: a lazy import only hides a cycle until someone calls the
 function. The package ``__init__`` re-exports and is left out.

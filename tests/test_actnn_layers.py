@@ -90,7 +90,7 @@ LAYER_CASES = [
     ("maxpool_default_stride", lambda: nn.MaxPool2d(2), (2, 3, 8, 8)),
     ("avgpool", lambda: nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False), (2, 3, 9, 10)),
     ("avgpool_divisor", lambda: nn.AvgPool2d(2, divisor_override=3), (2, 3, 8, 8)),
-    # issue 13: transformer and mobile layers
+    # transformer and mobile layers
     ("layernorm", lambda: nn.LayerNorm(6), (2, 3, 6)),
     ("layernorm_2d_shape_no_affine", lambda: nn.LayerNorm((3, 6), elementwise_affine=False), (2, 3, 6)),
     ("layernorm2d_convnext", lambda: LayerNorm2d(4, eps=1e-6), (2, 4, 5, 5)),

@@ -1,6 +1,6 @@
 """Bytes kept for backward, measured on CPU with real tensors (storages deduplicated, no formula).
 
-Targets from the issue: on ResNet-50 at 224 px, L3 keeps >= 10x less than fp32 and L2 >= 6x less
+Targets: on ResNet-50 at 224 px, L3 keeps >= 10x less than fp32 and L2 >= 6x less
 (docs/design.md §6: per conv-BN-ReLU block fp32 keeps 64 bits an element, L3 about 5.25).
 """
 

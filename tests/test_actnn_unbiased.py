@@ -103,7 +103,7 @@ def test_negative_control_reused_noise_fails_the_check(backend):
     assert all(r > 0.9 for r in ratios.values()), ratios
 
 
-# --- The paths of issue 13: twins of transformer and mobile layers, and the saved-tensor hook path ---
+# --- Twins of transformer and mobile layers, and the saved-tensor hook path ---
 #
 # What is exactly unbiased and what is not, so that the bounds below are honest:
 # * linear in what is kept, hence unbiased: conv/linear/layer-scale inputs (weight gradients), the

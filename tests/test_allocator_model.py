@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from actbench.planning.gpus import (CUBLAS_WORKSPACE_HOPPER, CUBLAS_WORKSPACE_PRE_HOPPER, GIB, GPU_NAMES, GPU_PROFILES, MIB,
+from actbench.core.gpus import (CUBLAS_WORKSPACE_HOPPER, CUBLAS_WORKSPACE_PRE_HOPPER, GIB, GPU_NAMES, GPU_PROFILES, MIB,
                            gpu_profile)
 from actbench.planning.allocator_model import (AllocatorConfig, CachingAllocatorModel, allocation_size, next_power_of_two,
                                         pinned_host_peak, replay, replay_steps, round_size)

@@ -378,3 +378,16 @@ def test_every_dtype_switch_in_csrc_fails_loudly_by_default() -> None:
             if not re.search(r"TORCH_CHECK\(\s*false|return\s+cudaError", first):
                 quiet.append(f"{path.relative_to(root.parent)}:{line}")
     assert not quiet, f"switches whose default does not fail loudly: {quiet}"
+
+
+def test_prose_speaks_of_the_project_not_of_how_work_was_filed() -> None:
+    """Code, tests, scripts and docs explain themselves: no pointers to filed work or its numbered parts,
+    and modules are modules (the words are assembled here so that this file does not hold them)."""
+    words = re.compile(r"\b(" + "iss" + r"ues?|it" + r"em \d+|it" + r"ems \d+|ro" + r"oms?)\b", re.I)
+    root = PACKAGE.parent
+    files = [*PACKAGE.rglob("*.py"), *(root / "tests").glob("*.py"), *(root / "scripts").glob("*"),
+             *(root / "csrc").rglob("*.*"), *(root / "docs").glob("*.md"), *(root / "experiments").glob("*.toml"),
+             root / "README.md", root / "results" / "README.md"]
+    found = [f"{p.relative_to(root)}:{n}: {line.strip()[:80]}" for p in files if p.is_file()
+             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if words.search(line)]
+    assert not found, "\n".join(found)

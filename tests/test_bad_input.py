@@ -1,4 +1,4 @@
-"""Huge, meaningless or hostile values are refused in one line, before anything runs (issue 11, items 5-7).
+"""Huge, meaningless or hostile values are refused in one line, before anything runs.
 
 Each case names what a hostile user tried; each must exit 2 with one line on stderr, quickly (no list
 of billions of points is ever built) and without writing anything under --out.

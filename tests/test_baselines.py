@@ -1,7 +1,7 @@
-"""Today's baselines (issue 15): precision (fp32/bf16/fp16), sac, save_on_cpu, compile[@B], checkpoint+Lk.
+"""Today's baselines: precision (fp32/bf16/fp16), sac, save_on_cpu, compile[@B], checkpoint+Lk.
 
 Small sizes throughout (ResNet-18, 32 px, batch 2, cpu) except the bf16 targets, which are sized on
-meta at the issue's setting (ResNet-50, 224 px, batch 64: fake tensors, seconds).
+meta at the paper's setting (ResNet-50, 224 px, batch 64: fake tensors, seconds).
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def test_fp16_on_cpu_settles_the_loss_scale_before_measuring() -> None:
 
 
 def test_bf16_targets_on_meta_resnet50_batch_64() -> None:
-    """Issue 15's targets: bf16 activations 0.45-0.55 of fp32's; bf16 + L3 at most 1.05x fp32 + L3.
+    """Targets: bf16 activations 0.45-0.55 of fp32's; bf16 + L3 at most 1.05x fp32 + L3.
 
     L3's stored bytes barely depend on the dtype (codes and bf16 metadata), so the peak shows whether
     ActNN's convolutions really run in bf16 under meta's (cpu) autocast: measured 1135 vs 1306 MB; it was

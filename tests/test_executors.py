@@ -106,7 +106,7 @@ def _worker_pids(marker: str) -> list[int]:
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_a_worker_dies_with_its_parent(tmp_path: Path, how: signal.Signals) -> None:
-    """kill -9 (or TERM) of the process that started a worker leaves no worker behind (issue 11, item 4)."""
+    """kill -9 (or TERM) of the process that started a worker leaves no worker behind."""
     marker = f"actbench-{os.getpid()}-{how.name}"
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(f"""

@@ -1,4 +1,4 @@
-"""The extension cache is not a way to run someone else's code (issue 11, item 6).
+"""The extension cache is not a way to run someone else's code.
 
 A cached library is loaded only when its SHA-256 matches the one its build recorded, and only from
 folders that belong to this user and that nobody else can write; new folders are created 0700.

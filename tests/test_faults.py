@@ -1,4 +1,4 @@
-"""Faults a run directory must survive (issue 11, items 1-3; results/README.md "Guarantees").
+"""Faults a run directory must survive (results/README.md "Guarantees").
 
 - failures to measure (``error``, ``timeout``) are measured again by a rerun, results (``ok``,
   ``oom``, ``over_budget``) are not; ``retry_failed=False`` keeps them; the latest row per key wins;
@@ -158,7 +158,7 @@ def test_latest_row_wins_in_analysis(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_timeout_from_a_real_child_is_retried(tmp_path: Path, monkeypatch) -> None:
-    """The issue's case: a point killed by --timeout is measured again by a rerun with a longer one."""
+    """a point killed by --timeout is measured again by a rerun with a longer one."""
     run_dir = tmp_path / "run"
     p = point(2, device="cpu")
     monkeypatch.setenv(FAULT_ENV, "hang")
@@ -435,7 +435,7 @@ def test_a_writer_waits_for_the_run_lock(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_three_concurrent_cli_runs_write_one_row_per_key(tmp_path: Path) -> None:
-    """The issue's case: three copies of one meta sweep at once into one run directory."""
+    """three copies of one meta sweep at once into one run directory."""
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "actbench", "memory", "resnet18", "--strategies", "fp32", "--batch", "2:11:1",
            "--image-size", "16",

@@ -1,4 +1,4 @@
-"""A new user's first hour (issue 12): progress you can see, hints that answer the question, defaults
+"""A new user's first hour: progress you can see, hints that answer the question, defaults
 that compare, failures that say so, figures that agree with tables, and wording that means what it says.
 
 Most cases run on the meta device (in this process, seconds) or with injected faults; the two that
@@ -381,7 +381,7 @@ def test_force_measures_again_and_no_retry_keeps_errors(tmp_path: Path) -> None:
     assert [r["status"] for r in rows_of(out2)] == ["error", "ok"]
 
 
-# --- issue 11 item 4: SIGTERM and SIGHUP behave like Ctrl-C --------------------------------------
+# --- SIGTERM and SIGHUP behave like Ctrl-C --------------------------------------
 def _workers_of(parent: int) -> list[int]:
     return live_workers(lambda p: p.ppid == parent)
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from actbench.cli import app
 from actbench.execution.specs import CommandSpec, SpecError
-from actbench.planning.gpus import MIB, gpu_profile
+from actbench.core.gpus import MIB, gpu_profile
 from actbench.measure.accounting import OverBudget
 from actbench.schema import MEMORY_FAILURES, STATUSES, Measurement, ModelSpec, PointConfig, ResultRow
 

@@ -339,7 +339,7 @@ def test_over_budget_on_cpu_keeps_the_bytes() -> None:
 
 
 def test_actnn_level_runs_and_saves_less_than_fp32() -> None:
-    """Needs actbench.actnn (the ActNN room's package); fails, not skips, without it."""
+    """Needs actbench.actnn (the ActNN package); fails, not skips, without it."""
     import actbench.actnn as actnn
 
     assert tuple(actnn.LEVEL_NAMES) == LEVEL_NAMES

@@ -1,6 +1,6 @@
-"""The meta device (issue #5): fake-tensor predictions through the CLI, ``plan``, and their trust.
+"""The meta device: fake-tensor predictions through the CLI, ``plan``, and their trust.
 
-The trust test holds meta against cpu measurements of the same points: 5% is the issue's bar; both
+The trust test holds meta against cpu measurements of the same points: the bar is 5%; both
 run the same op set on the same tracker, so the observed gap is what meta cannot see (the ActNN
 controller's statistics tensors, a few floats per layer and sample; L3's per-layer split of bits).
 """

@@ -1,4 +1,4 @@
-"""Every torchvision classifier on the meta device (issue 13, item 1), and ActNN across families.
+"""Every torchvision classifier on the meta device, and ActNN across families.
 
 Constructors that read data (``trunc_normal_``'s rejection sampling in ViT, Swin, ConvNeXt, MaxViT
 and GoogLeNet; RegNet's widths computed with ``.tolist()``) used to end meta points with
@@ -107,7 +107,7 @@ def test_every_family_runs_on_meta_at_every_level(name):
     _meta_points_ok(name, ("fp32", *LEVEL_NAMES))
 
 
-# --- ActNN on every family (issue 13, item 4) -----------------------------------------------------
+# --- ActNN on every family -----------------------------------------------------
 
 try:
     from test_actnn_standins import patch_ops
@@ -186,7 +186,7 @@ def test_l0_gives_fp32_outputs_and_gradients_on_every_family(backend, name):
 
 
 def test_meta_memory_row_says_what_stays_uncompressed():
-    """Item 3: an ActNN row's note gives the share of saved bytes left uncompressed, by category and owner."""
+    """An ActNN row's note gives the share of saved bytes left uncompressed, by category and owner."""
     sessions = MetaSessions()
     row = sessions.measure_point(meta_point("mobilenet_v3_large", "L3", size=64))
     assert row.status == "ok", row.message

@@ -448,7 +448,7 @@ def test_paper_reference_numbers() -> None:
     assert paper.paper_throughput_at(pts, "swap", 300) is None
 
 
-# --- issue 12 item 7: figures agree with tables -------------------------------------------------
+# --- figures agree with tables -------------------------------------------------
 def test_throughput_figure_draws_the_spread_as_error_bars(results: Path) -> None:
     fig = plot_throughput_vs_batch(group_of(results, "resnet50"))
     ax = fig.axes[0]

@@ -1,4 +1,4 @@
-"""Scale-out (issue 16; docs/design.md §7 "Executors and isolation"): several points at once, Slurm
+"""Scale-out (docs/design.md §7 "Executors and isolation"): several points at once, Slurm
 job arrays through submitit, persistent workers.
 
 - a parallel run (strategies side by side, a grid all at once, a linear scan's certain next points

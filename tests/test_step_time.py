@@ -8,7 +8,7 @@ from types import MappingProxyType
 import pytest
 import torch
 
-from actbench.planning.gpus import GPU_NAMES
+from actbench.core.gpus import GPU_NAMES
 from actbench.measure.tracker import LiveStorageTracker
 from actbench.planning.device_models import GPU_SPEED_MODELS, DeviceModel, gpu_speed_model
 from actbench.planning.step_time import (COPY, HOST_ONLY, KERNEL, OVERLAPPED_COPY, OpCost, OpRecorder,

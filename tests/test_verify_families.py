@@ -1,4 +1,4 @@
-"""verify-grads on one model per torchvision family at a small size (issue 13, item 4).
+"""verify-grads on one model per torchvision family at a small size.
 
 Heavy: about 4 minutes on 2 idle cores (under a second for squeezenet1_1, a minute for
 wide_resnet50_2), and vgg16's 138M parameters take about 11 GB of memory. Each family runs L3 with

@@ -1,4 +1,4 @@
-"""The ``actbench`` command line. Each module registers the commands of one room on the app."""
+"""The ``actbench`` command line. Each module registers the commands of one group on the app."""
 
 from actbench.cli.app import app
 from actbench.cli import extension_commands  # noqa: F401  (registers doctor, build, bench-kernels)

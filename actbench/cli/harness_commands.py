@@ -22,7 +22,7 @@ from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEA
                               terminate_like_ctrl_c)
 from actbench.cli.progress import PointProgress, ensure_extension, plural
 from actbench.cli.speed_commands import DeviceModelOpt, use_device_model
-from actbench.planning.gpus import GPU_NAMES
+from actbench.core.gpus import GPU_NAMES
 from actbench.execution.specs import DEFAULT_STRATEGIES, PLAN_DEVICE
 from actbench.core.devices import PROFILES, profile
 from actbench.strategies import PLAIN_STRATEGIES

@@ -147,7 +147,7 @@ FASTEST_DEFAULT = "fp32,checkpoint,swap,L0,L1,L2,L3,L4,L5"
 @app.command("fastest")
 def fastest_command(
     model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
-    gpu: Annotated[str, typer.Option("--gpu", help="The GPU to plan for (a profile of actbench/planning/gpus.py).")],
+    gpu: Annotated[str, typer.Option("--gpu", help="The GPU to plan for (a profile of actbench/core/gpus.py).")],
     batch: Annotated[int, typer.Option("--batch", help="Batch size to train at.")],
     image_size: Annotated[int, typer.Option("--image-size", help="Input side in pixels.")] = 224,
     strategies: Annotated[str, typer.Option("--strategies", help="Comma list of strategies and levels.")] = FASTEST_DEFAULT,
@@ -163,7 +163,7 @@ def fastest_command(
       actbench fastest resnet50 --gpu t4 --batch 300
       actbench fastest resnet18 --gpu a100-80gb --batch 1024 --image-size 128 --strategies fp32,L3,swap
     """
-    from actbench.planning.gpus import gpu_profile
+    from actbench.core.gpus import gpu_profile
     from actbench.training.model_names import ModelSpec, validate_model_spec
     from actbench.execution.parsing import parse_strategies
     from actbench.schema import LIMITS, MIN_IMAGE_SIZE

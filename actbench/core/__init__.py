@@ -1,1 +1,2 @@
-"""Devices and the boundary with torch: what differs between cpu, cuda and meta, and torch's private names."""
+"""Devices and the boundary with torch: the cpu, cuda and meta profiles, the GPU models planned for,
+torch's private names, the environment of child processes."""

@@ -157,7 +157,7 @@ class CommandSpec:
                 if value is not None and value > limit:
                     raise SpecError(name, f"must be at most {limit} for --dim {self.dim}, got {value}")
         if self.gpu is not None:
-            from actbench.planning.gpus import GPU_NAMES
+            from actbench.core.gpus import GPU_NAMES
 
             if self.gpu not in GPU_NAMES:
                 raise SpecError("gpu", f"must be one of {', '.join(GPU_NAMES)}, got '{self.gpu}'")
@@ -283,7 +283,7 @@ class CommandSpec:
         from actbench.execution.parsing import parse_bytes
 
         if self.gpu is not None:
-            from actbench.planning.gpus import gpu_profile
+            from actbench.core.gpus import gpu_profile
 
             return gpu_profile(self.gpu).usable_bytes
         return None if self.budget is None else parse_bytes(self.budget)

@@ -19,7 +19,7 @@ import torch
 
 from actbench.core import compat
 
-from actbench.kernels import oracle as reference
+from actbench.kernels import oracle
 
 Backend = Literal["extension", "reference"]
 BACKENDS: tuple[str, ...] = ("extension", "reference")
@@ -318,7 +318,7 @@ def group_minmax(
     _check_backend(backend)
     _check_input(x, group_size)
     if backend == "reference":
-        mn, mx = reference.group_minmax(x.cpu(), group_size)
+        mn, mx = oracle.group_minmax(x.cpu(), group_size)
         return mn.to(x.device), mx.to(x.device)
     return _lib().group_minmax.default(x, group_size)
 
@@ -357,7 +357,7 @@ def quantize(
         mn = mx = x.new_empty((0,), dtype=torch.float32)
     if backend == "reference":
         bits_t = bits.cpu() if isinstance(bits, torch.Tensor) else torch.full((x.shape[0],), bits)
-        codes, lo, scale = reference.quantize(x, mn, mx, bits_t, group_size, seed, offset)
+        codes, lo, scale = oracle.quantize(x, mn, mx, bits_t, group_size, seed, offset)
         codes, lo, scale = codes.to(x.device), lo.to(x.device), scale.to(x.device)
     elif isinstance(bits, torch.Tensor):
         # Summing on the host is free when the allocator produced the bits there (the usual case).
@@ -377,7 +377,7 @@ def dequantize(packed: PackedTensor, *, backend: Backend = "extension") -> torch
     p = packed
     if backend == "reference":
         bits = p.bits if isinstance(p.bits, torch.Tensor) else torch.full((p.shape[0],), p.bits)
-        return reference.dequantize(p.codes, p.lo, p.scale, bits, p.group_size, tuple(p.shape), p.dtype)
+        return oracle.dequantize(p.codes, p.lo, p.scale, bits, p.group_size, tuple(p.shape), p.dtype)
     if isinstance(p.bits, torch.Tensor):
         bits = p.bits.to(torch.int32)
         return _lib().dequantize_mixed.default(p.codes, p.lo, p.scale, bits, p.group_size, list(p.shape), p.dtype)

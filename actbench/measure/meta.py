@@ -262,7 +262,7 @@ def predict_reserved(point: PointConfig, result: Measurement, trace: StepTrace) 
     (``point.gpu``) the replay also holds cuBLAS's and cuBLASLt's workspaces, and a request it cannot
     reserve is a predicted out-of-memory: ``over_budget``.
     """
-    from actbench.planning.gpus import gpu_profile
+    from actbench.core.gpus import gpu_profile
 
     config = AllocatorConfig.parse(strategies.cuda_alloc_conf(point.strategy))
     gpu = None if point.gpu is None else gpu_profile(point.gpu)

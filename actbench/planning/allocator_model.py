@@ -282,16 +282,16 @@ class CachingAllocatorModel:
         return candidate
 
     def _expandable_candidate(self, segment: _Segment, size: int) -> _Block | None:
-        """The lowest unmapped range (with the free block just before it) with room for ``size``."""
+        """The lowest unmapped range (with the free block just before it) with space for ``size``."""
         for unmapped in sorted((b for b in self._unmapped if b.segment is segment), key=lambda b: b.addr):
             start = unmapped
             if unmapped.prev is not None and not unmapped.prev.allocated:
                 start = unmapped.prev
-            room, b = 0, start
-            while room < size and b is not None and not b.allocated:
-                room += b.size
+            space, b = 0, start
+            while space < size and b is not None and not b.allocated:
+                space += b.size
                 b = b.next
-            if room >= size:
+            if space >= size:
                 return start
         return None
 

@@ -179,7 +179,7 @@ def _gpu(name: str, label: str, tflops: Mapping[str, float], dram_gb_s: float, p
             "assumed": _ASSUMED}))
 
 
-#: Speed models of every GPU profile (actbench/planning/gpus.py), by the same names.
+#: Speed models of every GPU profile (actbench/core/gpus.py), by the same names.
 GPU_SPEED_MODELS: Mapping[str, DeviceModel] = MappingProxyType({m.name: m for m in (
     _gpu("t4", "NVIDIA T4", {"fp32": 8.1, "fp16": 65}, 320, 3, "NVIDIA T4 datasheet", False),
     _gpu("v100", "NVIDIA V100 SXM2 16GB", {"fp32": 15.7, "fp16": 125}, 900, 3, "NVIDIA V100 datasheet (SXM2)",

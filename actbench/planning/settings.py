@@ -20,7 +20,7 @@ class MeasureSettings:
     checkpoint_segments: int | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     precision: str = DEFAULT_PRECISION
-    #: GPU profile planned for (actbench/planning/gpus.py; budget_bytes is then its usable memory), None: none
+    #: GPU profile planned for (actbench/core/gpus.py; budget_bytes is then its usable memory), None: none
     gpu: str | None = None
     host_budget_bytes: int | None = None
 

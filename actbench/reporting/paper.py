@@ -30,7 +30,7 @@ class PaperSetting:
     torch_version: str = "1.7"
     #: "16 GB" (a T4 exposes ~15 GiB) and "16 GiB" budgets both count as the paper's budget
     budget_tolerance: float = 0.10
-    #: the GPU profile (actbench/planning/gpus.py) that plans for the paper's GPU; rows planned for it match
+    #: the GPU profile (actbench/core/gpus.py) that plans for the paper's GPU; rows planned for it match
     gpu_profile: str = "t4"
     #: the paper's machine: "an AWS g4dn.4xlarge instance, which has a 16GB NVIDIA T4 GPU and 64GB CPU
     #: memory" (Section 6); the host budget its swap and L4/L5 had, at most (docs/design.md §6, §10)

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from actbench.core.devices import DEVICE_NAMES
-from actbench.planning.gpus import GPU_NAMES
+from actbench.core.gpus import GPU_NAMES
 from actbench.schema import COLUMNS, STATUSES, ResultRow, row_value_problem
 from actbench.strategies import get as get_strategy
 

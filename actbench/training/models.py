@@ -25,7 +25,7 @@ _FAMILY_PREFIXES: tuple[str, ...] = (
     "shufflenet", "squeezenet", "swin_v2", "swin", "vgg", "vit", "wide_resnet",
 )
 
-#: One model per family (the issue's table and the model_zoo experiment; inception_v3 at 299 px).
+#: One model per family (the model_zoo experiment; inception_v3 at 299 px).
 FAMILY_REPRESENTATIVES: tuple[str, ...] = (
     "alexnet", "convnext_tiny", "densenet121", "efficientnet_b0", "efficientnet_v2_s", "googlenet",
     "inception_v3", "maxvit_t", "mnasnet1_0", "mobilenet_v2", "mobilenet_v3_large", "regnet_x_400mf",
