@@ -160,11 +160,11 @@ def test_guided_searches_and_grids_in_parallel_give_the_serial_answers(tmp_path:
 def test_a_strategy_predicted_as_another_searches_in_that_strategys_part() -> None:
     """On meta L5's step is L4's: one part (one thread, one worker) searches both, so L5 reuses L4's
     steps; on a measuring device every strategy is a part of its own."""
-    from actbench.planning.configs import PlanConfig
+    from actbench.planning.configs import ScaleConfig
 
-    def plan(device: str) -> PlanConfig:
-        return PlanConfig("batch", "resnet50", ("fp32", "L4", "L3", "L5"), 64, 224, 4, 64, 4,
-                          MeasureSettings(device=device, budget_bytes=2**34))
+    def plan(device: str) -> ScaleConfig:
+        return ScaleConfig("batch", "resnet50", ("fp32", "L4", "L3", "L5"), 64, 224, 4, 64, 4,
+                           MeasureSettings(device=device, budget_bytes=2**34), command="plan")
 
     assert [p.strategies for p in split(plan("meta"))] == [("fp32",), ("L4", "L5"), ("L3",)]
     assert [p.strategies for p in split(plan("cpu"))] == [("fp32",), ("L4",), ("L3",), ("L5",)]

@@ -16,7 +16,7 @@ from typing import Callable
 import pytest
 
 from actbench.schema import MEMORY_FAILURES, Measurement, ModelSpec, PointConfig, ResultRow
-from actbench.planning.configs import MaxScaleConfig, multiples_of, PlanConfig, SweepConfig
+from actbench.planning.configs import multiples_of, ScaleConfig, SweepConfig
 from actbench.planning.guided import (binary_search_largest, GROWTH, guided_search_largest, MAX_GUIDED_PROBES,
                                       predictive_search_largest, search_probes)
 from actbench.planning.search import run_max_scale, run_plan, run_sweep
@@ -302,7 +302,7 @@ class FakeRunner:
 def test_run_plan_summary_says_how_each_maximum_was_reached(dim: str, low: int, high: int, step: int) -> None:
     budget = 16 * GiB
     settings = MeasureSettings(device="meta", budget_bytes=budget, warmup_steps=1, timed_steps=0)
-    cfg = PlanConfig(dim, "resnet152", ("fp32", "L3"), 64, 224, low, high, step, settings)
+    cfg = ScaleConfig(dim, "resnet152", ("fp32", "L3"), 64, 224, low, high, step, settings, command="plan")
     runner = FakeRunner(budget)
     outcome = run_plan(cfg, runner)
     summary = outcome.summary()
@@ -322,7 +322,7 @@ def test_max_scale_and_find_max_on_cuda_like_rows() -> None:
     """Out-of-memory rows carry no peak: the line is fitted to rows that fit; few of them run out."""
     budget = 16 * GiB
     settings = MeasureSettings(device="cuda", budget_bytes=budget)
-    cfg = MaxScaleConfig("depth", "resnet152", ("fp32", "L3"), 64, 224, 0, 4096, 1, settings)
+    cfg = ScaleConfig("depth", "resnet152", ("fp32", "L3"), 64, 224, 0, 4096, 1, settings)
     runner = FakeRunner(budget, peaks_on_failure=False)
     outcome = run_max_scale(cfg, runner)
     for strategy, entry in outcome.summary().items():
@@ -358,7 +358,7 @@ def test_scan_summary_counts_its_points() -> None:
 def test_a_probe_that_errs_ends_a_plan_without_a_maximum() -> None:
     budget = 16 * GiB
     settings = MeasureSettings(device="meta", budget_bytes=budget, warmup_steps=1, timed_steps=0)
-    cfg = PlanConfig("batch", "resnet50", ("fp32",), 64, 224, 4, 16384, 4, settings)
+    cfg = ScaleConfig("batch", "resnet50", ("fp32",), 64, 224, 4, 16384, 4, settings, command="plan")
 
     def run(point: PointConfig) -> ResultRow:
         if point.batch_size > 64:

@@ -310,19 +310,15 @@ class CommandSpec:
         return "" if self.precision == DEFAULT_PRECISION else f" {self.precision}"
 
     def _search_config(self):
-        from actbench.planning.configs import (MaxScaleConfig, plan_defaults, PlanConfig, validate_max_scale,
-                                               validate_plan, with_defaults)
+        from actbench.planning.configs import ScaleConfig, plan_defaults, validate_max_scale, validate_plan, with_defaults
 
         (batch,) = self.batches()
-        if self.command == "plan":
-            lo, hi, st = plan_defaults(self.dim, self.low, self.high, self.step)
-            cfg = PlanConfig(self.dim, self.model, self.strategies, batch, self.image_size, lo, hi, st, self.settings())
-            validate_plan(cfg)
-            return cfg
-        lo, hi, st = with_defaults(self.dim, self.low, self.high, self.step)
-        cfg = MaxScaleConfig(self.dim, self.model, self.strategies, batch, self.image_size, lo, hi, st,
-                             self.settings())
-        validate_max_scale(cfg)
+        defaults, validate = (plan_defaults, validate_plan) if self.command == "plan" else (with_defaults,
+                                                                                             validate_max_scale)
+        lo, hi, st = defaults(self.dim, self.low, self.high, self.step)
+        cfg = ScaleConfig(self.dim, self.model, self.strategies, batch, self.image_size, lo, hi, st, self.settings(),
+                          command=self.command)
+        validate(cfg)
         return cfg
 
     def plan(self) -> RunPlan:

@@ -58,8 +58,17 @@ class GridConfig:
         return [self.settings.point(self.model, s, b, self.image_size) for s in self.strategies for b in self.batches]
 
 
+#: plan's batch range (multiples of 4, as in upstream's max-batch search, up to a size no GPU holds)
+PLAN_BATCH_RANGE = (4, 16384, 4)
+#: The commands that search a range of one dimension for its largest value that fits.
+SCALE_COMMANDS = ("max-scale", "plan")
+
+
 @dataclass(frozen=True)
-class MaxScaleConfig:
+class ScaleConfig:
+    """``max-scale`` (depth, width, resolution, measured or predicted) and ``plan`` (those and the batch,
+    predicted under a budget): the largest value of ``dim`` in ``low..high`` per strategy."""
+
     dim: str
     model_name: str
     strategies: tuple[str, ...]
@@ -69,64 +78,34 @@ class MaxScaleConfig:
     high: int
     step: int
     settings: MeasureSettings
+    command: str = "max-scale"
+
+    def __post_init__(self) -> None:
+        if self.command not in SCALE_COMMANDS:
+            raise ValueError(f"a scale search is one of {', '.join(SCALE_COMMANDS)}, got '{self.command}'")
+        if self.command == "plan" and self.settings.budget_bytes is None:
+            raise ValueError("plan needs a memory budget (--budget, e.g. 16GiB)")
 
     def identity(self) -> dict[str, Any]:
-        return {"command": "max-scale", **{k: v for k, v in asdict(self).items() if k != "settings"},
-                **self.settings.identity()}
+        fields = {k: v for k, v in asdict(self).items() if k not in ("settings", "command")}
+        return {"command": self.command, **fields, **self.settings.identity()}
 
     def candidates(self) -> tuple[int, ...]:
         return tuple(range(self.low, self.high + 1, self.step))
 
     def point(self, strategy: str, value: int) -> PointConfig:
+        if self.dim == "batch":
+            return self.settings.point(ModelSpec(self.model_name), strategy, value, self.image_size)
         if self.dim == "depth":
-            return self.settings.point(ModelSpec(self.model_name, extra_blocks=value), strategy, self.batch, self.image_size)
+            return self.settings.point(ModelSpec(self.model_name, extra_blocks=value), strategy, self.batch,
+                                       self.image_size)
         if self.dim == "width":
             return self.settings.point(ModelSpec(self.model_name, width_per_group=value), strategy, self.batch,
                                        self.image_size)
         return self.settings.point(ModelSpec(self.model_name), strategy, self.batch, value)
 
-
-#: plan's batch range (multiples of 4, as in upstream's max-batch search, up to a size no GPU holds)
-PLAN_BATCH_RANGE = (4, 16384, 4)
-
-
-@dataclass(frozen=True)
-class PlanConfig:
-    """``actbench plan``: the predicted largest batch/depth/width/resolution per strategy, on meta."""
-
-    dim: str
-    model_name: str
-    strategies: tuple[str, ...]
-    batch: int
-    image_size: int
-    low: int
-    high: int
-    step: int
-    settings: MeasureSettings
-
-    def __post_init__(self) -> None:
-        if self.settings.budget_bytes is None:
-            raise ValueError("plan needs a memory budget (--budget, e.g. 16GiB)")
-
-    def identity(self) -> dict[str, Any]:
-        return {"command": "plan", **{k: v for k, v in asdict(self).items() if k != "settings"},
-                **self.settings.identity()}
-
-    def candidates(self) -> tuple[int, ...]:
-        return tuple(range(self.low, self.high + 1, self.step))
-
-    def as_max_scale(self) -> MaxScaleConfig:
-        """The same search as a max-scale config (dims depth, width, resolution share its points and checks)."""
-        return MaxScaleConfig(self.dim, self.model_name, self.strategies, self.batch, self.image_size, self.low,
-                              self.high, self.step, self.settings)
-
-    def point(self, strategy: str, value: int) -> PointConfig:
-        if self.dim == "batch":
-            return self.settings.point(ModelSpec(self.model_name), strategy, value, self.image_size)
-        return self.as_max_scale().point(strategy, value)
-
     def first_guess(self) -> int:
-        """Where each search starts: the given batch (dim batch) or the low end of the range."""
+        """Where plan's search starts: the given batch (dim batch) or the low end of the range."""
         return self.batch if self.dim == "batch" else self.low
 
 
@@ -137,16 +116,16 @@ def plan_defaults(dim: str, low: int | None, high: int | None, step: int | None)
     return with_defaults(dim, low, high, step)
 
 
-def validate_plan(cfg: PlanConfig) -> None:
+def validate_plan(cfg: ScaleConfig) -> None:
     if cfg.dim not in PLAN_DIMENSIONS:
         raise ValueError(f"unknown dimension '{cfg.dim}': choose batch, depth, width or resolution")
     if cfg.dim == "batch":
         check_search_range("batch", cfg.low, cfg.high, cfg.step)
         return
-    validate_max_scale(cfg.as_max_scale())
+    validate_max_scale(cfg)
 
 
-def validate_max_scale(cfg: MaxScaleConfig) -> None:
+def validate_max_scale(cfg: ScaleConfig) -> None:
     if cfg.dim not in DIMENSIONS:
         raise ValueError(f"unknown dimension '{cfg.dim}': choose depth, width or resolution")
     if cfg.dim in ("depth", "width") and cfg.model_name != GROWABLE_MODEL:

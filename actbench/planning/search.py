@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from actbench.planning.configs import GridConfig, MaxScaleConfig, PlanConfig, SweepConfig
+from actbench.planning.configs import GridConfig, ScaleConfig, SweepConfig
 from actbench.planning.guided import GROWTH, SearchTrace, guided_search_largest
 from actbench.schema import MEMORY_FAILURES, PointConfig, ResultRow
 
@@ -17,7 +17,7 @@ class _SearchFailed(Exception):
     """A probe neither fitted nor exceeded the budget (error, timeout): the search cannot go on."""
 
 
-def run_plan(cfg: PlanConfig, run: RunPoint) -> SearchOutcome:
+def run_plan(cfg: ScaleConfig, run: RunPoint) -> SearchOutcome:
     """Per strategy, :func:`guided_search_largest` over the candidates (each probe a point).
 
     A probe that errs (a model that cannot run on fake tensors) ends that strategy's search with no
@@ -94,7 +94,7 @@ def run_sweep(cfg: SweepConfig, run: RunPoint) -> SearchOutcome:
     return outcome
 
 
-def run_max_scale(cfg: MaxScaleConfig, run: RunPoint) -> SearchOutcome:
+def run_max_scale(cfg: ScaleConfig, run: RunPoint) -> SearchOutcome:
     outcome = SearchOutcome(dim=cfg.dim)
     for strategy in cfg.strategies:
         _search_strategy(outcome, strategy, cfg.candidates(), lambda v, s=strategy: cfg.point(s, v), run,
