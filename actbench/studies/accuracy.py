@@ -479,18 +479,19 @@ def run_accuracy(cfg: AccuracyConfig, out_dir: Path,
     from actbench.execution.executors import InProcessExecutor
 
     from actbench.measure.environment import capture_environment, environment_id
+    from actbench.store.results import atomic_write_text
 
     run_dir = out_dir / cfg.run_name()
     store = AccuracyStore(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.json"
     if not config_path.exists():
-        config_path.write_text(json.dumps({**cfg.identity(), "bits": list(cfg.bits),
-                                           "include_fp32": cfg.include_fp32}, indent=2) + "\n")
+        atomic_write_text(config_path, json.dumps({**cfg.identity(), "bits": list(cfg.bits),
+                                                   "include_fp32": cfg.include_fp32}, indent=2) + "\n")
     env_path = run_dir / "env.json"
     if not env_path.exists():
         env = capture_environment("cpu")
-        env_path.write_text(json.dumps({"env_id": environment_id(env), **env}, indent=2) + "\n")
+        atomic_write_text(env_path, json.dumps({"env_id": environment_id(env), **env}, indent=2) + "\n")
     emit = on_event or (lambda *_: None)
     done = {r.key: r for r in store.read_rows()}
     rows = _run_settings(cfg, store, done, emit, executor or InProcessExecutor())
