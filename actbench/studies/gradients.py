@@ -33,13 +33,12 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from actbench.actnn.convert import convert
 from actbench.actnn.levels import LevelConfig, resolve
 from actbench.schema import DEFAULT_PRECISION
-from actbench.training.precision import autocast, check_precision, uses_loss_scaling
+from actbench.training.precision import check_precision, uses_loss_scaling
 
 log = logging.getLogger(__name__)
 
@@ -117,13 +116,12 @@ class LossScale:
 def _grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str = DEFAULT_PRECISION,
            scale: LossScale | None = None) -> dict[str, torch.Tensor]:
     """Parameter gradients (float64, cpu) of one cross-entropy step at ``precision``."""
-    from actbench.training.models import logits_of
+    from actbench.training.step import training_loss
 
     scale = scale or LossScale(precision)
     while True:
         model.zero_grad(set_to_none=True)
-        with autocast(precision, x.device):
-            loss = F.cross_entropy(logits_of(model(x)), y)
+        loss = training_loss(model, x, y, precision)
         (loss if scale.value == 1.0 else loss * scale.value).backward()
         grads = {n: p.grad.detach().to("cpu", torch.float64) / scale.value
                  for n, p in model.named_parameters() if p.grad is not None}
