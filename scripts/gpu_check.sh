@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU check for a lent machine (see README, "GPU checks"). Builds actbench's extension there
 # (its torch may differ from ours: the cache key includes the torch version), runs the CUDA
-# tests and the kernel benchmark, and leaves a log and flat CSVs under $OUT (or a local folder).
+# tests and the benchmarks, and leaves three files under $OUT (or a local folder): gpu_check.log,
+# summary.txt (one rc= line per step) and results.tgz (every CSV, JSON and run file the steps wrote,
+# packed again after each step: the device tool brings back at most 8 files from $OUT).
 # Budget: at most GPU_CHECK_SECONDS (540) in all. Each step runs even if an earlier one failed.
 # The lent machine gets the tree without .git: pass ACTBENCH_GIT_COMMIT=$(git rev-parse HEAD) so
 # every env.json there still names the commit that measured it.
@@ -10,6 +12,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-results/_scratch/gpu_check_$(date -u +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 SCRATCH=$(mktemp -d)
+KEPT=$(mktemp -d)  # what comes back, packed into $OUT/results.tgz after every step
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # The extension cache: actbench's own default (~/.cache/actbench, which it creates 0700 and refuses
 # if anyone else can write it), never a fixed path under the shared /tmp that another user could
@@ -54,15 +57,19 @@ step() {  # step NAME TIMEOUT_S CMD...: run, log, record the exit code in summar
   timeout "$limit" "$@" >>"$LOG" 2>&1
   local rc=$?
   echo "$name rc=$rc seconds=$((SECONDS - start))" | tee -a "$OUT/summary.txt" "$LOG"
+  pack
 }
 
-keep() {  # keep GLOB NAME: flat copy of a run file under $OUT ($OUT comes back at most two folders deep, 8 files)
+pack() { tar czf "$OUT/results.tgz.part" -C "$KEPT" . && mv "$OUT/results.tgz.part" "$OUT/results.tgz"; }
+
+keep() {  # keep GLOB NAME: flat copy of a run file into what comes back
   local f
-  for f in $1; do [ -f "$f" ] && cp "$f" "$OUT/$2"; done
+  for f in $1; do [ -f "$f" ] && cp "$f" "$KEPT/$2"; done
 }
 
-# In order of what still needs a GPU: the build and CUDA tests (#2, #3), the kernel
-# bandwidth (#2), a measured sweep (#4), then meta's gap to cuda (#5).
+# In order of what only a GPU can settle: the build and the CUDA tests, the kernels' bandwidth and
+# ActNN's cost per step, the device model and the step-time model's error, meta's gap to cuda, the
+# caching allocator's history, then a measured sweep and the bf16/sac points.
 step nvidia_smi 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 # without a visible GPU the CUDA tests below would all skip and pass: this step fails instead
 step cuda_visible 60 "$PY" -c "import sys, torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available()); sys.exit(0 if torch.cuda.is_available() else 1)"
@@ -82,26 +89,26 @@ keep "$SCRATCH/bench-kernels_cuda_*/env.json" env_cuda.json
 # each strategy's img/s as a ratio to fp32 (small points: the host-side share shows most there)
 step bench_actnn 110 "$PY" -m actbench bench-actnn --device cuda --out "$SCRATCH"
 keep "$SCRATCH/bench-actnn_cuda_*/actnn.csv" actnn_cuda.csv
+# meta predictions vs cuda measurements of the same small points: the gap the caching allocator adds.
+# (ActNN levels now convert the point's model in place: no second fp32 copy of the parameters stays
+# alive on cuda, so their peak_ratio should sit beside fp32's; checkpoint's and sac's meta warm-up
+# now gives every wrapped parameter its momentum, as the real warm-up on cuda does.)
+step meta_vs_cuda 180 "$PY" -m actbench trust --device cuda --batch 16 --image-size 224 --out "$KEPT"
+# the step-time model: this GPU calibrated (device-model JSON), then predicted ÷ measured step time
+# per strategy on that model (speed_vs_cuda.csv), both brought back
+step calibrate_cuda 120 "$PY" -m actbench calibrate --device cuda --out "$KEPT/device_model_cuda.json"
+step speed_vs_cuda 300 "$PY" -m actbench trust --device cuda --models resnet50 --strategies fp32,L0,L3,L4,checkpoint,swap \
+    --batch 64 --image-size 224 --device-model "$KEPT/device_model_cuda.json" --out "$KEPT"
+# one point's caching-allocator history and segments (memory_snapshot.pickle, no stack traces)
+# and the CUDA context, beside meta's caching-allocator model of the same point (memory_snapshot.json)
+step memory_snapshot 120 "$PY" scripts/memory_snapshot.py "$KEPT" fp32 64
+
 # its rows carry steps_run and steps_s, so elapsed_s - steps_s is the harness's cost per cuda point
 # (two strategies: L3's first point is taken by a spare worker started while fp32 was measured)
 step sweep 200 "$PY" -m actbench sweep-batch resnet50 --strategies fp32 --levels L3 --batch 64:256:64 \
   --image-size 224 --device cuda --budget 16GiB --warmup-steps 2 --timed-steps 5 --out "$SCRATCH"
 keep "$SCRATCH/sweep-batch_resnet50_cuda_*/rows.jsonl" sweep_rows.jsonl
 keep "$SCRATCH/sweep-batch_resnet50_cuda_*/table.csv" sweep_table.csv
-# meta predictions vs cuda measurements of the same small points: the gap the caching allocator adds.
-# (ActNN levels now convert the point's model in place: no second fp32 copy of the parameters stays
-# alive on cuda, so their peak_ratio should sit beside fp32's; checkpoint's and sac's meta warm-up
-# now gives every wrapped parameter its momentum, as the real warm-up on cuda does.)
-step meta_vs_cuda 180 "$PY" -m actbench trust --device cuda --batch 16 --image-size 224 --out "$OUT"
-# the step-time model: this GPU calibrated (device-model JSON), then predicted ÷ measured step time
-# per strategy on that model (speed_vs_cuda.csv), both brought back
-step calibrate_cuda 120 "$PY" -m actbench calibrate --device cuda --out "$OUT/device_model_cuda.json"
-step speed_vs_cuda 300 "$PY" -m actbench trust --device cuda --models resnet50 --strategies fp32,L0,L3,L4,checkpoint,swap \
-    --batch 64 --image-size 224 --device-model "$OUT/device_model_cuda.json" --out "$OUT"
-# one point's caching-allocator history and segments (memory_snapshot.pickle, no stack traces)
-# and the CUDA context, beside meta's caching-allocator model of the same point (memory_snapshot.json)
-step memory_snapshot 120 "$PY" scripts/memory_snapshot.py "$OUT" fp32 64
-
 # bf16 points (autocast: fp32 and L3, whose conv and linear twins cast as torch's layers are
 # cast, docs/design.md §1) and one sac point of ResNet-50 at batch 64 on cuda, then meta's predictions
 # of the same points (meta runs CPU autocast's op list; the gap is what cuda's adds).
@@ -110,7 +117,8 @@ step bf16_cuda 120 "$PY" -m actbench memory "${BASE[@]}" --strategies fp32 --lev
 step sac_cuda 90 "$PY" -m actbench memory "${BASE[@]}" --strategies sac --device cuda
 step bf16_meta 60 "$PY" -m actbench memory "${BASE[@]}" --strategies fp32 --levels L3 --precision bf16 --device meta
 step sac_meta 60 "$PY" -m actbench memory "${BASE[@]}" --strategies sac --device meta
-cat "$SCRATCH"/baselines/*/rows.jsonl >"$OUT/baselines_rows.jsonl" 2>/dev/null
+cat "$SCRATCH"/baselines/*/rows.jsonl >"$KEPT/baselines_rows.jsonl" 2>/dev/null
+pack
 
 echo "total seconds=$SECONDS (deadline ${DEADLINE})" | tee -a "$LOG"
 cat "$OUT/summary.txt"
