@@ -85,10 +85,6 @@ step bench_kernels 150 "$PY" -m actbench bench-kernels --device cuda --sizes-mib
   --repeats 20 --reference-max-mib 16 --out "$SCRATCH"
 keep "$SCRATCH/bench-kernels_cuda_*/kernels.csv" kernels_cuda.csv
 keep "$SCRATCH/bench-kernels_cuda_*/env.json" env_cuda.json
-# ActNN's cost per step: fp32, L0, L1, L3 and checkpoint of ResNet-18 b16 and ResNet-50 b8 at 112 px,
-# each strategy's img/s as a ratio to fp32 (small points: the host-side share shows most there)
-step bench_actnn 110 "$PY" -m actbench bench-actnn --device cuda --out "$SCRATCH"
-keep "$SCRATCH/bench-actnn_cuda_*/actnn.csv" actnn_cuda.csv
 # meta predictions vs cuda measurements of the same small points: the gap the caching allocator adds.
 # (ActNN levels now convert the point's model in place: no second fp32 copy of the parameters stays
 # alive on cuda, so their peak_ratio should sit beside fp32's; checkpoint's and sac's meta warm-up
@@ -99,6 +95,18 @@ step meta_vs_cuda 180 "$PY" -m actbench trust --device cuda --batch 16 --image-s
 step calibrate_cuda 120 "$PY" -m actbench calibrate --device cuda --out "$KEPT/device_model_cuda.json"
 step speed_vs_cuda 300 "$PY" -m actbench trust --device cuda --models resnet50 --strategies fp32,L0,L3,L4,checkpoint,swap \
     --batch 64 --image-size 224 --device-model "$KEPT/device_model_cuda.json" --out "$KEPT"
+# the same points predicted on the built-in datasheet model of this GPU (what --gpu NAME uses for a
+# GPU one does not have): its error here is the error of every prediction made for such a GPU
+step datasheet_model 30 "$PY" -c "import sys, torch; from actbench.planning.device_models import GPU_SPEED_MODELS, save_device_model; found = [m for m in GPU_SPEED_MODELS.values() if m.label == torch.cuda.get_device_name()]; found and save_device_model(found[0], sys.argv[1]); print(found[0].name if found else 'no built-in model for ' + torch.cuda.get_device_name()); sys.exit(0 if found else 1)" "$KEPT/device_model_datasheet.json"
+step speed_vs_datasheet 300 "$PY" -m actbench trust --device cuda --models resnet50 --strategies fp32,L0,L3,L4,checkpoint,swap \
+    --batch 64 --image-size 224 --device-model "$KEPT/device_model_datasheet.json" --out "$KEPT/datasheet"
+# where a step's time goes on this GPU, per op, host and device (fp32, L0, L3 of ResNet-50 at batch 64)
+step profile_cuda 120 "$PY" scripts/profile_step.py --device cuda --model resnet50 --batch 64 --image-size 224 \
+    --strategies fp32,L0,L3 --top 12
+# ActNN's cost per step: fp32, L0, L1, L3 and checkpoint of ResNet-18 b16 and ResNet-50 b8 at 112 px,
+# each strategy's img/s as a ratio to fp32 (small points: the host-side share shows most there)
+step bench_actnn 240 "$PY" -m actbench bench-actnn --device cuda --out "$SCRATCH"
+keep "$SCRATCH/bench-actnn_cuda_*/actnn.csv" actnn_cuda.csv
 # one point's caching-allocator history and segments (memory_snapshot.pickle, no stack traces)
 # and the CUDA context, beside meta's caching-allocator model of the same point (memory_snapshot.json)
 step memory_snapshot 120 "$PY" scripts/memory_snapshot.py "$KEPT" fp32 64

@@ -74,10 +74,10 @@ def calibrate_command(
 
 
 def _calibrated(device: str, quick: bool, name: Optional[str]):
-    from actbench.measure.calibrate import FULL, QUICK, calibrate
+    from actbench.measure.calibrate import QUICK, calibrate
 
     typer.echo(f"calibrating {device}{' (quick)' if quick else ''} ...", err=True)
-    return calibrate(device, QUICK if quick else FULL, name=name.strip() if name else None)
+    return calibrate(device, QUICK if quick else None, name=name.strip() if name else None)
 
 
 def _print_model(model, path: Path) -> None:

@@ -10,6 +10,7 @@ median of a few repetitions after a warm-up, each repetition synchronised on the
 
 from __future__ import annotations
 
+import math
 import platform
 import statistics
 import time
@@ -27,30 +28,53 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass(frozen=True)
 class ProbeSizes:
-    """Shapes of the probes: ``quick`` ones for tests (a few seconds), full ones under a minute on a CPU."""
+    """Shapes of the probes: ``QUICK`` ones for tests (a few seconds), ``FULL`` ones under a minute on a
+    CPU, ``FULL_GPU`` ones the size of a ResNet-50 step's at batch 64 (smaller ones only time launches)."""
 
     matmul: tuple[int, ...]
     conv: tuple[tuple[int, int, int], ...]  # (batch, channels, side) of a 3x3 convolution
     stream_elements: tuple[int, ...]  # fp32 vector lengths of the memory probes (a step's tensors range widely)
     repeats: int
     tiny_ops: int
+    low_precision_matmul: tuple[int, ...]  # matmul sides timed in bf16 and fp16
+    extension_elements: int  # fp32 values of the extension's quantize + dequantize probe
 
 
-QUICK = ProbeSizes(matmul=(128, 256), conv=((2, 32, 16),), stream_elements=(1 << 18,), repeats=3, tiny_ops=200)
+QUICK = ProbeSizes(matmul=(128, 256), conv=((2, 32, 16),), stream_elements=(1 << 18,), repeats=3, tiny_ops=200,
+                   low_precision_matmul=(128, 256), extension_elements=1 << 18)
 FULL = ProbeSizes(matmul=(256, 512, 1024), conv=((8, 64, 56), (8, 128, 28), (8, 256, 14), (8, 512, 7)),
-                  stream_elements=(1 << 16, 1 << 20, 1 << 24), repeats=5, tiny_ops=2000)
+                  stream_elements=(1 << 16, 1 << 20, 1 << 24), repeats=5, tiny_ops=2000,
+                  low_precision_matmul=(256, 512), extension_elements=1 << 20)
+FULL_GPU = ProbeSizes(matmul=(2048, 4096, 8192), conv=((64, 64, 56), (64, 128, 28), (64, 256, 14), (64, 512, 7)),
+                      stream_elements=(1 << 20, 1 << 24, 1 << 26), repeats=5, tiny_ops=2000,
+                      low_precision_matmul=(4096, 8192), extension_elements=1 << 24)
+#: A timed repetition runs its op back to back until it lasts about this long, so that on a device
+#: fed asynchronously a probe times the device's work, not one launch and one synchronisation.
+MIN_REPETITION_S = 0.005
+
+
+def full_sizes(prof: DeviceProfile) -> ProbeSizes:
+    """The full probes for this kind of device: a device fed asynchronously (a GPU) gets step-sized ones."""
+    return FULL_GPU if prof.async_host_copies else FULL
 
 
 def _seconds(fn: Callable[[], object], prof: DeviceProfile, device: torch.device, repeats: int) -> float:
-    """Median synchronised seconds of ``fn`` after one warm-up call."""
+    """Median synchronised seconds per call of ``fn`` after one warm-up call; each repetition calls it
+    back to back for at least :data:`MIN_REPETITION_S`."""
     fn()
+    prof.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    prof.synchronize(device)
+    calls = max(1, min(1000, math.ceil(MIN_REPETITION_S / max(time.perf_counter() - start, 1e-9))))
     times = []
     for _ in range(repeats):
         prof.synchronize(device)
         start = time.perf_counter()
-        fn()
+        for _ in range(calls):
+            fn()
         prof.synchronize(device)
-        times.append(time.perf_counter() - start)
+        times.append((time.perf_counter() - start) / calls)
     return statistics.median(times)
 
 
@@ -150,7 +174,7 @@ def extension_rate(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes)
         ops.ensure_loaded()
     except (ExtensionError, OSError, RuntimeError):
         return None
-    x = torch.randn(256, 4096, device=device)  # 4 MiB, the size of a small step's activations
+    x = torch.randn(sizes.extension_elements // 4096, 4096, device=device)
     packed = ops.quantize(x, 2)
     # group_minmax and quantize read x, dequantize writes it; quantize writes the packed bytes, dequantize reads them
     moved = 3 * x.numel() * x.element_size() + 2 * packed.nbytes
@@ -169,20 +193,27 @@ def _device_label(prof: DeviceProfile, device: torch.device) -> str:
     return platform.processor() or platform.machine() or "host CPU"
 
 
-def calibrate(device_name: str, sizes: ProbeSizes = FULL, name: str | None = None) -> DeviceModel:
+def calibrate(device_name: str, sizes: ProbeSizes | None = None, name: str | None = None) -> DeviceModel:
     """Measure the device ``device_name`` (cpu, cuda) of this machine and return its model.
 
     Peaks per dtype are the fastest matmul or convolution measured in it; ``compute_efficiency`` is the
-    median fp32 probe over the fp32 peak (the fraction a step's mixed shapes reach), likewise for memory.
+    median fp32 probe over the fp32 peak (the fraction a step's mixed shapes reach), likewise for memory
+    and, where fp32 convolutions run on tensor cores as TF32, for those (``tensor_core_efficiency``).
     On a device without asynchronous copies (a CPU) the host and the device are one: the tiny op's cost
     is the host's, launches cost nothing more, and a "copy to the host" is a copy in memory.
     """
     prof = profile(device_name)
     device = prof.torch_device()
-    rates = {"fp32": matmul_rates(prof, device, sizes, torch.float32) + conv_rates(prof, device, sizes, torch.float32)}
-    smaller = ProbeSizes(sizes.matmul[:2], sizes.conv, sizes.stream_elements, sizes.repeats, sizes.tiny_ops)
+    sizes = sizes or full_sizes(prof)
+    tf32_convs = _convolutions_run_as_tf32(prof, device)
+    convs = conv_rates(prof, device, sizes, torch.float32)
+    rates = {"fp32": matmul_rates(prof, device, sizes, torch.float32) + ([] if tf32_convs else convs)}
+    if tf32_convs:
+        rates["tf32"] = convs
+    low = ProbeSizes(sizes.low_precision_matmul, sizes.conv, sizes.stream_elements, sizes.repeats, sizes.tiny_ops,
+                     sizes.low_precision_matmul, sizes.extension_elements)
     for dtype in ("bf16", "fp16") if prof.async_host_copies else ("bf16",):  # fp16 on a CPU: not a training dtype
-        rates[dtype] = matmul_rates(prof, device, smaller, _DTYPES[dtype])
+        rates[dtype] = matmul_rates(prof, device, low, _DTYPES[dtype])
     backward = conv_backward_ratio(prof, device, sizes)
     extension = extension_rate(prof, device, sizes)
     memory = memory_rates(prof, device, sizes)
@@ -201,7 +232,8 @@ def calibrate(device_name: str, sizes: ProbeSizes = FULL, name: str | None = Non
                "backward": f"calibrate: convolution backward at {backward:.2f} of the forward's FLOP/s",
                "extension": ("calibrate: the extension could not be loaded: its ops priced at DRAM bandwidth"
                              if extension is None else
-                             f"calibrate: 2-bit quantize + dequantize of 4 MiB move {extension / 1e9:.2f} GB/s"),
+                             f"calibrate: 2-bit quantize + dequantize of {sizes.extension_elements * 4 >> 20} MiB move "
+                             f"{extension / 1e9:.2f} GB/s"),
                "host_op": f"calibrate: {host_op * 1e6:.2f} us per one-element add_",
                "launch": (f"calibrate: {launch * 1e6:.2f} us per kernel of a replayed CUDA graph"
                           if prof.async_host_copies else "calibrate: no separate device (the host op cost covers it)"),
@@ -213,4 +245,13 @@ def calibrate(device_name: str, sizes: ProbeSizes = FULL, name: str | None = Non
         memory_efficiency=statistics.median(memory.values()) / dram, backward_efficiency=backward,
         extension_bytes_per_s=extension,
         host_overlaps_device=prof.async_host_copies, async_copies=prof.async_host_copies,
-        conv_fp32_as_tf32=False, calibrated=True, sources=MappingProxyType(sources))
+        tensor_core_efficiency=statistics.median(rates["tf32"]) / peaks["tf32"] if tf32_convs else None,
+        conv_fp32_as_tf32=tf32_convs, calibrated=True, sources=MappingProxyType(sources))
+
+
+def _convolutions_run_as_tf32(prof: DeviceProfile, device: torch.device) -> bool:
+    """Whether this device's fp32 convolutions run on tensor cores as TF32: cuDNN's default
+    (``torch.backends.cudnn.allow_tf32``) on a GPU of compute capability 8 (Ampere) or later."""
+    if not prof.async_host_copies:
+        return False
+    return bool(torch.backends.cudnn.allow_tf32) and torch.cuda.get_device_capability(device)[0] >= 8
