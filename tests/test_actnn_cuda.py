@@ -68,8 +68,9 @@ def test_l4_swap_matches_l3_and_moves_what_its_scope_names(exact_fp32, scope):
         if level == "L4":
             assert conv.controller.offloader.stats.prefetch_hits > 0
             by_device = saved_tensor_census(conv.model, x).bytes_by_device()
-            if scope == "all":
-                assert by_device.get("cuda", 0) < 0.01 * by_device["cpu"], by_device  # BN statistics only
+            if scope == "all":  # BatchNorm's fp32 inverse standard deviations only (19,200 bytes here)
+                statistics = sum(4 * m.num_features for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+                assert by_device.get("cuda", 0) == statistics, by_device
             else:
                 # ResNet-18 at 64 px: 2-bit codes of every conv/BN input on the host; 1 bit per ReLU
                 # output and 1 byte per max-pool output on the device, about half the codes' bytes
