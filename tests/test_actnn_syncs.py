@@ -86,3 +86,27 @@ def test_l3_resnet18_step_reads_the_host_at_most_once(backend, monkeypatch):
     print("host reads per adaptive step:", [len(r) for r in counts])
     assert any(len(set(a.bits_desc)) > 1 for a in conv.controller.allocation().values())  # mixed widths ran
     assert all(len(r) <= 1 for r in counts), counts
+
+
+@pytest.mark.parametrize("level", ["L0", "L3"])
+def test_twins_run_their_own_calls_outside_the_rerouting_mode(monkeypatch, level):
+    """The functional-rerouting mode sees only calls made outside twins (torchvision's ``torch.flatten``,
+    a residual add), not each twin's and its controller's own torch calls: every call a mode sees
+    costs the host a Python round trip, thousands a step, which on a GPU the device waits for."""
+    from actbench.actnn import hooks
+
+    seen: list[str] = []
+    original = hooks._FunctionalTwins.__torch_function__
+
+    def counting(self, func, types, args=(), kwargs=None):
+        seen.append(getattr(func, "__name__", "?"))
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(hooks._FunctionalTwins, "__torch_function__", counting)
+    torch.manual_seed(0)
+    model = convert(torchvision.models.resnet18(num_classes=4), level).model
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
+    for _ in range(2):
+        F.cross_entropy(model(x), y).backward()
+    twins = sum(1 for m in model.modules() if m is not model and not any(True for _ in m.children()))
+    assert 0 < len(seen) < twins, (len(seen), twins, seen[:20])

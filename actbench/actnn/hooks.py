@@ -89,8 +89,9 @@ class SavedTensorPacker:
         self._root_name = type(model).__name__
         self._root = model  # a strong reference: deepcopy of the model then maps it to the copy
         self._context = None
-        # per module running: (owner name, inside an ActNN twin's forward, entered the rerouting mode)
-        self._frames: list[tuple[str, bool, bool]] = []
+        # per module running: (owner name, inside an ActNN twin's forward, entered the rerouting mode,
+        # the context that keeps torch-function modes off inside the outermost twin, or None)
+        self._frames: list[tuple[str, bool, bool, object | None]] = []
         self._functional: _FunctionalTwins | None = None
         #: the functional call being rerouted to a twin right now (for the census), else None
         self.routing: str | None = None
@@ -121,13 +122,22 @@ class SavedTensorPacker:
             entered = True
         name = self._names.get(module)
         owner = name if name is not None else (self._frames[-1][0] if self._frames else self._root_name)
-        in_twin = (self._frames[-1][1] if self._frames else False) or isinstance(module, ActNNModule)
-        self._frames.append((owner, in_twin, entered))
+        outer_in_twin = self._frames[-1][1] if self._frames else False
+        in_twin = outer_in_twin or isinstance(module, ActNNModule)
+        # A twin's own calls are never rerouted: run them without the rerouting mode, which would
+        # otherwise see every torch call of the twin and its controller (thousands a step).
+        quiet = None
+        if in_twin and not outer_in_twin and self._functional is not None:
+            quiet = compat.torch_function_disabled()
+            quiet.__enter__()
+        self._frames.append((owner, in_twin, entered, quiet))
 
     def _pop(self, module: nn.Module, args, output) -> None:
         if not self._frames:
             return
-        _, _, entered = self._frames.pop()
+        _, _, entered, quiet = self._frames.pop()
+        if quiet is not None:
+            quiet.__exit__(None, None, None)
         if entered and self._functional is not None:
             functional, self._functional = self._functional, None
             functional.__exit__(None, None, None)

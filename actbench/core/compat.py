@@ -23,7 +23,7 @@ from actbench.core.devices import holds_data
 __all__ = ["TorchDispatchMode", "tree_flatten", "dispatch_modes_disabled", "memtracker_class", "tensor_version",
            "fake_tensor_mode", "is_fake", "storage_identity", "parameters_on_meta", "fake_module",
            "forget_compiled_graphs", "clear_cublas_workspaces", "softmax_backward", "builtin_avg_pool2d",
-           "has_dispatch_kernel", "op_flops", "op_bytes_moved"]
+           "has_dispatch_kernel", "op_flops", "op_bytes_moved", "torch_function_disabled"]
 
 
 def tensor_version(tensor: "torch.Tensor") -> int:
@@ -31,11 +31,26 @@ def tensor_version(tensor: "torch.Tensor") -> int:
     return tensor._version
 
 
-@contextlib.contextmanager
-def dispatch_modes_disabled() -> Iterator[None]:
-    """Run a block with every active dispatch mode switched off (bookkeeping inside a mode)."""
-    with _disable_current_modes():
-        yield
+def torch_function_disabled() -> "contextlib.AbstractContextManager":
+    """A context in which torch calls skip every ``__torch_function__`` mode and override
+    (``torch._C.DisableTorchFunction``); dispatch modes (fake tensors, FLOP counting) still apply.
+    Entered and left by separate calls (a module's pre- and post-forward hooks), so it is returned
+    as an object, not a generator."""
+    import torch
+
+    return torch._C.DisableTorchFunction()
+
+
+def dispatch_modes_disabled() -> "contextlib.AbstractContextManager":
+    """Run a block with every active dispatch mode switched off (bookkeeping inside a mode). With no
+    mode active (every real step) nothing needs switching off, and the switch costs tens of
+    microseconds: ActNN draws a seed per quantized tensor through this."""
+    import torch
+    from torch._ops import _len_torch_dispatch_stack_pre_dispatch
+
+    if torch._C._len_torch_dispatch_stack() == 0 and _len_torch_dispatch_stack_pre_dispatch() == 0:
+        return contextlib.nullcontext()
+    return _disable_current_modes()
 
 
 def memtracker_class() -> type:
