@@ -139,6 +139,35 @@ def convert(
     if not inplace:
         model = copy.deepcopy(model)
     controller = Controller(config, generator=generator)
+    converted, kept, unsupported = _swap_in_twins(model, controller)
+    hooked: list[ModuleEntry] = []
+    if config.saved_tensor_hooks:
+        hooks.install(controller, model)
+        hooked, unsupported = unsupported, []
+    census = None
+    if example_input is not None:
+        census = saved_tensor_census(model, example_input)
+        controller.after_backward()  # the measuring forward was not a training step
+        # Measured: a leaf that saved nothing (e.g. a Permute) is kept, not unsupported.
+        saving = {g.owner for g in census.groups}
+        kept += [e for e in unsupported + hooked if e.name not in saving]
+        unsupported = [e for e in unsupported if e.name in saving]
+        hooked = [e for e in hooked if e.name in saving]
+    if unsupported:
+        listing = ", ".join(f"{e.name} ({e.torch_type})" for e in unsupported)
+        if strict:
+            raise UnsupportedModuleError(
+                f"actnn.convert: {len(unsupported)} module(s) keep activations actbench cannot compress: {listing}"
+            )
+        log.warning("actnn.convert: left uncompressed (unsupported): %s", listing)
+    report = ConversionReport(config.name, tuple(converted), tuple(kept), tuple(unsupported), census, tuple(hooked))
+    return Conversion(model, report, controller, config)
+
+
+def _swap_in_twins(model: nn.Module, controller: Controller
+                   ) -> tuple[list[ModuleEntry], list[ModuleEntry], list[ModuleEntry]]:
+    """Give every module with a twin the twin's class (in place) and a slot of ``controller``;
+    returns the converted, the kept-as-is and the unsupported modules."""
     converted, kept, unsupported = [], [], []
     covered: list[str] = []  # twins that use their submodules' parameters themselves (attention)
     for name, module in model.named_modules():
@@ -161,29 +190,7 @@ def convert(
         elif _has_own_state(module):
             entry = ModuleEntry(name, type(module).__name__, None)
             (kept if isinstance(module, KEPT_AS_IS) else unsupported).append(entry)
-    if config.saved_tensor_hooks:
-        hooks.install(controller, model)
-    hooked: list[ModuleEntry] = []
-    if config.saved_tensor_hooks:
-        hooked, unsupported = unsupported, []
-    census = None
-    if example_input is not None:
-        census = saved_tensor_census(model, example_input)
-        controller.after_backward()  # the measuring forward was not a training step
-        # Measured: a leaf that saved nothing (e.g. a Permute) is kept, not unsupported.
-        saving = {g.owner for g in census.groups}
-        kept += [e for e in unsupported + hooked if e.name not in saving]
-        unsupported = [e for e in unsupported if e.name in saving]
-        hooked = [e for e in hooked if e.name in saving]
-    if unsupported:
-        listing = ", ".join(f"{e.name} ({e.torch_type})" for e in unsupported)
-        if strict:
-            raise UnsupportedModuleError(
-                f"actnn.convert: {len(unsupported)} module(s) keep activations actbench cannot compress: {listing}"
-            )
-        log.warning("actnn.convert: left uncompressed (unsupported): %s", listing)
-    report = ConversionReport(config.name, tuple(converted), tuple(kept), tuple(unsupported), census, tuple(hooked))
-    return Conversion(model, report, controller, config)
+    return converted, kept, unsupported
 
 
 def _torch_name(twin: type[nn.Module]) -> str:

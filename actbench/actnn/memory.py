@@ -144,106 +144,114 @@ def _storage_key(t: torch.Tensor) -> tuple[str, int] | None:
         return None
 
 
+class _Census:
+    """The running state of one census forward: the module stack, storages seen, groups of bytes."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.names = {m: n or type(model).__name__ for n, m in model.named_modules()}
+        self.state_keys = {_storage_key(t) for t in list(model.parameters()) + list(model.buffers())}
+        self.stack: list[nn.Module] = []
+        self.seen: set[tuple[str, int]] = set()
+        self.groups: dict[tuple[str, str, str, str], list[int]] = {}
+        self.owner_types: dict[tuple[str, str, str, str], str] = {}
+        self.calls = _OuterCall()
+        self.packer = hooks.packer_of(model)
+
+    def pre(self, module: nn.Module, args) -> None:
+        self.stack.append(module)
+
+    def post(self, module: nn.Module, args, output) -> None:
+        if self.stack and self.stack[-1] is module:
+            self.stack.pop()
+
+    @property
+    def owner(self) -> nn.Module:
+        return self.stack[-1] if self.stack else self.model
+
+    def record(self, t: torch.Tensor, owner: nn.Module, saved_by: str, category: str) -> None:
+        key = _storage_key(t)
+        if key is None or key in self.state_keys or key in self.seen:
+            return
+        self.seen.add(key)
+        gkey = (self.names.get(owner, "?"), saved_by, category, t.device.type)
+        self.groups.setdefault(gkey, []).append(t.untyped_storage().nbytes())
+        self.owner_types[gkey] = type(owner).__name__
+
+    def classify(self, t: torch.Tensor) -> None:
+        """A tensor saved outside any ActNN hook path (an unconverted model, or hooks off)."""
+        owner, role = self.owner, saved_role(t)
+        if role is not None and not isinstance(owner, ActNNModule):  # a functional call rerouted to a twin
+            routed = self.packer.routing if self.packer is not None else None
+            self.record(t, owner, f"twin: {routed or self.calls.current or '?'}", role)
+            return
+        if isinstance(owner, ActNNModule):
+            self.record(t, owner, type(owner).__name__, _twin_category(t, role))
+            return
+        leaf = not any(True for _ in owner.children())
+        self.record(t, owner, self.calls.current or "?", "unconverted module" if leaf else "functional")
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        self.classify(t)
+        return t
+
+    def observe(self, t: torch.Tensor, packed, reason: str | None, owner_name: str) -> None:
+        """The packer's report of one saved tensor (a converted model's own hooks)."""
+        owner, saved_by = self.owner, f"hook: {self.calls.current or '?'}"
+        if packed is not None:
+            for p in packed.tensors:
+                self.record(p, owner, saved_by, ROLE_COMPRESSED)
+        elif reason == hooks.SKIP_TWIN:
+            self.classify(t)
+        elif reason != hooks.SKIP_STATE:
+            self.record(t, owner, saved_by, _SKIP_CATEGORY.get(reason, reason))
+
+    def result(self) -> SavedCensus:
+        return SavedCensus(tuple(
+            SavedGroup(key[0], self.owner_types[key], key[1], key[2], sum(sizes), len(sizes), key[3])
+            for key, sizes in self.groups.items()))
+
+
+def _twin_category(t: torch.Tensor, role: str | None) -> str:
+    """What a tensor an ActNN twin keeps is: its marked role, else read off its dtype and rank."""
+    if role is not None:
+        return role
+    if t.dtype in PACKED_DTYPES:
+        return "compressed"
+    return "layer statistics" if t.dim() <= 1 else "full precision by level"
+
+
 def saved_tensor_census(model: nn.Module, example_input: torch.Tensor | tuple) -> SavedCensus:
     """Run one training-mode forward of ``model`` and classify every saved activation storage.
 
     The model's mode is restored afterwards; BatchNorm running statistics are restored too, so a
     census does not change the model.
     """
-    names = {m: n or type(model).__name__ for n, m in model.named_modules()}
-    state_ptrs = {_storage_key(t) for t in list(model.parameters()) + list(model.buffers())}
+    census = _Census(model)
     buffers = [b.detach().clone() for b in model.buffers()]
-    stack: list[nn.Module] = []
-    seen: set[tuple[str, int]] = set()
-    groups: dict[tuple[str, str, str, str], list[int]] = {}
-    meta: dict[tuple[str, str, str, str], tuple[str, str]] = {}
-    calls = _OuterCall()
-    packer = hooks.packer_of(model)
-
-    def pre(module, args):
-        stack.append(module)
-
-    def post(module, args, output):
-        if stack and stack[-1] is module:
-            stack.pop()
-
-    def record(t: torch.Tensor, owner: nn.Module, saved_by: str, category: str) -> None:
-        key = _storage_key(t)
-        if key is None or key in state_ptrs or key in seen:
-            return
-        seen.add(key)
-        gkey = (names.get(owner, "?"), saved_by, category, t.device.type)
-        groups.setdefault(gkey, []).append(t.untyped_storage().nbytes())
-        meta[gkey] = (type(owner).__name__, saved_by)
-
-    def classify(t: torch.Tensor) -> None:
-        """A tensor saved outside any ActNN hook path (an unconverted model, or hooks off)."""
-        owner = stack[-1] if stack else model
-        role = saved_role(t)
-        if role is not None and not isinstance(owner, ActNNModule):  # a functional call rerouted to a twin
-            routed = packer.routing if packer is not None else None
-            record(t, owner, f"twin: {routed or calls.current or '?'}", role)
-            return
-        if isinstance(owner, ActNNModule):
-            saved_by = type(owner).__name__
-            if role is not None:
-                category = role
-            elif t.dtype in PACKED_DTYPES:
-                category = "compressed"
-            elif t.dim() <= 1:
-                category = "layer statistics"
-            else:
-                category = "full precision by level"
-        elif not any(True for _ in owner.children()):
-            saved_by = calls.current or "?"
-            category = "unconverted module"
-        else:
-            saved_by = calls.current or "?"
-            category = "functional"
-        record(t, owner, saved_by, category)
-
-    def pack(t: torch.Tensor):
-        classify(t)
-        return t
-
-    def observe(t: torch.Tensor, packed, reason: str | None, owner_name: str) -> None:
-        """The packer's report of one saved tensor (a converted model's own hooks)."""
-        owner = stack[-1] if stack else model
-        if packed is not None:
-            for p in packed.tensors:
-                record(p, owner, f"hook: {calls.current or '?'}", ROLE_COMPRESSED)
-        elif reason == hooks.SKIP_TWIN:
-            classify(t)
-        elif reason != hooks.SKIP_STATE:
-            record(t, owner, f"hook: {calls.current or '?'}", _SKIP_CATEGORY.get(reason, reason))
-
     was_training = model.training
     handles = []
     for m in model.modules():
-        handles.append(m.register_forward_pre_hook(pre))
-        handles.append(m.register_forward_hook(post))
-    if packer is not None:
-        packer.observer = observe
+        handles.append(m.register_forward_pre_hook(census.pre))
+        handles.append(m.register_forward_hook(census.post))
+    if census.packer is not None:
+        census.packer.observer = census.observe
     model.train()
     try:
         args = example_input if isinstance(example_input, tuple) else (example_input,)
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), calls:
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(census.pack, lambda t: t), census.calls:
             out = model(*args)
         del out
     finally:
-        if packer is not None:
-            packer.observer = None
+        if census.packer is not None:
+            census.packer.observer = None
         for h in handles:
             h.remove()
         model.train(was_training)
         with torch.no_grad():
             for b, saved in zip(model.buffers(), buffers):
                 b.copy_(saved)
-    result = tuple(
-        SavedGroup(key[0], meta[key][0], key[1], key[2], sum(sizes), len(sizes), key[3])
-        for key, sizes in groups.items()
-    )
-    return SavedCensus(result)
+    return census.result()
 
 
 def last_forward_census(model: nn.Module) -> SavedCensus | None:

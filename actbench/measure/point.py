@@ -123,20 +123,7 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
     device = prof.torch_device()
     torch.manual_seed(point.seed)
     prof.prepare(device, point.budget_bytes)
-    with device:  # parameters are created (and initialised) on the device: fast for grown ResNets
-        model = build_model(point.model, point.image_size)
-    model = model.to(device)
-    result.num_params = sum(p.numel() for p in model.parameters())
-    result.depth = real_depth(model)
-    if fault is not None:
-        fault()
-
-    # FLOPs on the unmodified model, batch 2 (BatchNorm in train mode needs > 1 value per channel).
-    f_images, f_targets = synthetic_batch(2, point.image_size, point.model.num_classes, device, point.seed)
-    fwd, total = count_flops(model, f_images, f_targets)
-    result.forward_flops_per_sample, result.flops_per_sample = fwd / 2, total / 2
-    del f_images, f_targets
-
+    model = _built_and_counted(point, device, result, fault)
     speed_model = selected_device_model(point.gpu)
     recorder = OpRecorder(overlaps_copies=strategies.get(point.strategy).overlaps_host_copies)
     tracker = None if prof.has_caching_allocator else LiveStorageTracker(
@@ -167,24 +154,51 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
             tracked_memory_step(step, images, targets, tracker, result)
     clock.count += warmup_before + settled + 1  # + the memory step
     clock.record(result)
+    _describe_memory_step(step, note, result)
+    fill_prediction(result, recorder.ops, speed_model, point.batch_size)  # the memory step's ops, priced
+    check_budget(result, point.budget_bytes)
+    check_host_budget(result.host_bytes, point.host_budget_bytes, "host_bytes at the end of forward")
+    if point.timed_steps > 0:
+        _time_into(point, prof, step, images, targets, max(0, point.warmup_steps - warmup_before), clock, result)
+
+
+def _built_and_counted(point: PointConfig, device: torch.device, result: Measurement,
+                       fault: Callable[[], None] | None) -> torch.nn.Module:
+    """The point's model on ``device``, with its size, depth and FLOPs per sample recorded in ``result``."""
+    with device:  # parameters are created (and initialised) on the device: fast for grown ResNets
+        model = build_model(point.model, point.image_size)
+    model = model.to(device)
+    result.num_params = sum(p.numel() for p in model.parameters())
+    result.depth = real_depth(model)
+    if fault is not None:
+        fault()
+    # FLOPs on the unmodified model, batch 2 (BatchNorm in train mode needs > 1 value per channel).
+    f_images, f_targets = synthetic_batch(2, point.image_size, point.model.num_classes, device, point.seed)
+    fwd, total = count_flops(model, f_images, f_targets)
+    result.forward_flops_per_sample, result.flops_per_sample = fwd / 2, total / 2
+    return model
+
+
+def _describe_memory_step(step, note: str | None, result: Measurement) -> None:
+    """The memory step's notes (census, precision) and the model's bytes, into ``result``."""
     result.strategy_note = with_census(note, step.model)  # what the measured forward left uncompressed, as on meta
     precision_note = step.precision_note()
     if precision_note is not None:
         result.strategy_note = "; ".join(n for n in (result.strategy_note, precision_note) if n)
     for name, value in model_breakdown(step).items():
         setattr(result, name, value)
-    fill_prediction(result, recorder.ops, speed_model, point.batch_size)  # the memory step's ops, priced
-    check_budget(result, point.budget_bytes)
-    check_host_budget(result.host_bytes, point.host_budget_bytes, "host_bytes at the end of forward")
 
-    if point.timed_steps > 0:
-        remaining_warmup = max(0, point.warmup_steps - warmup_before)
-        times = _time_steps(step, images, targets, device, prof, remaining_warmup, point.timed_steps, clock)
-        clock.record(result)
-        rates = [point.batch_size / t for t in times]
-        result.samples_per_s_median, result.samples_per_s_iqr = _quartiles(rates)
-        result.step_time_s_median = statistics.median(times)
-        if result.samples_per_s_iqr is not None and result.samples_per_s_iqr > prof.settle_iqr_fraction * result.samples_per_s_median:
-            result.message = (f"noisy: IQR {result.samples_per_s_iqr / result.samples_per_s_median:.0%} of median "
-                              f"over {len(times)} steps ({sum(times):.1f} s)")
-            log.warning("%s", result.message)
+
+def _time_into(point: PointConfig, prof: DeviceProfile, step, images: torch.Tensor, targets: torch.Tensor,
+               warmup: int, clock: StepClock, result: Measurement) -> None:
+    """Timed steps after ``warmup`` more: samples/s median and IQR, step time, a noisy-spread message."""
+    device = prof.torch_device()
+    times = _time_steps(step, images, targets, device, prof, warmup, point.timed_steps, clock)
+    clock.record(result)
+    rates = [point.batch_size / t for t in times]
+    result.samples_per_s_median, result.samples_per_s_iqr = _quartiles(rates)
+    result.step_time_s_median = statistics.median(times)
+    if result.samples_per_s_iqr is not None and result.samples_per_s_iqr > prof.settle_iqr_fraction * result.samples_per_s_median:
+        result.message = (f"noisy: IQR {result.samples_per_s_iqr / result.samples_per_s_median:.0%} of median "
+                          f"over {len(times)} steps ({sum(times):.1f} s)")
+        log.warning("%s", result.message)
