@@ -14,6 +14,8 @@ from torchvision.models.convnext import CNBlock, LayerNorm2d
 from actbench.kernels import ops
 from actbench.actnn import convert, level_config
 from actbench.actnn import layers as L
+from actbench.actnn import transformer_functions as TF
+from actbench.actnn import transformer_layers as TL
 
 try:
     from test_actnn_standins import patch_ops
@@ -210,7 +212,7 @@ def test_multihead_attention_twin_matches_torch_and_keeps_only_qkv(backend):
 
     ref_out, ref = run(copy.deepcopy(mha), x)
     conv = convert(mha, level_config("L0", backend=backend))
-    assert isinstance(conv.model, L.QMultiheadAttention)
+    assert isinstance(conv.model, TL.QMultiheadAttention)
     assert [e.name for e in conv.report.kept] == ["out_proj"]  # used by the twin itself
     out, got = run(conv.model, x)
     torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
@@ -276,18 +278,18 @@ def test_attention_keeps_q_and_k_at_qk_bits_and_v_at_act_bits():
     assert (level.qk_bits, level.act_bits) == (4, 2)
     model = convert(mha, level).model
     seen = []
-    real = L.AttentionFunction.forward
+    real = TF.AttentionFunction.forward
 
     def spy(ctx, qkv, heads, mask, causal, qk_slot, v_slot):
         out = real(ctx, qkv, heads, mask, causal, qk_slot, v_slot)
         seen.append(tuple((spec.kind, tuple(spec.shape), spec.bits) for spec in ctx.specs))
         return out
 
-    L.AttentionFunction.forward = staticmethod(spy)
+    TF.AttentionFunction.forward = staticmethod(spy)
     try:
         out = model(x, x, x, need_weights=False)[0]
     finally:
-        L.AttentionFunction.forward = staticmethod(real)
+        TF.AttentionFunction.forward = staticmethod(real)
     assert seen == [(("packed", (2, 8, 128), 4), ("packed", (2, 8, 64), 2))]
     out.sum().backward()  # backward reassembles qkv from the two packs
     assert x.grad is not None and torch.isfinite(x.grad).all()

@@ -17,16 +17,52 @@ from typing import Callable, ContextManager
 
 import torch
 from torch import nn
+from torchvision.models.convnext import CNBlock, LayerNorm2d
 from torchvision.models.maxvit import SwapAxes, WindowDepartition, WindowPartition
+from torchvision.ops import StochasticDepth
 from torchvision.ops.misc import Permute
 
 from actbench.actnn import hooks
 from actbench.actnn.controller import Controller
-from actbench.actnn.layers import REPLACEMENTS, ActNNModule, QMaxPool2d, maxpool_supported
+from actbench.actnn import layers as L
+from actbench.actnn.layers import ActNNModule, QMaxPool2d, maxpool_supported
+from actbench.actnn.transformer_layers import QCNBlock, QMultiheadAttention, QSoftmax
 from actbench.actnn.levels import LevelConfig, resolve
 from actbench.actnn.memory import SavedCensus, SavedGroup, saved_tensor_census
 
 log = logging.getLogger(__name__)
+
+# Exact torch type -> ActNN twin (subclasses of these with their own forward are not converted).
+REPLACEMENTS: dict[type[nn.Module], type[nn.Module]] = {
+    nn.Conv1d: L.QConv1d,
+    nn.Conv2d: L.QConv2d,
+    nn.Conv3d: L.QConv3d,
+    nn.ConvTranspose1d: L.QConvTranspose1d,
+    nn.ConvTranspose2d: L.QConvTranspose2d,
+    nn.ConvTranspose3d: L.QConvTranspose3d,
+    nn.Linear: L.QLinear,
+    nn.BatchNorm1d: L.QBatchNorm1d,
+    nn.BatchNorm2d: L.QBatchNorm2d,
+    nn.BatchNorm3d: L.QBatchNorm3d,
+    nn.ReLU: L.QReLU,
+    nn.ReLU6: L.QReLU6,
+    nn.Hardtanh: L.QHardtanh,
+    nn.Dropout: L.QDropout,
+    nn.MaxPool2d: L.QMaxPool2d,
+    nn.AvgPool2d: L.QAvgPool2d,
+    nn.LayerNorm: L.QLayerNorm,
+    LayerNorm2d: L.QLayerNorm2d,
+    nn.GELU: L.QGELU,
+    nn.SiLU: L.QSiLU,
+    nn.Hardswish: L.QHardswish,
+    nn.Sigmoid: L.QSigmoid,
+    nn.Tanh: L.QTanh,
+    nn.Hardsigmoid: L.QHardsigmoid,
+    StochasticDepth: L.QStochasticDepth,
+    nn.Softmax: QSoftmax,
+    nn.MultiheadAttention: QMultiheadAttention,
+    CNBlock: QCNBlock,
+}
 
 # Leaf modules that keep no activation worth compressing (at most a shape, or a small input at
 # the network's end, which the census then reports with its bytes).
