@@ -1,21 +1,10 @@
 """Child-process entry: ``python -m actbench.worker REQUEST.json RESULT.json``, or ``--serve``.
 
-One request: the parent writes a JSON request; the child writes a JSON result file (never parsed
-from stdout) and exits 0. Out-of-memory and over-budget are results; any other exception becomes an
-``error`` result with a one-line message. If the child dies before writing (a crash) or is killed (a
-timeout), the parent makes the row from the exit status.
-
-``--serve`` (a persistent worker, :class:`actbench.execution.executors.WorkerProcess`): requests arrive as JSON
-lines on stdin and each reply is one JSON line on the original stdout, which the worker keeps for
-replies only (fd 1 itself is pointed at the point's log, as fd 2 is). Each point is measured exactly
-as in a fresh child (the model, optimizer, data and tracker are built for it, the seed is set, the
-device's peak counters are reset), and afterwards :func:`release_point` drops what the point left:
-garbage, compiled graphs, cached device blocks. A reply says whether the device is clean again; the
-parent replaces a worker that is not, and any worker whose point failed (oom, error, crash, timeout).
-
-Test hook: ``ACTBENCH_TEST_FAULT`` = ``crash`` | ``hang`` | ``oom`` | ``error``, optionally
-restricted to some points with ``@batch=N``, ``@batch>N``, ``@image>N``, ``@blocks>N`` or
-``@strategy=NAME`` (e.g. ``crash@batch=4``). Read once here; it fires after the model is built.
+One request: JSON request file in, JSON result file out. ``--serve``: a persistent worker
+(:class:`actbench.execution.executors.WorkerProcess`), one JSON request line in and one reply line
+out per point, each point measured exactly as in a fresh child and released afterwards. Also reads
+the test hook ``ACTBENCH_TEST_FAULT``. The protocol, what a worker keeps between points and the
+hook's syntax: docs/design.md §7 ("Executors and isolation") and §8.
 """
 
 from __future__ import annotations
@@ -165,8 +154,7 @@ def _meta_sessions() -> Any:
 def _predicted(request: dict[str, Any]) -> bool:
     """A predicting device's point (meta): its fake tensors hold no device memory, so there is nothing to
     release, as in the in-process executor, whose predictions a worker's must equal. Releasing anyway
-    (a garbage collection per point) cost 0.17 s and made the next point of the session ~50 % slower:
-    resnet50 on meta, 12 points in one session, 14.6 s with a release after each, 10.0 s without."""
+    (a garbage collection per point) would only slow the session's next point (docs/design.md §7)."""
     from actbench.core.devices import profile
 
     point = request.get("point") if request.get("task") == "measure" else None
@@ -277,7 +265,7 @@ def _warm_up(lowest_priority: bool) -> None:
             traceback.print_exc(file=sys.stderr)
             return
     # What the imports made lives as long as the worker: out of the collector's sight, the collection
-    # after each point (release_point) looks at the point's objects only: 0.15 s -> 5 ms on 2 cores.
+    # after each point (release_point) looks at the point's objects only (docs/design.md §7).
     import gc
 
     gc.collect()

@@ -1,35 +1,10 @@
 """Per-model adaptive state: the L3 bit allocator, the swap offloader, and the step boundary.
 
-One :class:`Controller` per converted model, held by the :class:`~actbench.actnn.convert.Conversion`
-and referenced by each converted layer through a :class:`LayerSlot` (no globals: upstream's class
-attributes broke as soon as two models existed).
-
-Mixed precision (docs/design.md §2), arranged so the training loop stays ordinary and there is at most
-one small host round trip per step:
-
-* every quantizing backward records the mean per-sample ``||grad_output||^2`` of its layer, every
-  quantizing forward the per-sample sum of squared group ranges of its input (on the device);
-* at the first quantizing forward after a backward, the controller reads all of last step's
-  statistics in one transfer and runs the greedy ``ops.allocate_bits`` over all conv/linear
-  (layer, sample) pairs with cost ``factor_l * mean_n ||g_{l,n}||^2 * range^2_{l,n}`` (factor: see
-  ``_cost_factor``) and weight = elements per sample, so their *network* average meets the target
-  while sensitive layers get more bits. The gradient norm enters as the layer's batch mean: the
-  current samples' bits are set in forward, before their gradients exist, and last step's
-  per-sample norms belong to other samples (with them, the multiset spread by gradient norm was
-  handed out by range, in effect at random: a small ViT's gradient noise was 12x that of the
-  mean-norm cost, docs/design.md §2). Each BatchNorm keeps its own budget (target * N) and
-  varies bits only across samples: its input error also reaches every earlier layer's gradient
-  through BN's input gradient, which a local cost cannot see (measured: sharing one budget with the
-  convs made ResNet-18's gradient noise 10x worse than uniform 2 bits; separate, it is below);
-* that gives each layer a multiset of per-sample widths; in the current step a layer hands the
-  widest of them to the samples with the largest *current* group ranges (a rank match on the
-  device: by the rearrangement inequality it is the best assignment of a fixed multiset when
-  costs scale with range^2, which they do once the gradient norm is the layer's mean), so
-  per-sample choices follow the current activation without a sync.
-
-The first step, or a layer whose batch size changed, gets the uniform allocation of its target
-(``max(N, floor(target * N))`` sample-bits spread as evenly as possible): upstream's all-zero
-first-step costs gave a degenerate allocation.
+One :class:`Controller` per converted model, held by its :class:`~actbench.actnn.convert.Conversion`
+and reached by each converted layer through a :class:`LayerSlot`, so no state is global. Once a
+step, with one host round trip, it turns last step's statistics (gradient norms, group ranges) into
+per-layer and per-sample bit widths, which each layer hands out by current range on the device. The
+cost model, the budgets and why: docs/design.md §2 ("Cost model"); the levels: §3.
 """
 
 from __future__ import annotations
@@ -96,7 +71,7 @@ def uniform_bits(n: int, target: float, min_bits: int = 1, max_bits: int = 8) ->
 
 
 class Controller:
-    """Adaptive state of one converted model (see the module docstring)."""
+    """Adaptive state of one converted model (docs/design.md §2, "Cost model")."""
 
     def __init__(self, config: LevelConfig, generator: torch.Generator | None = None) -> None:
         self.config = config
@@ -171,7 +146,7 @@ class Controller:
     def record_grad(self, index: int, grad_output: torch.Tensor) -> None:
         """The layer's mean per-sample ||grad_output||^2, kept on the device as an [N] tensor.
 
-        Only the batch mean enters the cost (see the module docstring), so it is one dot product
+        Only the batch mean enters the cost (docs/design.md §2), so it is one dot product
         over the whole gradient (BLAS, memory speed), not a per-sample reduction.
         """
         self._backward_seen = True
@@ -215,7 +190,7 @@ class Controller:
             # Meta sizing (fake tensors, no data): keep the uniform allocation of each target. With
             # unit weights the greedy lands on exactly max(N, floor(target * N)) sample-bits per
             # budget; with real statistics the split between layers differs and the total moves
-            # slightly (about 0.2% of activation bytes, docs/design.md §4).
+            # slightly (docs/design.md §4).
             return
         stacked = torch.cat([torch.stack([self._grad_sq[i], self._range_sq[i].to(self._grad_sq[i].device)]).reshape(-1) for i in order])
         try:

@@ -1,44 +1,10 @@
-"""The general path: every floating saved tensor no twin handles is quantized through saved-tensor hooks.
+"""The saved-tensor hook path: every floating saved tensor that no ActNN twin handles is quantized.
 
-ActNN twins (``layers.py``) compress what their layers keep in the form that suits them. Everything
-else autograd saves during a converted model's forward — functional calls (``F.relu``, ``F.gelu``,
-``x * torch.sigmoid(x)`` in squeeze-excitation blocks, ``torch.matmul``/``einsum`` in attention,
-``F.softmax``, ``F.linear`` with a module's weight), modules without a twin — reaches
-``torch.autograd.graph.saved_tensors_hooks``, which a :class:`SavedTensorPacker` installs around
-the model's forward (GACT's approach, with actbench's own quantizer). A saved tensor is packed when
-
-* it is floating point and packable (fp32, fp16, bf16) — integer and boolean tensors are never
-  touched (dropout masks, indices);
-* it holds at least ``LevelConfig.hook_min_elements`` values (smaller ones cost more in metadata and
-  calls than they save);
-* it is not model state: parameters, buffers and views of them (same storage) stay as they are;
-* no twin kept it (``functions.save`` marks what twins keep: their packed codes, bf16 metadata and
-  full-precision inputs at L0/L1 pass through).
-
-``F.max_pool2d`` (an int8 argmax instead of the input and int64 indices) and ``F.avg_pool2d`` (only
-the input's shape) are rerouted to the twins' functions as well (below).
-
-Functional activations get their twins' forms too: while the packer is installed, a
-``TorchFunctionMode`` routes ``F.relu``/``torch.relu``/``relu_``/``F.relu6``/``F.hardtanh`` (a 1-bit
-mask, in place when asked), ``F.dropout`` (a 1-bit keep-mask), ``F.hardsigmoid`` (a 1-bit mask) and
-``F.gelu``/``F.silu``/``torch.sigmoid``/``F.hardswish`` (their derivative, unbiased) to the twins'
-autograd functions — GoogLeNet and Inception apply every ReLU as ``F.relu(x, inplace=True)``, whose
-output the plain hook path would keep at 2 bits, lossy, where a mask is exact and smaller.
-``F.normalize`` (p = 2; Swin V2's cosine attention) keeps its output, compressed, and its per-row
-denominator in full precision (:class:`NormalizeFunction`): the plain hook path kept the input and
-the clamped norm, and a quantized input over a norm clamped to 1e-12 (Swin V2's padded keys are
-exactly 0) overflowed to NaN in backward. Calls made inside a twin's own forward are left alone.
-
-A packed tensor is quantized with the same ops and slots as a twin's input (``LayerSlot.save_input``), at the
-level's ``act_bits`` (full precision at L0: nothing is packed), with the same mixed precision
-(per-tensor budget, per-sample bits from ``||g||^2 * range^2``, where g is the gradient reaching the
-saved tensor, recorded by a tensor hook) and the same L4/L5 offload. A storage saved twice in one
-forward (a softmax output that the next matmul also keeps) is packed once. Unpacking dequantizes in
-backward. Slots are named ``<owner module>:<n>``: the n-th tensor packed while that module was the
-innermost one running.
-
-An observer (``SavedTensorPacker.observer``, set by ``memory.saved_tensor_census``) sees every saved
-tensor with what was done to it, so the census can say what stays uncompressed and why.
+Twins (``layers.py``) compress what their own layers keep; everything else autograd saves in a
+converted model's forward reaches the ``saved_tensors_hooks`` a :class:`SavedTensorPacker` installs,
+and is packed with the same ops, slots, mixed precision and offload as a twin's input. While it is
+installed, a ``TorchFunctionMode`` reroutes functional activations and pools to the twins' autograd
+functions. What is packed, what is rerouted and why: docs/design.md §3 ("The saved-tensor hook path").
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """What a model keeps for backward, measured: one forward under saved-tensor hooks.
 
-Every tensor autograd saves passes through ``torch.autograd.graph.saved_tensors_hooks``; we note
-its storage (deduplicated: a ReLU output that the next conv also saves counts once), the module
-whose forward was running, and the torch function that saved it (a ``TorchFunctionMode`` keeps the
-outermost call), so the report can name ``F.relu`` in ``DenseNet.forward``. Parameters and buffers
-are model state, not activations, and are left out. Bytes are storage bytes at the end of forward.
-
-A converted model runs its own saved-tensor hooks (``actbench.actnn.hooks``), innermost, so the
-census's hook never sees what it saves: the census then listens to the model's packer instead
-(``SavedTensorPacker.observer``), which reports each saved tensor with what it did to it — packed,
-or left as it is and why. Works on fake tensors too (storages are told apart by identity, not by
-address), so a meta point can carry the census in its note.
+The saved-tensor census: each saved storage once, with the module and the torch function that saved
+it and, for a converted model, what its packer did with it, so a report can say what stays
+uncompressed and why. It works on fake tensors too, so meta points carry it. Details:
+docs/design.md §3 ("What stays uncompressed").
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Turns points into rows of one run directory: resume what is recorded, measure the rest.
 
-Measuring goes through an executor (:mod:`actbench.execution.executors`): the runner neither knows nor cares
-whether a point ran in a child process or in this one. The environment is captured once per run
-(through the executor, so a cuda run captures it in a child) and recorded in the run directory.
-
-Resume and retry: a point whose latest row is a result (``ok``, ``oom``, ``over_budget``) is not
-measured again. A point whose latest row is a failure to measure (``error``, ``timeout``:
-:data:`actbench.schema.RETRIED_STATUSES`) recorded *before this runner started* is measured again
-(``retry_failed=True``, the default); the new row is appended and becomes the latest. A failure
-recorded while this runner runs (by it or by a concurrent writer) is final for this runner, so a
-point fails at most once per run.
-
-Concurrent writers share a run directory (docs/design.md §9): under the run lock a writer re-reads
-the rows others appended, and either finds the point recorded, or claims it (``.claims/<key>``),
-or, when another writer holds the claim, waits for that writer's row instead of measuring it twice.
+Measuring goes through an executor (:mod:`actbench.execution.executors`), so the runner never knows
+whether a point ran in a child process or in this one. It captures the environment once per run,
+measures again failures recorded before it started, and shares the run directory with concurrent
+writers through the run lock and claims. The rules: docs/design.md §9.
 """
 
 from __future__ import annotations
@@ -109,9 +99,9 @@ class PointRunner:
         """Begin the capture before a point: beside it, in a thread of its own, when it is measured in
         a child.
 
-        Capturing imports torch here (about 1.5 s of one core); run beside the first point's worker
-        start it costs no wall time on a machine with a core to spare (docs/design.md §7). Points
-        measured in this process (meta with one job) capture it first, as before: their step needs
+        Capturing imports torch here; run beside the first point's worker start it costs no wall
+        time on a machine with a core to spare (docs/design.md §7). Points measured in this
+        process (meta with one job) capture it first: their step needs
         this interpreter. So do devices captured in a child of their own (cuda): that child's device
         context must not hold device memory while a point is measured.
         """

@@ -1,30 +1,10 @@
 """The only module that builds and loads actbench's compiled extension (csrc/).
 
-Built once with ninja through ``torch.utils.cpp_extension`` into a cache directory keyed by the
-sources' hash, the torch version and whether CUDA is compiled in; later processes load the cached
-binary directly. CUDA sources are compiled whenever ``nvcc`` is found (so CI compiles them without
-a GPU) and run when a GPU is present. Failures raise :class:`ExtensionError` with the cause and
-the fix, not a traceback from deep inside the toolchain.
-
-Loading a cached binary runs its code in this process, so the cache is guarded:
-
-* **Private directories.** The cache root (``~/.cache/actbench`` or ``$ACTBENCH_CACHE_DIR``), its
-  ``extension/`` folder and each build folder are created owner-only (0700, whatever the umask).
-  One that already exists must belong to the current user and must not be writable by group or
-  others; otherwise nothing is built or loaded from it and :class:`UnsafeCacheError` (an
-  :class:`ExtensionError`) names the folder and the fix.
-* **Recorded hash.** A build writes the SHA-256 of the library it linked into its build record
-  (``build.json``, written atomically after the build). A cached library is loaded only when its
-  SHA-256 equals the recorded one (and the file belongs to the current user and is not writable by
-  group or others). On a mismatch, or when the record is unreadable or has no hash, the library
-  is **not loaded, and not silently rebuilt** (that would hide that something changed a binary
-  this user built): :class:`ExtensionError` names the file and says to run
-  ``actbench build --force``, which deletes that build folder and compiles it again.
-
-A build folder without a record is not loaded directly: it goes through the build (ninja redoes
-whatever is out of date), and the record then holds the hash of the library that build leaves.
-The cache key includes ``RECORD_FORMAT``, so builds from before hashes were recorded are not looked
-up at all. None of this defends against the current user or root, who can write the cache anyway.
+It builds once with ninja through ``torch.utils.cpp_extension`` into a per-user cache keyed by the
+sources, torch and CUDA, and loads the cached binary later. Loading runs the binary's code in this
+process, so the cache is guarded: private folders and a recorded SHA-256 per library, checked before
+loading. Failures raise :class:`ExtensionError` with the cause and the fix. The rules:
+docs/design.md §9 ("The extension's cache is guarded").
 """
 
 from __future__ import annotations
@@ -183,7 +163,7 @@ def find_cuda_home() -> str | None:
 class TorchFacts:
     """What the cache key needs to know about the installed torch.
 
-    Read from torch's own ``version.py`` without importing torch (about 2 s), so a command that
+    Read from torch's own ``version.py`` without importing torch, so a command that
     only checks whether the extension is built stays fast; torch is imported only when it already
     was, or when the file cannot be read, or when a GPU may be present and its capability decides
     the architectures.
@@ -565,7 +545,7 @@ def load(force_rebuild: bool = False, verbose: bool = False) -> BuildPlan:
     """Load the extension into this process, building it first when no cached build matches.
 
     A cached library is loaded only from private folders and only when its SHA-256 matches its
-    build record (see the module docstring); otherwise this raises :class:`ExtensionError`.
+    build record (docs/design.md §9); otherwise this raises :class:`ExtensionError`.
     """
     p = plan(with_cuda=with_cuda_setting())
     if _is_loaded() and not force_rebuild:

@@ -1,21 +1,8 @@
 """Pure-PyTorch reference of actbench's quantizer: the test oracle, and a backend on request.
 
 It implements exactly the layout and arithmetic of the compiled kernels (csrc/include/actbench/
-quant_math.h), so for the same (seed, offset) both produce the same codes and metadata bit for bit:
-
-* An activation x of shape [N, ...] is flattened per sample to F values and split into G = ceil(F/S)
-  groups of S values (S = group size, a multiple of 8). Padding positions of the last group are
-  ignored by min/max and get code 0.
-* Metadata per group, stored as bfloat16: ``lo`` = the group minimum rounded towards -inf and
-  ``scale`` = (2^b - 1) / (max - lo + EPS) rounded towards zero. The directed roundings keep every
-  (x - lo) * scale inside [0, 2^b - 1], so stochastic rounding never clamps and stays unbiased.
-  A group holding NaN or +-inf gets lo = scale = NaN, codes 0, and dequantizes to NaN.
-* Code: q = floor((x - lo) * scale + u), u in [0, 1) with 16-bit resolution, from Philox4x32-10
-  keyed by ``seed`` with counter (chunk index, ``offset``); chunk = 8 consecutive values of a sample,
-  one Philox call per chunk, value j of the chunk takes the 16-bit half j % 2 of word j // 2.
-* Packing: each chunk's 8 codes of b bits become b bytes, least significant bit first. Sample n
-  starts at byte (G * S / 8) * sum(b_m for m < n), so uniform and mixed precision share one layout.
-* Dequantize: x_hat = q / scale + lo in fp32, rounded to the input dtype.
+quant_math.h), so for the same (seed, offset) both produce the same codes and metadata bit for bit.
+Groups, metadata, stochastic rounding, random numbers and packing: docs/design.md §2.
 """
 
 from __future__ import annotations

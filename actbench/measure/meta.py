@@ -1,20 +1,9 @@
-"""The ``meta`` device: a training step sized on fake tensors (no compute, no memory), docs/design.md §4.
+"""The ``meta`` device: a training step sized on fake tensors (no compute, no memory).
 
-Every tensor, parameters included, is a fake tensor (``compat.fake_tensor_mode``) that claims to be
-on the CPU, so a meta step runs the op set of a ``cpu`` measurement — the extension's ops through
-their fake kernels in :mod:`actbench.kernels.ops` — and the same :class:`LiveStorageTracker` counts its
-storages. The protocol is the cpu one (build, warm up, one tracked step), except that the warm-up
-is an optimizer step on zero gradients (:func:`_warm_optimizer_state`). Rows carry no throughput.
-Mixed precision (L3-L5) cannot read statistics from fake tensors: the controller keeps the uniform
-allocation of the level's target, which has the packed size the greedy allocator would give
-(docs/design.md §2).
-
-Searches probe one configuration at many batch sizes, so a :class:`MetaSessions` keeps the last
-built (fake) model and its optimizer: a further batch size costs one tracked step (the previous
-tracked step was its warm-up; parameters, gradients and optimizer state are the same storages a
-fresh warm-up would leave). FLOPs, a property of the unmodified model, are counted once per
-(model, image size), and a point already stepped (or L5's twin in L4, ``Strategy.same_on_meta_as``) is
-not stepped again.
+A meta point runs the cpu protocol and op set on fake tensors that claim to be on the CPU, with the
+same :class:`LiveStorageTracker`; its rows are predictions and carry no throughput. A
+:class:`MetaSessions` keeps the last built model, so a search's further batch sizes cost one tracked
+step each. The protocol, what is reused and what mixed precision does there: docs/design.md §4.
 """
 
 from __future__ import annotations
@@ -120,7 +109,7 @@ class MetaSessions:
         twin_name = strategies.get(point.strategy).same_on_meta_as or point.strategy
         twin = dataclasses.replace(point, strategy=twin_name, budget_bytes=None, gpu=None, host_budget_bytes=None)
         speed_model = self.speed_model or selected_device_model(point.gpu)
-        # the op record costs a meta step about half again: made only when a device model will price it
+        # the op record is made only when a device model will price it (docs/design.md §11)
         priced = speed_model is None or (twin in self._traces and bool(self._traces[twin].ops))
         if twin in self._done and fault is None and twin in self._traces and priced:
             for f in dataclasses.fields(Measurement):
@@ -298,7 +287,7 @@ def _build_fake_model(point: PointConfig, mode: Any) -> torch.nn.Module:
 
 
 def _warm_optimizer_state(step: TrainingStep, trained: tuple[torch.Tensor, ...] | None = None) -> None:
-    """What a warm-up step leaves behind, without its forward and backward (a fake step costs ~1 s).
+    """What a warm-up step leaves behind, without its forward and backward (docs/design.md §4).
 
     An optimizer step on zero gradients creates the optimizer state (SGD's momentum buffers) with
     the shapes a real step gives; gradients are then dropped, as before every measured step. Only

@@ -1,35 +1,10 @@
-"""A model of PyTorch's CUDA caching allocator, replaying a step's allocations in order (docs/design.md §10).
+"""A model of PyTorch's CUDA caching allocator, replaying a step's allocations and frees in order.
 
-Why: a GPU runs out of memory when the caching allocator cannot *reserve* another segment, not when
-the bytes alive (meta's peak) pass the capacity. Rounding, segment sizes and fragmentation put the
-reserved peak above the allocated one, by an amount that depends on the allocation order and on the
-allocator's configuration (L5's ``expandable_segments``). This module replays a trace — allocations
-and frees of device storages in the order meta's tracker saw them — through the rules documented in
-the allocator's source (c10/cuda/CUDACachingAllocator.cpp, summarised in docs/design.md §10):
-
-- sizes round up to multiples of 512 bytes; requests of at most 1 MiB use the small pool, the rest
-  the large pool;
-- a request no cached block fits allocates a segment: 2 MiB for the small pool, 20 MiB for requests
-  under 10 MiB, otherwise the request rounded up to 2 MiB;
-- the free block chosen is the smallest that fits (best fit, ties by address); a block is split when
-  the rest is at least 512 bytes (small pool) or more than 1 MiB (large pool, and only requests under
-  ``max_split_size``); freed blocks merge with free neighbours of the same segment;
-- ``max_split_size``: blocks at least that large serve only requests at least that large, and no
-  request smaller by 20 MiB or more;
-- when a segment cannot be allocated (the capacity would be passed), oversize cached blocks are
-  released, then every whole free segment, and the allocation is retried; failing again is an
-  out-of-memory error;
-- ``expandable_segments``: one segment per pool grows by mapping pages (2 MiB small, 20 MiB large)
-  at its lowest unmapped address that, with the free block before it, fits the request; on a
-  failure free pages are unmapped and the mapping retried.
-
-- blocks belong to the stream they were allocated on and are reused only there: each stream has
-  its own pools (and expandable segments); L4/L5's prefetched copies are on a side stream.
-
-No torch here: the replay is plain Python over integers, O(n log n) in the number of events (the
-free blocks are kept sorted by size), so it runs for every meta point. The events that delay reuse
-across streams (``record_stream``) are not modelled, nor the pinned host allocator beyond
-:func:`pinned_host_peak`.
+A GPU runs out of memory when the caching allocator cannot *reserve* another segment, not when the
+bytes alive (meta's peak) pass the capacity. This replays meta's trace through the allocator's rules
+(pools, best fit, splitting, releases, expandable segments, streams) in plain Python over integers,
+without torch, so it runs for every meta point. The rules, their sources in PyTorch and what is left
+out: docs/design.md §10 ("The caching-allocator model").
 """
 
 from __future__ import annotations

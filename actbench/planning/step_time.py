@@ -1,17 +1,9 @@
 """The step-time model: a predicted time for every op of one training step, on a device model.
 
-The live-storage tracker (:mod:`actbench.measure.tracker`) sees every ATen op of a step (forward,
-backward with any recompute, the optimizer step, the extension's ``actbench::`` ops, host<->device
-copies); with an :class:`OpRecorder` as its observer each op is written down in device-independent
-terms — its FLOPs (FlopCounterMode's formulas), the DRAM bytes it reads and writes, the dtype its
-FLOPs run in, and whether it is a copy between device and host. :func:`predict_step` then prices the
-record on a :class:`~actbench.planning.device_models.DeviceModel` (docs/design.md §11):
-
-- a kernel: ``max(FLOPs / (peak[dtype] x compute_efficiency), bytes / (DRAM x memory_efficiency)) + launch``;
-- a copy: ``bytes / PCIe bandwidth + launch``, serial with compute, except L4/L5's side-stream copies on
-  a device with asynchronous copies, which overlap it (the device time is then the larger of the two);
-- the host: ``ops x host_op_s``; on a GPU the host runs ahead, so the step is the larger of host and
-  device time (the host bounds it from below); on a CPU both are the same core's, so they add.
+An :class:`OpRecorder`, the live-storage tracker's observer, writes each op of a step down in
+device-independent terms (FLOPs, DRAM bytes, dtype, host copy or not); :func:`predict_step` prices
+that record on a :class:`~actbench.planning.device_models.DeviceModel`. How each op is priced:
+docs/design.md §11.
 """
 
 from __future__ import annotations
@@ -125,7 +117,7 @@ def copy_seconds(op: OpCost, model: DeviceModel) -> float:
 
 
 def predict_step(ops: list[OpCost], model: DeviceModel) -> StepPrediction:
-    """The step time of the recorded ``ops`` on ``model`` (module docstring: how each op is priced)."""
+    """The step time of the recorded ``ops`` on ``model`` (docs/design.md §11: how each op is priced)."""
     compute_bound = memory_bound = serial = copies = overlapped = launches = 0.0
     for op in ops:
         if op.kind == HOST_ONLY:

@@ -1,23 +1,9 @@
 """Accuracy vs activation bits: does a network trained with compressed activations still learn?
 
-The ActNN paper's second claim is that 2-bit activations lose almost no accuracy and 1.25 bits
-still converge. This module checks that claim on a task that needs no download:
-
-- :func:`make_gratings` — a procedural image-classification set. Class ``k`` of ``K`` is a sinusoidal
-  grating at orientation ``k·180°/K``; frequency, phase, contrast and colour are random per image and
-  Gaussian noise is added, so only the orientation tells the class. Deterministic per seed and
-  exactly class-balanced (labels are ``arange(n) % K``, shuffled).
-- :func:`build_cifar_resnet` — a small CIFAR-style ResNet (3 stages of BasicBlocks, widths 16/32/64);
-  :func:`build_small_vit` — a small vision transformer (``model = "vit"``): torchvision's
-  ``VisionTransformer``, the class of ``vit_b_16``, so it trains through the same ActNN twins
-  (LayerNorm, GELU, attention) and the saved-tensor hook path (docs/design.md §3).
-- :func:`train_and_evaluate` — a fixed number of SGD steps with fixed seeds, at fp32 or with ActNN's
-  per-sample/per-layer mixed precision at a target average of ``bits`` (level L3's path with a
-  different target), then test accuracy on a held-out set drawn from a different seed.
-- :func:`run_accuracy` — every setting of an :class:`AccuracyConfig` into a run directory
-  (``accuracy.jsonl`` is the truth, ``accuracy.csv`` derived), resuming settings already recorded.
-
-Everything runs on CPU in the calling process: one setting is a few seconds to a minute of compute.
+Checks the paper's second claim (2-bit activations lose almost no accuracy, 1.25 bits still
+converge) on a procedural, download-free task: the data set, the small ResNet and ViT, the training
+of each setting at fp32 or at a target average of bits, and the run directory of its rows. The
+task, the models and how a setting runs: docs/design.md §3 ("Checking compressed training").
 """
 
 from __future__ import annotations
@@ -178,7 +164,7 @@ class AccuracyConfig:
     group_size: int = 256
     seed: int = 0
     #: intra-op CPU threads while training (restored afterwards). 1 by default: on a small shared
-    #: machine, small convolutions run several times faster single-threaded than oversubscribed.
+    #: machine, small convolutions run faster single-threaded than oversubscribed (docs/design.md §3).
     threads: int = 1
 
     def __post_init__(self) -> None:

@@ -1,24 +1,9 @@
 """verify-grads: bias and variance of ActNN's compressed gradients against fp32, per parameter.
 
-For a fixed batch, the fp32 gradient g is computed once; then K gradients g_k of the converted
-model, each with fresh rounding noise. At another precision (``precision``: bf16 or fp16, forward
-and loss under autocast as in the measured training step, docs/design.md §1) g is the unconverted
-model's gradient at that precision, so the statistics isolate compression from autocast's own
-rounding; fp16 scales the loss as a gradient scaler does. Per parameter tensor (``fp32_norm`` keeps
-its name: it is g's norm, at whatever precision g was computed):
-
-* ``rel_bias`` = ||mean_k g_k - g|| / ||g||
-* ``rel_std``  = sqrt(sum_k ||g_k - mean||^2 / (K - 1)) / ||g||   (spread of one draw)
-* ``bias_z``   = ||mean_k g_k - g|| / (rel_std ||g|| / sqrt(K)): the bias in units of its own
-  standard error. An unbiased estimator gives about 1; a real bias grows like sqrt(K).
-
-Dropout and stochastic depth are put in eval mode in both models (the two would otherwise draw
-different masks, and the difference would not be compression); BatchNorm stays in training mode.
-A freshly built model whose weight is all zeros (torchvision's ViT head) passes no gradient to any
-earlier layer, so such weights start from a small seeded random init instead. A gradient equal to
-fp32's up to float rounding (relative 1e-5) in every draw is exact: its ``bias_z`` is 0, not inf.
-Statistics run over the draws as they come (Welford): K draws keep two float64 copies of the
-gradients, not K.
+For a fixed batch, K gradients of the converted model, each with fresh rounding noise, are compared
+with the reference gradient, per parameter tensor (``rel_bias``, ``rel_std``, ``bias_z``), to show
+that compression adds variance and no bias. Definitions and the set-up: docs/design.md §3
+("Checking compressed training").
 """
 
 from __future__ import annotations
@@ -206,7 +191,7 @@ def compare_gradients(
 
 
 def verify_grads(config: VerifyConfig, progress: Callable[[int, int], None] | None = None) -> list[GradRow]:
-    """Build the torchvision model, make a fixed batch, and compare (see module docstring)."""
+    """Build the torchvision model, make a fixed batch, and compare (docs/design.md §3)."""
     from actbench.training.models import ModelSpec, build_model
 
     torch.manual_seed(config.data_seed)

@@ -1,21 +1,9 @@
 """torch.compile as a strategy (``compile``, ``compile@B``): the mechanics behind actbench/strategies/compile.py.
 
-``compile`` is ``torch.compile`` with default settings — inductor, whose min-cut partitioner decides
-which activations forward saves and which backward recomputes. ``compile@B`` sets the partitioner's
-activation memory budget (``torch._functorch.config.activation_memory_budget = B``, 0 < B < 1): it
-recomputes more so that saved activations stay near B × what the default would save.
-
-Where memory comes from a caching allocator (cuda) the compiled kernels run and are measured. Where
-the live-storage tracker counts storages (cpu, and meta's predictions), inductor's generated code
-allocates its buffers outside the dispatcher, where no tracker can see them; there the graphs run
-with ``compat.EAGER_PARTITIONED_BACKEND``: the same dynamo capture, AOT autograd, inductor's
-decompositions and min-cut partitioner under the same budget — so the same tensors are saved for
-backward — executed eagerly, op by op. Activation bytes are then the partition's; the peak lacks
-inductor's fusion of temporaries (an upper bound), and cpu throughput is eager, not inductor's.
-
-Graphs are static (``dynamic=False``), as the first compile of a fresh process is: each point on
-cpu and cuda is one process and one batch size, while meta reuses one model over several batch sizes,
-where the default would switch to a dynamic-shape graph after the second.
+On cuda the compiled kernels run. Where the live-storage tracker counts storages (cpu, meta),
+inductor's buffers are invisible to it, so the graphs run eagerly with the same capture and min-cut
+partition, and save the same tensors. Graphs are static. Why, and what that means for the numbers:
+docs/design.md §1.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Selective activation checkpointing (``sac``): keep what is expensive to recompute, recompute the rest.
 
-The model's blocks are found and cut into segments exactly as for ``checkpoint``
-(:func:`actbench.strategies.mechanics.checkpointing.apply_checkpointing`, one segment per block by default); each
-segment runs under ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` with
-:func:`policy`, the policy large training stacks use:
-
-- **kept** (``MUST_SAVE``): the outputs of convolutions, matrix products (``mm``, ``addmm``, ``bmm``,
-  ``baddbmm``) and fused attention kernels — the ops whose recomputation costs FLOPs;
-- **recomputed** (``PREFER_RECOMPUTE``): everything else — BatchNorm, LayerNorm, activations, adds,
-  pooling, dropout (with the RNG state checkpoint preserves), dtype casts and views.
-
-Memory therefore lies between ``checkpoint`` (only segment inputs kept) and ``fp32`` (every saved
-tensor kept), and backward recomputes only cheap pointwise and normalisation ops. Gradients are
-those of fp32 training exactly: recomputation replays the same ops on the same inputs.
+Segments are cut as for ``checkpoint``, and each runs under
+``torch.utils.checkpoint.create_selective_checkpoint_contexts`` with :func:`policy`: the outputs of
+convolutions, matrix products and fused attention are kept, every other op is recomputed. What that
+costs and why gradients stay exact: docs/design.md §1.
 """
 
 from __future__ import annotations
