@@ -250,7 +250,7 @@ def _follow_build_child(proc: subprocess.Popen, say: Callable[[str], None], star
 
 def _end_group(proc: subprocess.Popen) -> None:
     """Kill whatever is left of the child and all it started (the compilers of a build), then reap it."""
-    from actbench.kernels.extension import kill_process_tree
+    from actbench.core.processes import kill_process_tree
 
     if proc.poll() is None:
         kill_process_tree(proc.pid)
