@@ -237,10 +237,32 @@ def test_results_readme_lists_the_registered_strategies() -> None:
 _DOCUMENTED_PRIVATE = re.compile(r"_check(_\w+)?$")
 
 
+def _torch_aliases(tree: ast.AST) -> dict[str, str]:
+    """Module-level names bound to a torch attribute chain (``_aten = torch.ops.aten``) -> that chain."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            dotted = ast.unparse(node.value)
+            if dotted.split(".")[0] == "torch" and re.fullmatch(r"[\w.]+", dotted):
+                aliases[node.targets[0].id] = dotted
+    return aliases
+
+
 def _private_torch_uses(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, dotted name) of every private torch name a module reaches: imports and attribute chains."""
+    """(line, dotted name) of every private torch name a module reaches: imports, attribute chains
+    (through aliases too), and ``getattr``/``hasattr`` on torch by a private or computed name."""
     uses = []
+    aliases = _torch_aliases(tree)
     inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}  # report whole chains once
+
+    def torch_chain(node: ast.AST) -> str | None:
+        dotted = ast.unparse(node)
+        if not re.fullmatch(r"[\w.]+", dotted):
+            return None
+        head, _, rest = dotted.partition(".")
+        dotted = aliases[head] + ("." + rest if rest else "") if head in aliases else dotted
+        return dotted if dotted.split(".")[0] == "torch" else None
+
     for node in ast.walk(tree):
         names: list[str] = []
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "torch":
@@ -248,9 +270,12 @@ def _private_torch_uses(tree: ast.AST) -> list[tuple[int, str]]:
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names if a.name.split(".")[0] == "torch"]
         elif isinstance(node, ast.Attribute) and id(node) not in inner:
-            dotted = ast.unparse(node)
-            if dotted.split(".")[0] == "torch" and re.fullmatch(r"[\w.]+", dotted):
-                names = [dotted]
+            dotted = torch_chain(node)
+            names = [dotted] if dotted else []
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and len(node.args) >= 2 and torch_chain(node.args[0])):
+            name = node.args[1].value if isinstance(node.args[1], ast.Constant) else "_<computed>"
+            names = [f"{torch_chain(node.args[0])}.{name}"]
         private = [n for n in names if any(p.startswith("_") and not p.endswith("__")
                                            and not _DOCUMENTED_PRIVATE.fullmatch(p) for p in n.split(".")[1:])]
         if private:
@@ -260,8 +285,10 @@ def _private_torch_uses(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_private_torch_finder_sees_imports_and_attributes() -> None:
     code = ("import torch._dynamo\nfrom torch.utils._pytree import tree_map\nx = torch._C._nn.avg_pool2d\n"
-            "y = torch.ops.aten._softmax_backward_data\ntorch._check(True)\nz = torch.nn.functional.relu\n")
-    assert [line for line, _ in _private_torch_uses(ast.parse(code))] == [1, 2, 3, 4]
+            "y = torch.ops.aten._softmax_backward_data\ntorch._check(True)\nz = torch.nn.functional.relu\n"
+            "a = torch.ops.aten\nb = a._convolution\nc = getattr(a, '_efficient')\nd = [getattr(a, n) for n in m]\n"
+            "e = a.convolution\nf = getattr(torch.nn, 'Conv2d')\n")
+    assert [line for line, _ in _private_torch_uses(ast.parse(code))] == [1, 2, 3, 4, 8, 9, 10]
 
 
 def test_no_private_torch_api_outside_compat() -> None:

@@ -23,7 +23,8 @@ from actbench.core.devices import holds_data
 __all__ = ["TorchDispatchMode", "tree_flatten", "dispatch_modes_disabled", "memtracker_class", "tensor_version",
            "fake_tensor_mode", "is_fake", "storage_identity", "parameters_on_meta", "fake_module",
            "forget_compiled_graphs", "clear_cublas_workspaces", "softmax_backward", "builtin_avg_pool2d",
-           "has_dispatch_kernel", "op_flops", "op_bytes_moved", "torch_function_disabled"]
+           "has_dispatch_kernel", "op_flops", "op_bytes_moved", "torch_function_disabled",
+           "internal_compute_ops"]
 
 
 def tensor_version(tensor: "torch.Tensor") -> int:
@@ -269,3 +270,18 @@ def op_bytes_moved(func: object, inputs: list, outputs: list) -> int:
                 n *= size
         total += n
     return total
+
+
+#: aten's internal convolution and fused-attention ops, which the public ``convolution`` and
+#: ``scaled_dot_product_attention`` dispatch to (which exist depends on the build).
+_INTERNAL_COMPUTE_OPS = ("_convolution", "_scaled_dot_product_flash_attention",
+                         "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+                         "_scaled_dot_product_cudnn_attention")
+
+
+def internal_compute_ops() -> list:
+    """The op packets of :data:`_INTERNAL_COMPUTE_OPS` this torch build has: what a recompute policy
+    sees when a model calls a convolution or fused attention."""
+    import torch
+
+    return [getattr(torch.ops.aten, n) for n in _INTERNAL_COMPUTE_OPS if hasattr(torch.ops.aten, n)]

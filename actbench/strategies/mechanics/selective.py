@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from actbench.core import compat
 from actbench.strategies.mechanics.checkpointing import apply_checkpointing
 
 _aten = torch.ops.aten
@@ -28,16 +29,9 @@ def _overloads(*packets) -> frozenset:
     return frozenset(found)
 
 
-def _optional_packets(*names: str) -> list:
-    return [getattr(_aten, n) for n in names if hasattr(_aten, n)]
-
-
 #: Ops whose outputs sac keeps: convolutions, matrix products, fused attention.
 SAVED_OPS: frozenset = _overloads(
-    _aten.convolution, _aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm,
-    *_optional_packets("_convolution", "_scaled_dot_product_flash_attention",
-                       "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
-                       "_scaled_dot_product_cudnn_attention"),
+    _aten.convolution, _aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm, *compat.internal_compute_ops(),
 )
 
 
