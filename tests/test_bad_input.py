@@ -248,17 +248,21 @@ def _out_cases(tmp_path: Path) -> dict[str, tuple[str, str]]:
     afile.write_text("keep me\n")
     return {"empty": ("", "--out must name a directory, got ''"),
             "file": (str(afile), "is a file"),
-            "under a file": (str(afile / "sub"), "is not a directory")}
+            "under a file": (str(afile / "sub"), "is not a directory"),
+            "control": ("runs\ntouch x", "got 'runs\\ntouch x'")}
 
 
-@pytest.mark.parametrize("case", ["empty", "file", "under a file"])
+@pytest.mark.parametrize("case", ["empty", "file", "under a file", "control"])
 @pytest.mark.parametrize("args", [
     ["memory", "resnet18", *META],
     ["sweep-batch", "resnet18", *META, "--budget", "1GiB", "--dry-run"],
     ["plan", "resnet18", "--budget", "1GiB", "--dry-run"],
     ["verify-grads", "resnet18", "--batch", "2", "--seeds", "2", "--image-size", "32"],
     ["bench-harness", "--quick"],
+    ["bench-kernels", "--sizes-mib", "1", "--repeats", "1"],
+    ["bench-actnn", "--quick"],
     ["trust", "--models", "resnet18", "--strategies", "fp32"],
+    ["run", "memory_per_level", "--quick", "--device", "meta", "--no-report"],
 ], ids=lambda a: a[0])
 def test_out_is_checked_before_any_work(tmp_path: Path, monkeypatch, args: list[str], case: str) -> None:
     monkeypatch.chdir(tmp_path)
@@ -412,6 +416,11 @@ def test_outputs_never_replace_what_the_command_reads(tmp_path: Path, command: s
     (["report", "--out", "{dir}"], "is a directory; expected a file path"),
     (["report", "--out", "{file}/r.md"], "not writable"),
     (["plot", "--out", "{file}/figs"], "not writable"),
+    (["report", "--out", "r\n.md"], "got 'r\\n.md'"),
+    (["report", "--figures", "figs\x1b"], "got 'figs\\x1b'"),
+    (["plot", "--out", "figs\r"], "got 'figs\\r'"),
+    (["report", "--paper-csv", "/dev/zero", "--out", "{dir}/r.md"], "'/dev/zero' is a character device"),
+    (["report", "--paper-csv", "{file}", "--out", "{dir}/r.md", "--no-figures"], "has no points"),
 ])
 def test_output_paths_are_checked_before_any_work(tmp_path: Path, args: list[str], needle: str) -> None:
     run_dir = hand_made_run(tmp_path)

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from actbench.cli.app import MeasuringDevice, app, fail, new_bench_dir, require_device
+from actbench.cli.app import MeasuringDevice, app, checked_out_dir, fail, new_bench_dir, require_device
 
 console = Console()
 err_console = Console(stderr=True)
@@ -86,9 +86,8 @@ def bench_kernels(
     reference_max_mib: Annotated[
         int, typer.Option("--reference-max-mib", help="Time the pure-torch reference up to this size.")
     ] = 256,
-    out: Annotated[Path, typer.Option("--out", help="Results root; writes OUT/bench-kernels_<device>_<time>/.")] = Path(
-        "runs"
-    ),
+    out: Annotated[Path, typer.Option("--out", parser=checked_out_dir,
+                                      help="Results root; writes OUT/bench-kernels_<device>_<time>/.")] = Path("runs"),
 ) -> None:
     """Time every op of the extension against a plain copy, the torch reference and torch's own ops.
 
@@ -154,7 +153,8 @@ def bench_kernels(
 def bench_actnn(
     device: Annotated[MeasuringDevice, typer.Option("--device", help="The device to time on.")] = MeasuringDevice.cpu,
     quick: Annotated[bool, typer.Option("--quick", help="ResNet-18, batch 2, 32 px, one timed step: a check, not the targets.")] = False,
-    out: Annotated[Path, typer.Option("--out", help="Results root; writes OUT/bench-actnn_<device>_<time>/.")] = Path("runs"),
+    out: Annotated[Path, typer.Option("--out", parser=checked_out_dir,
+                                      help="Results root; writes OUT/bench-actnn_<device>_<time>/.")] = Path("runs"),
 ) -> None:
     """What ActNN costs in speed: img/s of fp32, L0, L1, L3 and checkpoint, and each one's ratio to fp32.
 

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from actbench.cli.app import MeasuringDevice, app, fail, require_device
+from actbench.cli.app import MeasuringDevice, app, fail, refuse_control_characters, require_device
 
 #: ``--device-model FILE``, shared by the commands whose rows carry a predicted step time.
 DeviceModelOpt = Annotated[Optional[Path], typer.Option("--device-model", help=(
@@ -57,6 +57,10 @@ def calibrate_command(
 
     if name is not None and not name.strip():
         fail("--name is empty: give the model a name, e.g. --name my-laptop")
+    if out is not None:
+        refuse_control_characters("--out", str(out))
+        if not str(out).strip() or str(out) == ".":
+            fail(f"--out must name a file, e.g. runs/device_models/{device.value}.json, got {str(out)!r}")
     require_device(device.value)
     path = out if out is not None else Path("runs/device_models") / f"{device.value}.json"
     try:
