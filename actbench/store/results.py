@@ -73,8 +73,9 @@ def run_name(command: str, model: str, device: str, image_size: int | str, confi
 MAX_LINE_BYTES = 1 << 20
 MAX_INT_DIGITS = 40
 MAX_NESTING = 8
-#: Largest ``env.json`` / ``config.json`` read.
+#: Largest ``env.json`` / ``config.json`` (or device model) read, and how deeply it may nest.
 MAX_JSON_FILE_BYTES = 16 << 20
+MAX_JSON_FILE_NESTING = 64
 
 
 class RunFileError(ValueError):
@@ -190,10 +191,15 @@ def read_json_file(path: Path) -> Any:
     if len(data) > MAX_JSON_FILE_BYTES:
         raise RunFileError(f"'{path}' is larger than {MAX_JSON_FILE_BYTES >> 20} MiB; expected a small JSON file")
     try:
-        return load_json(data.decode("utf-8"), nesting=64)
+        return load_json(data.decode("utf-8"), nesting=MAX_JSON_FILE_NESTING)
     except UnicodeDecodeError as exc:
         raise RunFileError(f"'{path}' is not UTF-8 (byte {exc.start + 1})") from None
-    except (ValueError, RecursionError) as exc:
+    except LimitError as exc:
+        raise RunFileError(f"'{path}' is past the limits of a JSON file: {exc}") from None
+    except RecursionError:
+        raise RunFileError(f"'{path}' is past the limits of a JSON file: nested too deeply "
+                           f"(at most {MAX_JSON_FILE_NESTING} levels)") from None
+    except ValueError as exc:
         raise RunFileError(f"'{path}' is not valid JSON ({str(exc)[:80]})") from None
 
 
