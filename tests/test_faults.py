@@ -327,14 +327,14 @@ def test_bad_lines_warn_in_resume_plot_and_report(meta_run, tmp_path: Path, capl
     bad_numbers = range(3, 3 + len(kinds))
     args = [a if a != str(src) else str(out) for a in args]
 
-    for command in (args, ["plot", str(out), "--out", str(tmp_path / "fig")],
+    for command in (args, [*args, "--jobs", "2"], ["plot", str(out), "--out", str(tmp_path / "fig")],
                     ["report", str(out), "--out", str(tmp_path / "report.md"), "--no-figures"]):
         caplog.clear()
         result = invoke(command)
         assert result.exit_code == 0, (command[0], result.output)
         assert "Traceback" not in result.output
-        for n in bad_numbers:
-            assert warnings_about(caplog, f"{rows_path}:{n}: skipped"), (command[0], n, caplog.text)
+        for n in bad_numbers:  # once per command, however many handles of the run it opens
+            assert len(warnings_about(caplog, f"{rows_path}:{n}: skipped")) == 1, (command, n, caplog.text)
         if command[0] != "memory":
             for n in (1, 2, 3):
                 assert warnings_about(caplog, f"{acc}:{n}: skipped"), (command[0], n, caplog.text)
@@ -620,7 +620,8 @@ def shutil_rmtree(path: Path) -> None:
 
 
 WRONG_KINDS = ["rows.jsonl:dir", "rows.jsonl:fifo", "rows.jsonl:device", ".lock:dir", ".lock:fifo",
-               "env.json:dir", "env.json:fifo", ".claims:file", "config.json:dir"]
+               "env.json:dir", "env.json:fifo", ".claims:file", "config.json:dir", "rows.jsonl.torn:dir",
+               "rows.jsonl.torn:fifo"]
 
 
 @pytest.mark.parametrize("kind", WRONG_KINDS)
@@ -633,13 +634,17 @@ def test_run_files_of_the_wrong_kind_are_one_line_errors(meta_run, tmp_path: Pat
     shutil.copytree(src, out)
     (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
     path = _make_wrong_kind(run_dir, kind)
+    if kind.startswith("rows.jsonl.torn"):  # a torn tail, so the resume's repair would write to it
+        with (run_dir / "rows.jsonl").open("ab") as fh:
+            fh.write(b'{"torn')
     resume = [a if a != str(src) else str(out) for a in args]
     for command in (resume, ["report", str(out), "--out", str(tmp_path / "r.md"), "--no-figures"]):
         done = subprocess.run([sys.executable, "-m", "actbench", *command], capture_output=True, text=True,
                               timeout=120, cwd=tmp_path, env={**os.environ, FAULT_ENV: ""})
-        err = done.stderr.strip().splitlines()
-        if command[0] == "report" and kind.split(":")[0] in (".lock", ".claims"):
-            assert done.returncode == 0, done.stderr  # files of writers: a report reads neither
+        # the torn tail made above is warned of as it is read; the error is the one other line
+        err = [line for line in done.stderr.strip().splitlines() if "skipped: incomplete last line" not in line]
+        if command[0] == "report" and kind.split(":")[0] in (".lock", ".claims", "rows.jsonl.torn"):
+            assert done.returncode == 0, done.stderr  # files of writers: a report reads none
             continue
         if command[0] == "report" and kind.split(":")[0] in ("env.json", "config.json"):
             # the report goes on without that file, saying so

@@ -381,11 +381,12 @@ def scan_window(stop_after: int, failures: int, width: int, left: int) -> int:
 def make_runner(run_dir: Path, device: str, executor: Any, on_event: Event | None, retry_failed: bool,
                 force: bool, since: int):
     """A :class:`~actbench.execution.runner.PointRunner` on its own handle of the run directory, treating rows
-    recorded before byte ``since`` of ``rows.jsonl`` as recorded before the run started."""
+    recorded before byte ``since`` of ``rows.jsonl`` as recorded before the run started (and already
+    warned of, where unreadable, by the handle that found ``since``)."""
     from actbench.store.results import RunStore
     from actbench.execution.runner import PointRunner
 
-    return PointRunner(RunStore(run_dir), device, executor=executor, on_event=on_event, retry_failed=retry_failed,
+    return PointRunner(RunStore(run_dir, quiet_before=since), device, executor=executor, on_event=on_event, retry_failed=retry_failed,
                        force=force, started_at=since)
 
 

@@ -19,8 +19,8 @@ Reliability (docs/design.md §9, results/README.md "Guarantees"):
   wrong type, a missing field, a value out of range, a line past the limits on size, nesting and
   digits) are skipped with one warning naming the file and line; readers never write and never raise
   on them.
-- A run file that is not what it must be (``rows.jsonl`` a directory, a FIFO or a link to a device,
-  ``.claims`` a file) is a one-line :class:`RunFileError` before it is opened, never a hang.
+- A run file that is not what it must be (``rows.jsonl`` or ``rows.jsonl.torn`` a directory, a FIFO
+  or a link to a device, ``.claims`` a file) is a one-line :class:`RunFileError` before it is opened, never a hang.
 - Outputs (tables, reports, figures, JSON) go through a temporary file and a rename
   (:func:`atomic_output`): a full disk leaves the previous file, and a one-line :class:`OutputError`.
 """
@@ -301,9 +301,10 @@ def _result_row_problem(data: Any) -> str | None:
 
 def parse_jsonl(path: Path, data: bytes, first_lineno: int, cls: type[T],
                 problem: Callable[[Any], str | None] | None = None,
-                base_offset: int = 0) -> Iterator[tuple[int, T]]:
+                base_offset: int = 0, quiet_before: int | None = None) -> Iterator[tuple[int, T]]:
     """Rows of complete lines ``data`` of ``path`` as ``(byte offset, row)``; every unreadable line
-    is skipped with one warning ``PATH:LINE: skipped: WHY``. Never raises on content.
+    is skipped with one warning ``PATH:LINE: skipped: WHY``. Never raises on content. Lines starting
+    before byte ``quiet_before`` are skipped silently: another reader of this run has warned of them.
 
     A line holding a torn row with a complete row glued after it (written by versions that did not
     repair a torn tail) gives the glued row back, with a warning.
@@ -314,36 +315,41 @@ def parse_jsonl(path: Path, data: bytes, first_lineno: int, cls: type[T],
         start, offset = offset, offset + len(raw) + 1
         if not raw.strip():
             continue
+        warn = _quiet if quiet_before is not None and start < quiet_before else log.warning
         if len(raw) > MAX_LINE_BYTES:
-            log.warning("%s:%d: skipped: a line of %d bytes (at most %d)", path, lineno, len(raw), MAX_LINE_BYTES)
+            warn("%s:%d: skipped: a line of %d bytes (at most %d)", path, lineno, len(raw), MAX_LINE_BYTES)
             continue
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            log.warning("%s:%d: skipped: not UTF-8 (byte %d)", path, lineno, exc.start + 1)
+            warn("%s:%d: skipped: not UTF-8 (byte %d)", path, lineno, exc.start + 1)
             continue
         try:
             obj = load_json(text)
         except LimitError as exc:
-            log.warning("%s:%d: skipped: %s", path, lineno, exc)
+            warn("%s:%d: skipped: %s", path, lineno, exc)
             continue
         except (ValueError, RecursionError):
             salvaged = _salvage(text, check)
             if salvaged is None:
-                log.warning("%s:%d: skipped: not valid JSON (%s)", path, lineno, _preview(text))
+                warn("%s:%d: skipped: not valid JSON (%s)", path, lineno, _preview(text))
             else:
-                log.warning("%s:%d: recovered a row glued after a torn one; skipped the torn start (%s)",
-                            path, lineno, _preview(text))
+                warn("%s:%d: recovered a row glued after a torn one; skipped the torn start (%s)",
+                     path, lineno, _preview(text))
                 yield start, cls.from_dict(salvaged)
             continue
         why = check(obj)
         if why is not None:
-            log.warning("%s:%d: skipped: %s", path, lineno, why)
+            warn("%s:%d: skipped: %s", path, lineno, why)
             continue
         try:
             yield start, cls.from_dict(obj)
         except (TypeError, ValueError) as exc:  # anything the checks above did not foresee
-            log.warning("%s:%d: skipped: %s", path, lineno, exc)
+            warn("%s:%d: skipped: %s", path, lineno, exc)
+
+
+def _quiet(*args: Any) -> None:
+    """A warning already given by another reader of the same lines."""
 
 
 def _preview(text: str) -> str:
@@ -395,10 +401,14 @@ class RunStore:
     Writing (:meth:`append`, :meth:`write_table`) holds the run directory's lock.
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, quiet_before: int | None = None) -> None:
+        """``quiet_before``: a byte offset of ``rows.jsonl`` up to which another handle of this run (the
+        command's own) has read and warned already, so each bad line is one warning per command."""
         self.run_dir = run_dir
+        self.quiet_before = quiet_before
         self.run_id = run_dir.name
         self.rows_path = run_dir / "rows.jsonl"
+        self.torn_path = run_dir / ("rows.jsonl" + TORN_SUFFIX)
         self.table_path = run_dir / "table.csv"
         self.lock_path = run_dir / LOCK_NAME
         self.claims_dir = run_dir / CLAIMS_DIR
@@ -415,9 +425,11 @@ class RunStore:
 
     def check_files(self) -> None:
         """RunFileError (one line naming the path and what it must be) for a run file of the wrong kind:
-        the run directory, ``rows.jsonl``, ``.lock``, ``env.json``, ``config.json``, ``.claims``."""
+        the run directory, ``rows.jsonl``, ``rows.jsonl.torn``, ``.lock``, ``env.json``, ``config.json``,
+        ``.claims``."""
         check_kind(self.run_dir, directory=True)
-        for path in (self.rows_path, self.lock_path, self.run_dir / "env.json", self.run_dir / "config.json"):
+        for path in (self.rows_path, self.torn_path, self.lock_path, self.run_dir / "env.json",
+                     self.run_dir / "config.json"):
             check_kind(path)
         check_kind(self.claims_dir, directory=True)
 
@@ -445,7 +457,8 @@ class RunStore:
         end = data.rfind(b"\n") + 1
         if end:
             for offset, row in parse_jsonl(self.rows_path, data[:end], self._lineno + 1, ResultRow,
-                                           _result_row_problem, base_offset=self._read_pos):
+                                           _result_row_problem, base_offset=self._read_pos,
+                                           quiet_before=self.quiet_before):
                 self._history.append(row)
                 self._rows[row.key] = row
                 self._offset[row.key] = offset
@@ -454,7 +467,8 @@ class RunStore:
         tail = data[end:]
         if tail.strip() and self._warned_tail != (self._read_pos, len(tail)):
             self._warned_tail = (self._read_pos, len(tail))
-            _warn_tail(self.rows_path, self._lineno + 1, tail)
+            if self.quiet_before is None or self._read_pos > self.quiet_before:
+                _warn_tail(self.rows_path, self._lineno + 1, tail)
 
     def _reset(self) -> None:
         self._rows.clear()
@@ -543,7 +557,8 @@ class RunStore:
                 fh.seek(size)
                 fh.write(b"\n")
             else:
-                torn = self.rows_path.with_name(self.rows_path.name + TORN_SUFFIX)
+                torn = self.torn_path
+                check_kind(torn)  # a FIFO here would block the append, a directory fail it
                 with torn.open("ab") as out:
                     out.write(tail + b"\n")
                     out.flush()
