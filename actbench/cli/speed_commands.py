@@ -102,6 +102,7 @@ def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...
 
     from actbench.studies.trust import compare_speed, same_speed_order, speed_csv_name, write_speed_csv
     from actbench.planning.device_models import load_device_model
+    from actbench.store.results import OutputError
 
     try:
         speed_model = load_device_model(model_path)
@@ -120,8 +121,11 @@ def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...
 
     typer.echo(f"timing {len(models) * len(strategies)} points on {device}, each also predicted on meta with "
                f"{speed_model.name} ...", err=True)
-    rows = compare_speed(device, speed_model, models, strategies, batch, image_size, on_point=on_point,
-                         precision=precision)
+    try:
+        rows = compare_speed(device, speed_model, models, strategies, batch, image_size, on_point=on_point,
+                             precision=precision)
+    except OutputError as exc:  # a full disk: the CSV keeps the points written before
+        fail(str(exc))
     table = Table(title=f"predicted ({speed_model.name}) ÷ measured step time on {device}, batch {batch}, "
                         f"{image_size}px -> {path}")
     for col in ("model", "strategy", "predicted s", "measured s", "ratio", "status"):

@@ -40,7 +40,7 @@ import stat
 import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from actbench.core.devices import DEVICE_NAMES
 from actbench.core.gpus import GPU_NAMES
@@ -176,6 +176,31 @@ def atomic_write_text(path: Path, text: str, what: str = "file") -> None:
     """Write through a per-writer temporary file and rename: readers see the old file or the new one."""
     with atomic_output(path, what) as tmp:
         tmp.write_text(text)
+
+
+def atomic_write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]], what: str = "table") -> None:
+    """A CSV written through a per-writer temporary file and renamed: a full disk or a kill mid-write
+    leaves the previous file whole, and an :class:`OutputError` names ``path``."""
+    with atomic_output(path, what) as tmp:
+        with tmp.open("w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(header)
+            writer.writerows(rows)
+
+
+def new_file(path: Path) -> Path:
+    """``path``, or ``NAME-2.EXT``, ``NAME-3.EXT``, ... when that is taken, created empty and exclusively:
+    two writers started in the same second (a timestamped name) never want the same file."""
+    for n in range(1, 1000):
+        candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
+        try:
+            os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            return candidate
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise OutputError(f"file '{candidate}' cannot be created: {exc.strerror or exc}") from None
+    raise OutputError(f"file '{path}' cannot be created: 999 files of that name exist")
 
 
 def read_json_file(path: Path) -> Any:
