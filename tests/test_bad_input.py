@@ -416,9 +416,9 @@ def test_outputs_never_replace_what_the_command_reads(tmp_path: Path, command: s
     (["report", "--out", "{dir}"], "is a directory; expected a file path"),
     (["report", "--out", "{file}/r.md"], "not writable"),
     (["plot", "--out", "{file}/figs"], "not writable"),
-    (["report", "--out", "r\n.md"], "got 'r\\n.md'"),
-    (["report", "--figures", "figs\x1b"], "got 'figs\\x1b'"),
-    (["plot", "--out", "figs\r"], "got 'figs\\r'"),
+    (["report", "--out", "{dir}/r\n.md"], "/r\\n.md'"),
+    (["report", "--figures", "{dir}/figs\x1b"], "/figs\\x1b'"),
+    (["plot", "--out", "{dir}/figs\r"], "/figs\\r'"),
     (["report", "--paper-csv", "/dev/zero", "--out", "{dir}/r.md"], "'/dev/zero' is a character device"),
     (["report", "--paper-csv", "{file}", "--out", "{dir}/r.md", "--no-figures"], "has no points"),
 ])
