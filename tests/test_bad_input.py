@@ -248,17 +248,21 @@ def _out_cases(tmp_path: Path) -> dict[str, tuple[str, str]]:
     afile.write_text("keep me\n")
     return {"empty": ("", "--out must name a directory, got ''"),
             "file": (str(afile), "is a file"),
-            "under a file": (str(afile / "sub"), "is not a directory")}
+            "under a file": (str(afile / "sub"), "is not a directory"),
+            "control": ("runs\ntouch x", "got 'runs\\ntouch x'")}
 
 
-@pytest.mark.parametrize("case", ["empty", "file", "under a file"])
+@pytest.mark.parametrize("case", ["empty", "file", "under a file", "control"])
 @pytest.mark.parametrize("args", [
     ["memory", "resnet18", *META],
     ["sweep-batch", "resnet18", *META, "--budget", "1GiB", "--dry-run"],
     ["plan", "resnet18", "--budget", "1GiB", "--dry-run"],
     ["verify-grads", "resnet18", "--batch", "2", "--seeds", "2", "--image-size", "32"],
     ["bench-harness", "--quick"],
+    ["bench-kernels", "--sizes-mib", "1", "--repeats", "1"],
+    ["bench-actnn", "--quick"],
     ["trust", "--models", "resnet18", "--strategies", "fp32"],
+    ["run", "memory_per_level", "--quick", "--device", "meta", "--no-report"],
 ], ids=lambda a: a[0])
 def test_out_is_checked_before_any_work(tmp_path: Path, monkeypatch, args: list[str], case: str) -> None:
     monkeypatch.chdir(tmp_path)
@@ -412,6 +416,11 @@ def test_outputs_never_replace_what_the_command_reads(tmp_path: Path, command: s
     (["report", "--out", "{dir}"], "is a directory; expected a file path"),
     (["report", "--out", "{file}/r.md"], "not writable"),
     (["plot", "--out", "{file}/figs"], "not writable"),
+    (["report", "--out", "{dir}/r\n.md"], "/r\\n.md'"),
+    (["report", "--figures", "{dir}/figs\x1b"], "/figs\\x1b'"),
+    (["plot", "--out", "{dir}/figs\r"], "/figs\\r'"),
+    (["report", "--paper-csv", "/dev/zero", "--out", "{dir}/r.md"], "'/dev/zero' is a character device"),
+    (["report", "--paper-csv", "{file}", "--out", "{dir}/r.md", "--no-figures"], "has no points"),
 ])
 def test_output_paths_are_checked_before_any_work(tmp_path: Path, args: list[str], needle: str) -> None:
     run_dir = hand_made_run(tmp_path)
@@ -424,3 +433,56 @@ def test_output_paths_are_checked_before_any_work(tmp_path: Path, args: list[str
     assert len(lines) == 1 and needle in lines[0], result.stderr
     assert not (run_dir.parent / "figures").exists() and not (run_dir.parent / "report.md").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "file", "results"]
+
+
+# --- device-model files: read as run files are --------------------------------------------------
+def _device_model_file(tmp_path: Path, kind: str) -> Path:
+    import os
+
+    path = tmp_path / f"{kind}.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    elif kind == "deep":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    elif kind == "not-utf8":
+        path.write_bytes(b'{"version": 1, "name": "\xff\xfe"}')
+    elif kind == "digits":
+        path.write_text('{"version": ' + "9" * 5000 + "}")
+    elif kind == "huge":
+        path.write_bytes(b" " * (17 << 20) + b"{}")
+    return path
+
+
+@pytest.mark.parametrize("kind, needle", [
+    ("fifo", "is a FIFO; expected a regular file"),
+    ("device", "is a character device; expected a regular file"),
+    ("deep", "nested"),
+    ("not-utf8", "is not UTF-8"),
+    ("digits", "an integer of 5000 digits"),
+    ("huge", "larger than 16 MiB"),
+])
+def test_a_device_model_file_is_read_with_limits(tmp_path: Path, kind: str, needle: str) -> None:
+    """A FIFO or /dev/zero never hangs; hostile content is one line naming the file (a child: a hang
+    would otherwise stop the suite)."""
+    import subprocess
+    import sys
+
+    path = _device_model_file(tmp_path, kind)
+    done = subprocess.run([sys.executable, "-m", "actbench", "memory", "resnet18", *META, "--strategies", "fp32",
+                           "--no-baseline", "--dry-run", "--device-model", str(path), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"'{path}'" in lines[0] and needle in lines[0], done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_calibrate_out_with_control_characters_is_refused(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = invoke(["calibrate", "--quick", "--out", "cpu\n.json"])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "got 'cpu\\n.json'" in lines[0], result.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -76,8 +76,9 @@ def test_device_model_option_refuses_a_bad_file_in_one_line_and_writes_nothing(t
     result = invoke(["throughput", "resnet18", "--device", "cpu", "--batch", "2", "--image-size", "32",
                      "--device-model", str(bad), "--out", str(out)])
     assert result.exit_code == 2
-    assert result.output.strip().splitlines() == [f"actbench: error: --device-model: device model {bad}: not JSON "
-                                                  "(Expecting property name enclosed in double quotes at line 1)"]
+    assert result.output.strip().splitlines() == [f"actbench: error: --device-model: device model '{bad}' is not "
+                                                  "valid JSON (Expecting property name enclosed in double quotes: "
+                                                  "line 1 column 2 (char 1))"]
     assert not out.exists()
 
 

@@ -77,6 +77,8 @@ def test_slurm_options_that_would_inject_lines_are_refused(tmp_path: Path, slurm
     ('qos = ["high"]', "qos"),
     ('qos = { level = "high" }', "qos"),
     ('sbatch = ["--qos=high\\nreboot"]', "qos"),
+    ('sbatch = ["--partition=gpu"]', "partition"),
+    ('sbatch = ["--time=60"]', "time"),
     ('time = 1e400', "time"),
 ])
 def test_experiment_slurm_tables_are_checked_as_the_command_line(tmp_path: Path, slurm_path: Path, table: str,
@@ -181,3 +183,56 @@ def test_slurm_tasks_start_python_with_safe_path(tmp_path: Path, slurm_path: Pat
     executor = _submitit_executor(None, tmp_path / "slurm", SlurmOptions(), 0, "actbench-x")
     command = executor._submitit_command_str
     assert command.split()[1:4] == ["-P", "-u", "-m"] and "submitit.core._submit" in command, command
+
+
+# --- every other string that reaches the sbatch script --------------------------------------------
+EXPERIMENT = ('name = "x"\ndescription = "x"\n[[steps]]\ncommand = "memory"\nmodels = ["resnet18"]\n'
+              'strategies = ["fp32"]\ndevice = "meta"\nimage_size = 32\nbatch = "2"\n')
+
+
+@pytest.mark.parametrize("name", ["o\ntouch /tmp/actbench-pwned", "o\r#SBATCH --qos=high", "o\x1b[2J", "o\x7f",
+                                  "o\tx", "o\x00x"])
+@pytest.mark.parametrize("command", ["memory", "run"])
+def test_out_with_control_characters_never_reaches_the_sbatch_script(tmp_path: Path, slurm_path: Path,
+                                                                     monkeypatch, command: str, name: str) -> None:
+    """--out becomes the job array's log folder, an #SBATCH line: refused when the options are parsed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exp.toml").write_text(EXPERIMENT)
+    args = ["run", str(tmp_path / "exp.toml")] if command == "run" else MEMORY
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = CliRunner().invoke(app, [*args, "--executor", "slurm", "--out", name])
+    _one_line_refusal(result, repr(name))
+    assert "control character" in result.stderr
+    assert not slurm_path.exists(), "sbatch was called"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("folder, name", [("slurm\nreboot", "actbench-x"), ("slurm", "actbench-x\nreboot")])
+def test_the_slurm_folder_and_job_name_are_checked_before_the_script_is_written(tmp_path: Path, slurm_path: Path,
+                                                                                folder: str, name: str) -> None:
+    """What the edge cannot see (a working directory of any name) is checked where the script is made."""
+    from actbench.execution.scaleout import SubmitError, _submitit_executor
+
+    with pytest.raises(SubmitError, match="control character") as info:
+        _submitit_executor(None, tmp_path / folder, SlurmOptions(), 0, name)
+    assert "\n" not in str(info.value) and info.value.code == 2
+    assert not (tmp_path / folder).exists()
+
+
+@pytest.mark.parametrize("command", ["memory", "run"])
+def test_a_failed_submission_is_one_line(tmp_path: Path, monkeypatch, command: str) -> None:
+    """sbatch exits non-zero (a bad partition, a full queue): one line with what it said, exit 1."""
+    marker = tmp_path / "slurm-called"
+    tools = _fake_slurm(tmp_path / "bin", marker)
+    (tools / "sbatch").write_text(f"#!/bin/sh\necho sbatch >> '{marker}'\n"
+                                  "echo 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n")
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    (tmp_path / "exp.toml").write_text(EXPERIMENT)
+    args = ["run", str(tmp_path / "exp.toml")] if command == "run" else MEMORY
+    result = CliRunner().invoke(app, [*args, "--executor", "slurm", "--out", str(tmp_path / "out")])
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]  # run names its step too
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output, result.output
+    assert len(errors) == 1 and "sbatch failed with status 1" in errors[0] and "invalid partition" in errors[0], errors
+    assert errors[0].startswith("actbench: error: ") and result.stderr.strip().endswith(errors[0])
+    assert marker.read_text() == "sbatch\n"

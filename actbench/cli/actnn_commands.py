@@ -71,6 +71,7 @@ def verify_grads_command(
     """
     from actbench.actnn import level_config
     from actbench.studies.gradients import GradRow, VerifyConfig, write_csv
+    from actbench.store.results import OutputError
     from actbench.execution.executors import InProcessExecutor, Task
     from actbench.training.model_names import ModelSpec, validate_model_spec
 
@@ -100,5 +101,8 @@ def verify_grads_command(
     Console().print(table)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = f"{model}-{level.value}" + ("" if precision == DEFAULT_PRECISION else f"-{precision}")
-    path = write_csv(rows, out / f"{name}-b{batch}-k{seeds}-{stamp}.csv")
+    try:
+        path = write_csv(rows, out / f"{name}-b{batch}-k{seeds}-{stamp}.csv")
+    except OutputError as exc:
+        fail(str(exc))
     err.print(f"wrote {path}")

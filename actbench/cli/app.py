@@ -3,6 +3,7 @@
 import contextlib
 import enum
 import os
+import re
 import signal
 import threading
 from pathlib import Path
@@ -41,13 +42,27 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+#: Characters no output path may hold: a path reaches ``#SBATCH`` lines of a shell script (``--executor
+#: slurm``), where a new line would be a command of its own.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def refuse_control_characters(option: str, text: str) -> None:
+    """Exit 2 with one line when ``text`` holds a control character (below 0x20, or 0x7f)."""
+    if CONTROL_CHARACTERS.search(text):
+        fail(f"{option} must be a path of printable characters (no new line, tab, escape or other control "
+             f"character), got {text!r}")
+
+
 def checked_out_dir(value: str | Path, option: str = "--out") -> Path:
     """``value`` as a folder to write results under, checked before any work (a Typer ``parser``).
 
-    It must name a directory that exists, or one that can be created under a writable directory;
-    nothing is created here, so a refused value leaves no trace. Exit 2 with one line otherwise.
+    It must name a directory that exists, or one that can be created under a writable directory, and
+    hold no control characters; nothing is created here, so a refused value leaves no trace. Exit 2
+    with one line otherwise.
     """
     text = str(value) if isinstance(value, Path) else value
+    refuse_control_characters(option, text)
     if not text.strip():
         fail(f"{option} must name a directory, got {text!r}")
     path = Path(text)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 from pathlib import Path
 from typing import Annotated
@@ -40,6 +39,7 @@ def bench_harness(
       actbench bench-harness --only plan --jobs 2  # only plan's speed-up from a second job
       actbench bench-harness --quick               # a first look in under a minute
     """
+    from actbench.store.results import OutputError, atomic_write_csv
     from actbench.studies import harness_cost as harness_bench
 
     which = tuple(dict.fromkeys(w.strip() for w in only.split(",") if w.strip()))
@@ -59,11 +59,11 @@ def bench_harness(
     except RuntimeError as err:
         fail(str(err), code=1)
     csv_path = run_dir / "harness.csv"
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=[f.name for f in dataclasses.fields(harness_bench.HarnessBenchRow)])
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(dataclasses.asdict(row))
+    names = [f.name for f in dataclasses.fields(harness_bench.HarnessBenchRow)]
+    try:
+        atomic_write_csv(csv_path, names, ([getattr(row, n) for n in names] for row in rows), "CSV")
+    except OutputError as exc:
+        fail(str(exc))
     table = Table(title="bench-harness" + (" (quick: not the targets' sizes)" if quick else ""))
     for name in ("benchmark", "wall s", "reference s", "ratio", "target", "", "detail"):
         table.add_column(name)

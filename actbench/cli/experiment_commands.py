@@ -17,8 +17,8 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from actbench.cli.app import (DEFAULT_OUT, Device, app, fail, interrupted_by, interrupted_exit_code,
-                              terminate_like_ctrl_c)
+from actbench.cli.app import (DEFAULT_OUT, Device, app, checked_out_dir, fail, interrupted_by,
+                              interrupted_exit_code, terminate_like_ctrl_c)
 from actbench.cli.harness_commands import ExecutorChoice, ExecutorOpt, GpusOpt, IsolateOpt, JobsOpt, SlurmOpt
 from actbench.cli.progress import ensure_extension, plural
 from actbench.core.devices import profile
@@ -34,7 +34,7 @@ def run_command(
         "--quick", help="Apply the file's [quick] overrides: a reduced run for CPU in minutes.")] = False,
     device: Annotated[Optional[Device], typer.Option(
         "--device", help="Override every measuring step's device (accuracy always trains on cpu).")] = None,
-    out: Annotated[Path, typer.Option("--out", help=(
+    out: Annotated[Path, typer.Option("--out", parser=checked_out_dir, help=(
         "Runs go to OUT/<experiment>[-quick]/<run>/ (default runs/, ignored by git; results/ holds the committed "
         "reference results)."))] = DEFAULT_OUT,
     list_: Annotated[bool, typer.Option("--list", help="List the experiments in experiments/ and exit.")] = False,
@@ -79,7 +79,7 @@ def run_command(
                               device=device.value if device is not None else None)
     except ExperimentError as exc:
         fail(str(exc))
-    from actbench.execution.scaleout import ExecutionOptions, SlurmOptions, parse_gpus
+    from actbench.execution.scaleout import ExecutionOptions, SlurmOptions, SubmitError, parse_gpus
 
     try:
         execution = ExecutionOptions(executor=executor.value, jobs=jobs, gpus=parse_gpus(gpus), isolate=isolate,
@@ -107,6 +107,9 @@ def run_command(
         except ValueError as exc:
             printer.close()
             fail(str(exc))
+        except SubmitError as exc:
+            printer.close()
+            fail(str(exc), code=exc.code)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP
             printer.close()
             err.print(f"{interrupted_by(exc)}: finished rows are kept; rerun the same command to resume",

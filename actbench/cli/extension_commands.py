@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from actbench.cli.app import MeasuringDevice, app, fail, new_bench_dir, require_device
+from actbench.cli.app import MeasuringDevice, app, checked_out_dir, fail, new_bench_dir, require_device
 
 console = Console()
 err_console = Console(stderr=True)
@@ -86,9 +85,8 @@ def bench_kernels(
     reference_max_mib: Annotated[
         int, typer.Option("--reference-max-mib", help="Time the pure-torch reference up to this size.")
     ] = 256,
-    out: Annotated[Path, typer.Option("--out", help="Results root; writes OUT/bench-kernels_<device>_<time>/.")] = Path(
-        "runs"
-    ),
+    out: Annotated[Path, typer.Option("--out", parser=checked_out_dir,
+                                      help="Results root; writes OUT/bench-kernels_<device>_<time>/.")] = Path("runs"),
 ) -> None:
     """Time every op of the extension against a plain copy, the torch reference and torch's own ops.
 
@@ -102,6 +100,7 @@ def bench_kernels(
     Writes kernels.csv and env.json; prints a table.
     """
     from actbench.kernels import bench as kernel_bench
+    from actbench.store.results import atomic_write_csv
 
     if repeats < 1:
         fail(f"--repeats must be >= 1, got {repeats}")
@@ -124,26 +123,24 @@ def bench_kernels(
     table = Table(title=f"bench-kernels on {device} (GB/s of fp32 input)")
     for name in ("size", "op", "backend", "bits", "GB/s", "copy GB/s", "of copy", "vs ref", "vs torch"):
         table.add_column(name, justify="right")
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
+    done: list[list] = []
 
-        def on_row(row: kernel_bench.KernelRow) -> None:
-            writer.writerow(dataclasses.asdict(row))
-            fh.flush()  # rows survive an interrupted run
-            err_console.print(f"  {row.input_bytes // 2**20} MiB {row.op} {row.backend}: {row.input_gb_per_s:.2f} GB/s")
-            table.add_row(
-                f"{row.input_bytes // 2**20} MiB", row.op, row.backend, str(row.bits or ""),
-                f"{row.input_gb_per_s:.2f}", f"{row.copy_gb_per_s:.2f}",
-                f"{row.fraction_of_copy:.0%}",
-                f"{row.speedup_vs_reference:.1f}x" if row.speedup_vs_reference else "",
-                f"{row.speedup_vs_torch:.2f}x" if row.speedup_vs_torch else "",
-            )
+    def on_row(row: kernel_bench.KernelRow) -> None:
+        done.append([getattr(row, n) for n in fields])
+        atomic_write_csv(csv_path, fields, done, "CSV")  # rewritten whole: rows survive an interrupted run
+        err_console.print(f"  {row.input_bytes // 2**20} MiB {row.op} {row.backend}: {row.input_gb_per_s:.2f} GB/s")
+        table.add_row(
+            f"{row.input_bytes // 2**20} MiB", row.op, row.backend, str(row.bits or ""),
+            f"{row.input_gb_per_s:.2f}", f"{row.copy_gb_per_s:.2f}",
+            f"{row.fraction_of_copy:.0%}",
+            f"{row.speedup_vs_reference:.1f}x" if row.speedup_vs_reference else "",
+            f"{row.speedup_vs_torch:.2f}x" if row.speedup_vs_torch else "",
+        )
 
-        try:
-            rows = kernel_bench.run(config, on_row=on_row)
-        except ValueError as err:
-            fail(str(err))
+    try:
+        rows = kernel_bench.run(config, on_row=on_row)
+    except ValueError as err:  # OutputError too: the rows written so far stay in the CSV
+        fail(str(err))
     console.print(table)
     for text, ok in kernel_bench.verdicts(rows, device):
         console.print(("[green]met[/]  " if ok else "[red]missed[/] ") + text)
@@ -154,7 +151,8 @@ def bench_kernels(
 def bench_actnn(
     device: Annotated[MeasuringDevice, typer.Option("--device", help="The device to time on.")] = MeasuringDevice.cpu,
     quick: Annotated[bool, typer.Option("--quick", help="ResNet-18, batch 2, 32 px, one timed step: a check, not the targets.")] = False,
-    out: Annotated[Path, typer.Option("--out", help="Results root; writes OUT/bench-actnn_<device>_<time>/.")] = Path("runs"),
+    out: Annotated[Path, typer.Option("--out", parser=checked_out_dir,
+                                      help="Results root; writes OUT/bench-actnn_<device>_<time>/.")] = Path("runs"),
 ) -> None:
     """What ActNN costs in speed: img/s of fp32, L0, L1, L3 and checkpoint, and each one's ratio to fp32.
 
@@ -167,6 +165,7 @@ def bench_actnn(
       actbench bench-actnn                 # the table, on cpu (minutes on 2 cores)
       actbench bench-actnn --quick         # a check in about a minute
     """
+    from actbench.store.results import OutputError, atomic_write_csv
     from actbench.studies import actnn_cost as actnn_bench
 
     device = device.value
@@ -177,11 +176,11 @@ def bench_actnn(
     except RuntimeError as err:
         fail(str(err), code=1)
     csv_path = run_dir / "actnn.csv"
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=[f.name for f in dataclasses.fields(actnn_bench.ActnnBenchRow)])
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(dataclasses.asdict(row))
+    names = [f.name for f in dataclasses.fields(actnn_bench.ActnnBenchRow)]
+    try:
+        atomic_write_csv(csv_path, names, ([getattr(row, n) for n in names] for row in rows), "CSV")
+    except OutputError as exc:
+        fail(str(exc))
     table = Table(title=f"bench-actnn on {device}" + (" (quick: not the targets' sizes)" if quick else ""))
     for name in ("model", "batch", "px", "strategy", "img/s", "x fp32", "target", ""):
         table.add_column(name, justify="right")

@@ -252,7 +252,7 @@ def _execute(store, plan, force: bool = False, retry_failed: bool = True, execut
     """Run the plan's search with progress on stderr; Ctrl-C, SIGTERM and SIGHUP keep every finished row."""
     from actbench.store.results import OutputError, RunFileError
     from actbench.execution.runner import EnvironmentCaptureError
-    from actbench.execution.scaleout import execute
+    from actbench.execution.scaleout import SubmitError, execute
 
     settings = plan.config.settings
     err = Console(stderr=True, highlight=False)
@@ -270,6 +270,8 @@ def _execute(store, plan, force: bool = False, retry_failed: bool = True, execut
                                  timeout_s=settings.timeout_s, retry_failed=retry_failed, force=force)
         except (EnvironmentCaptureError, OutputError, RunFileError) as exc:  # finished rows stay in rows.jsonl
             fail(str(exc))
+        except SubmitError as exc:
+            fail(str(exc), code=exc.code)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (Terminated)
             _checked(store.write_table)
             err.print(f"{interrupted_by(exc)}: {plural(len(store.read_rows()), 'finished row')} kept in "

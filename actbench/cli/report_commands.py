@@ -12,12 +12,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from actbench.cli.app import app, fail
+from actbench.cli.app import app, fail, refuse_control_characters
+
 
 def _path(option: str, value: Optional[str]) -> Optional[Path]:
-    """An output path option, refused when given as the empty string (which would mean the cwd)."""
+    """An output path option, refused when given as the empty string (which would mean the cwd) or with
+    control characters."""
     if value is None:
         return None
+    refuse_control_characters(option, value)
     if not value.strip():
         fail(f"{option} must not be empty (a path, e.g. {option} report/)")
     return Path(value)

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from actbench.cli.app import MeasuringDevice, app, fail, require_device
+from actbench.cli.app import MeasuringDevice, app, fail, refuse_control_characters, require_device
 
 #: ``--device-model FILE``, shared by the commands whose rows carry a predicted step time.
 DeviceModelOpt = Annotated[Optional[Path], typer.Option("--device-model", help=(
@@ -57,6 +57,10 @@ def calibrate_command(
 
     if name is not None and not name.strip():
         fail("--name is empty: give the model a name, e.g. --name my-laptop")
+    if out is not None:
+        refuse_control_characters("--out", str(out))
+        if not str(out).strip() or str(out) == ".":
+            fail(f"--out must name a file, e.g. runs/device_models/{device.value}.json, got {str(out)!r}")
     require_device(device.value)
     path = out if out is not None else Path("runs/device_models") / f"{device.value}.json"
     try:
@@ -98,6 +102,7 @@ def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...
 
     from actbench.studies.trust import compare_speed, same_speed_order, speed_csv_name, write_speed_csv
     from actbench.planning.device_models import load_device_model
+    from actbench.store.results import OutputError
 
     try:
         speed_model = load_device_model(model_path)
@@ -116,8 +121,11 @@ def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...
 
     typer.echo(f"timing {len(models) * len(strategies)} points on {device}, each also predicted on meta with "
                f"{speed_model.name} ...", err=True)
-    rows = compare_speed(device, speed_model, models, strategies, batch, image_size, on_point=on_point,
-                         precision=precision)
+    try:
+        rows = compare_speed(device, speed_model, models, strategies, batch, image_size, on_point=on_point,
+                             precision=precision)
+    except OutputError as exc:  # a full disk: the CSV keeps the points written before
+        fail(str(exc))
     table = Table(title=f"predicted ({speed_model.name}) ÷ measured step time on {device}, batch {batch}, "
                         f"{image_size}px -> {path}")
     for col in ("model", "strategy", "predicted s", "measured s", "ratio", "status"):

@@ -56,7 +56,7 @@ def trust_command(
     from actbench.studies.trust import compare, csv_name, write_csv
     from actbench.training.model_names import ModelSpec, validate_model_spec
     from actbench.execution.parsing import parse_strategies
-    from actbench.store.results import check_writable
+    from actbench.store.results import OutputError, check_writable
 
     precision = precision.value
     if batch < 2:
@@ -104,6 +104,8 @@ def trust_command(
                       f"{device.value} ...", markup=False)
             rows = compare(device.value, names, chosen, batch_size=batch, image_size=image_size, on_point=on_point,
                            precision=precision)
+        except OutputError as exc:  # a full disk: the CSV keeps the points written before
+            fail(str(exc))
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP
             err.print(f"{interrupted_by(exc)}: {len(done)} finished points kept in {path}", markup=False)
             raise typer.Exit(interrupted_exit_code(exc))

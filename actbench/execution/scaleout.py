@@ -26,7 +26,9 @@ directory's name, so a run started on a laptop resumes on eight GPUs or on a clu
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import io
 import json
 import logging
 import math
@@ -35,6 +37,7 @@ import re
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -66,6 +69,16 @@ SLURM_VALUE = re.compile(r"[A-Za-z0-9_.,:=+/@%-]{1,200}")
 SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}(,[A-Za-z0-9_.+-]{1,64}){0,15}")  # partition(s), account
 SLURM_COUNT_MAX = 1_000_000
 SLURM_VALUE_HELP = "letters, digits and _ . , : = + / @ % -"
+#: What no text written into the sbatch script may hold (a new line there would be a command).
+SCRIPT_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class SubmitError(RuntimeError):
+    """The job array could not be submitted (one line); ``code``: the exit status it deserves."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -100,8 +113,12 @@ class SlurmOptions:
                 if not isinstance(value, (list, tuple, str)):
                     raise ValueError(f"{where}: sbatch must be a list of options like \"--qos=high\", "
                                      f"got {short_repr(value)}")
-                extra.update(cls.parse(list(value) if isinstance(value, (list, tuple)) else [value],
-                                       where=where).sbatch)
+                raw = cls.parse(list(value) if isinstance(value, (list, tuple)) else [value], where=where)
+                own = [k for k in raw.given if k not in dict(raw.sbatch)]
+                if own:  # a key of its own would be parsed here and then dropped: say where it belongs
+                    raise ValueError(f"{where}: sbatch lists other sbatch options only; {own[0]} is a key of its "
+                                     f"own: write {own[0]} = VALUE in the table (keys: {', '.join(SLURM_KEYS)})")
+                extra.update(raw.sbatch)
                 continue
             _scalar(value, key, where)
             if key in ("partition", "account"):
@@ -364,11 +381,12 @@ def scan_window(stop_after: int, failures: int, width: int, left: int) -> int:
 def make_runner(run_dir: Path, device: str, executor: Any, on_event: Event | None, retry_failed: bool,
                 force: bool, since: int):
     """A :class:`~actbench.execution.runner.PointRunner` on its own handle of the run directory, treating rows
-    recorded before byte ``since`` of ``rows.jsonl`` as recorded before the run started."""
+    recorded before byte ``since`` of ``rows.jsonl`` as recorded before the run started (and already
+    warned of, where unreadable, by the handle that found ``since``)."""
     from actbench.store.results import RunStore
     from actbench.execution.runner import PointRunner
 
-    return PointRunner(RunStore(run_dir), device, executor=executor, on_event=on_event, retry_failed=retry_failed,
+    return PointRunner(RunStore(run_dir, quiet_before=since), device, executor=executor, on_event=on_event, retry_failed=retry_failed,
                        force=force, started_at=since)
 
 
@@ -658,9 +676,19 @@ class _RowPoint:
         return f"{model} {r.strategy} b{r.batch_size} {r.image_size}px {r.device}"
 
 
+def _check_script_text(text: str, what: str) -> None:
+    """SubmitError (exit 2) for text that would go into the sbatch script with a control character."""
+    if SCRIPT_CONTROL.search(text):
+        raise SubmitError(f"{what} {text!r} holds a control character, and it would be written into the sbatch "
+                          "script; use a path of printable characters", code=2)
+
+
 def _submitit_executor(executor_class: Any, folder: Path, options: SlurmOptions, gpus: int, name: str) -> Any:
     import submitit
 
+    _check_script_text(os.path.abspath(folder), "the Slurm folder")
+    _check_script_text(name, "the job name")
+    _check_script_text(sys.executable, "the Python interpreter")
     cls = executor_class or submitit.SlurmExecutor
     if issubclass(cls, submitit.SlurmExecutor):  # a task's Python runs with -P: its directory is not on its path
         executor = cls(folder=folder, python=f"{shlex.quote(sys.executable)} -P")
@@ -687,6 +715,21 @@ def _job_failure(job: Any) -> str | None:
     if isinstance(result, dict) and result.get("error"):
         return f"job {job.job_id} failed; log {job.paths.stderr}: {result['error']}"
     return None
+
+
+def _submit(executor: Any, shards: list[Shard]) -> list[Any]:
+    """The array's jobs; SubmitError (one line) when sbatch refuses it or says nothing readable."""
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's stderr itself
+            return executor.map_array(run_shard, shards)
+    except (FailedJobError, FailedSubmissionError, OSError) as exc:
+        cause = exc.__cause__
+        status = f" with status {cause.returncode}" if isinstance(cause, subprocess.CalledProcessError) else ""
+        said = " ".join(str(exc).split())[:200] or "no message"
+        raise SubmitError(f"sbatch failed{status} to submit the job array ({said}); no task of it runs, and "
+                          "finished rows are kept") from None
 
 
 def run_slurm(search: Callable, config: Any, store: Any, *, on_event: Event | None = None,
@@ -722,7 +765,7 @@ def run_slurm(search: Callable, config: Any, store: Any, *, on_event: Event | No
         executor = _submitit_executor(executor_class, folder, options.slurm, gpus, f"actbench-{store.run_id}"[:64])
         shards = [Shard(str(store.run_dir), search, parts[i], retry_failed, force, since, timeout_s,
                         options.isolate, gpus) for i in missing]
-        jobs = executor.map_array(run_shard, shards)
+        jobs = _submit(executor, shards)
         log.info("round %d: %d array task(s) submitted (job %s), logs in %s", round_no + 1, len(jobs),
                  jobs[0].job_id.split("_")[0] if jobs else "-", folder)
         try:
@@ -767,5 +810,5 @@ def _env_id(store: Any) -> str:
         return "unknown"
 
 
-__all__ = ["EXECUTORS", "ExecutionOptions", "SlurmOptions", "Shard", "execute", "merge", "parse_gpus",
+__all__ = ["EXECUTORS", "ExecutionOptions", "SlurmOptions", "Shard", "SubmitError", "execute", "merge", "parse_gpus",
            "parse_time_minutes", "replay", "short_repr", "run_local", "run_shard", "run_slurm", "scan_window", "split"]

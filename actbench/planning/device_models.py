@@ -115,7 +115,10 @@ class DeviceModel:
         if any(not (isinstance(v, (int, float)) and v > 0) for v in peaks.values()):
             raise ValueError(f"{origin}: every peak_flops value must be a positive number, got {peaks!r}")
         values["peak_flops"] = MappingProxyType(dict(peaks))
-        values["sources"] = MappingProxyType(dict(values.get("sources") or {}))
+        sources = values.get("sources") or {}
+        if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+            raise ValueError(f"{origin}: sources must map names to strings, got {type(sources).__name__}")
+        values["sources"] = MappingProxyType(dict(sources))
         return cls(**values)
 
 
@@ -127,14 +130,20 @@ def save_device_model(model: DeviceModel, path: Path) -> None:
 
 
 def load_device_model(path: Path | str) -> DeviceModel:
-    """The model in the JSON file at ``path``; ValueError naming the file and what is wrong."""
+    """The model in the JSON file at ``path``; ValueError naming the file and what is wrong.
+
+    Read as run files are (``results.read_json_file``): a regular file only, within limits on size,
+    nesting and digits, so a FIFO, a device or a hostile file is one line, never a hang or a traceback.
+    """
+    from actbench.store.results import RunFileError, read_json_file
+
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise ValueError(f"device model {path}: cannot read it ({exc.strerror or exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"device model {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        data = read_json_file(path)
+    except RunFileError as exc:
+        raise ValueError(f"device model {exc}") from None
+    if data is None:
+        raise ValueError(f"device model '{path}': no such file; expected a JSON file from `actbench calibrate`")
     if not isinstance(data, dict):
         raise ValueError(f"device model {path}: expected a JSON object, got {type(data).__name__}")
     return DeviceModel.from_dict(data, origin=f"device model {path}")

@@ -410,20 +410,22 @@ def write_report(results_dir: Path, out_file: Path | None = None, figures_dir: P
 
     One file for the whole folder: the harness runs' sections, then accuracy vs bits when the folder
     holds accuracy runs (alone, that section is the report). Raises ValueError with one line for a
-    bad results folder or an unwritable output.
+    bad results folder, a ``paper_csv`` given that cannot be read, or an unwritable output.
     """
     from actbench.reporting.plots import input_files, load_paper_points, write_figures
 
     found = find_result_runs(results_dir)
     out_file = results_dir / "report.md" if out_file is None else out_file
     inputs = input_files(found, paper_csv)
-    check_output(out_file, inputs)
-    if draw_figures:
-        check_output(results_dir / "figures" if figures_dir is None else figures_dir, inputs, directory=True)
     try:
         points: tuple[paper_ref.PaperPoint, ...] | None = load_paper_points(paper_csv)
     except ValueError:
+        if paper_csv is not None:  # asked for by name: refused in one line before anything is made, as plot does
+            raise
         points = None  # the report still gives max-batch and memory ratios; throughput column omitted
+    check_output(out_file, inputs)
+    if draw_figures:
+        check_output(results_dir / "figures" if figures_dir is None else figures_dir, inputs, directory=True)
     figures: tuple[Path, ...] = ()
     if draw_figures:
         figures = write_figures(results_dir, figures_dir, with_paper=points is not None, paper_csv=paper_csv)

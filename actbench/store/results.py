@@ -19,8 +19,8 @@ Reliability (docs/design.md §9, results/README.md "Guarantees"):
   wrong type, a missing field, a value out of range, a line past the limits on size, nesting and
   digits) are skipped with one warning naming the file and line; readers never write and never raise
   on them.
-- A run file that is not what it must be (``rows.jsonl`` a directory, a FIFO or a link to a device,
-  ``.claims`` a file) is a one-line :class:`RunFileError` before it is opened, never a hang.
+- A run file that is not what it must be (``rows.jsonl`` or ``rows.jsonl.torn`` a directory, a FIFO
+  or a link to a device, ``.claims`` a file) is a one-line :class:`RunFileError` before it is opened, never a hang.
 - Outputs (tables, reports, figures, JSON) go through a temporary file and a rename
   (:func:`atomic_output`): a full disk leaves the previous file, and a one-line :class:`OutputError`.
 """
@@ -40,7 +40,7 @@ import stat
 import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from actbench.core.devices import DEVICE_NAMES
 from actbench.core.gpus import GPU_NAMES
@@ -73,8 +73,9 @@ def run_name(command: str, model: str, device: str, image_size: int | str, confi
 MAX_LINE_BYTES = 1 << 20
 MAX_INT_DIGITS = 40
 MAX_NESTING = 8
-#: Largest ``env.json`` / ``config.json`` read.
+#: Largest ``env.json`` / ``config.json`` (or device model) read, and how deeply it may nest.
 MAX_JSON_FILE_BYTES = 16 << 20
+MAX_JSON_FILE_NESTING = 64
 
 
 class RunFileError(ValueError):
@@ -177,6 +178,31 @@ def atomic_write_text(path: Path, text: str, what: str = "file") -> None:
         tmp.write_text(text)
 
 
+def atomic_write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]], what: str = "table") -> None:
+    """A CSV written through a per-writer temporary file and renamed: a full disk or a kill mid-write
+    leaves the previous file whole, and an :class:`OutputError` names ``path``."""
+    with atomic_output(path, what) as tmp:
+        with tmp.open("w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(header)
+            writer.writerows(rows)
+
+
+def new_file(path: Path) -> Path:
+    """``path``, or ``NAME-2.EXT``, ``NAME-3.EXT``, ... when that is taken, created empty and exclusively:
+    two writers started in the same second (a timestamped name) never want the same file."""
+    for n in range(1, 1000):
+        candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
+        try:
+            os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            return candidate
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise OutputError(f"file '{candidate}' cannot be created: {exc.strerror or exc}") from None
+    raise OutputError(f"file '{path}' cannot be created: 999 files of that name exist")
+
+
 def read_json_file(path: Path) -> Any:
     """The JSON value of a small run file (``env.json``, ``config.json``), None when it is absent;
     RunFileError (one line naming it) when it is not a regular file or not JSON within the limits."""
@@ -190,10 +216,15 @@ def read_json_file(path: Path) -> Any:
     if len(data) > MAX_JSON_FILE_BYTES:
         raise RunFileError(f"'{path}' is larger than {MAX_JSON_FILE_BYTES >> 20} MiB; expected a small JSON file")
     try:
-        return load_json(data.decode("utf-8"), nesting=64)
+        return load_json(data.decode("utf-8"), nesting=MAX_JSON_FILE_NESTING)
     except UnicodeDecodeError as exc:
         raise RunFileError(f"'{path}' is not UTF-8 (byte {exc.start + 1})") from None
-    except (ValueError, RecursionError) as exc:
+    except LimitError as exc:
+        raise RunFileError(f"'{path}' is past the limits of a JSON file: {exc}") from None
+    except RecursionError:
+        raise RunFileError(f"'{path}' is past the limits of a JSON file: nested too deeply "
+                           f"(at most {MAX_JSON_FILE_NESTING} levels)") from None
+    except ValueError as exc:
         raise RunFileError(f"'{path}' is not valid JSON ({str(exc)[:80]})") from None
 
 
@@ -295,9 +326,10 @@ def _result_row_problem(data: Any) -> str | None:
 
 def parse_jsonl(path: Path, data: bytes, first_lineno: int, cls: type[T],
                 problem: Callable[[Any], str | None] | None = None,
-                base_offset: int = 0) -> Iterator[tuple[int, T]]:
+                base_offset: int = 0, quiet_before: int | None = None) -> Iterator[tuple[int, T]]:
     """Rows of complete lines ``data`` of ``path`` as ``(byte offset, row)``; every unreadable line
-    is skipped with one warning ``PATH:LINE: skipped: WHY``. Never raises on content.
+    is skipped with one warning ``PATH:LINE: skipped: WHY``. Never raises on content. Lines starting
+    before byte ``quiet_before`` are skipped silently: another reader of this run has warned of them.
 
     A line holding a torn row with a complete row glued after it (written by versions that did not
     repair a torn tail) gives the glued row back, with a warning.
@@ -308,36 +340,41 @@ def parse_jsonl(path: Path, data: bytes, first_lineno: int, cls: type[T],
         start, offset = offset, offset + len(raw) + 1
         if not raw.strip():
             continue
+        warn = _quiet if quiet_before is not None and start < quiet_before else log.warning
         if len(raw) > MAX_LINE_BYTES:
-            log.warning("%s:%d: skipped: a line of %d bytes (at most %d)", path, lineno, len(raw), MAX_LINE_BYTES)
+            warn("%s:%d: skipped: a line of %d bytes (at most %d)", path, lineno, len(raw), MAX_LINE_BYTES)
             continue
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            log.warning("%s:%d: skipped: not UTF-8 (byte %d)", path, lineno, exc.start + 1)
+            warn("%s:%d: skipped: not UTF-8 (byte %d)", path, lineno, exc.start + 1)
             continue
         try:
             obj = load_json(text)
         except LimitError as exc:
-            log.warning("%s:%d: skipped: %s", path, lineno, exc)
+            warn("%s:%d: skipped: %s", path, lineno, exc)
             continue
         except (ValueError, RecursionError):
             salvaged = _salvage(text, check)
             if salvaged is None:
-                log.warning("%s:%d: skipped: not valid JSON (%s)", path, lineno, _preview(text))
+                warn("%s:%d: skipped: not valid JSON (%s)", path, lineno, _preview(text))
             else:
-                log.warning("%s:%d: recovered a row glued after a torn one; skipped the torn start (%s)",
-                            path, lineno, _preview(text))
+                warn("%s:%d: recovered a row glued after a torn one; skipped the torn start (%s)",
+                     path, lineno, _preview(text))
                 yield start, cls.from_dict(salvaged)
             continue
         why = check(obj)
         if why is not None:
-            log.warning("%s:%d: skipped: %s", path, lineno, why)
+            warn("%s:%d: skipped: %s", path, lineno, why)
             continue
         try:
             yield start, cls.from_dict(obj)
         except (TypeError, ValueError) as exc:  # anything the checks above did not foresee
-            log.warning("%s:%d: skipped: %s", path, lineno, exc)
+            warn("%s:%d: skipped: %s", path, lineno, exc)
+
+
+def _quiet(*args: Any) -> None:
+    """A warning already given by another reader of the same lines."""
 
 
 def _preview(text: str) -> str:
@@ -389,10 +426,14 @@ class RunStore:
     Writing (:meth:`append`, :meth:`write_table`) holds the run directory's lock.
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, quiet_before: int | None = None) -> None:
+        """``quiet_before``: a byte offset of ``rows.jsonl`` up to which another handle of this run (the
+        command's own) has read and warned already, so each bad line is one warning per command."""
         self.run_dir = run_dir
+        self.quiet_before = quiet_before
         self.run_id = run_dir.name
         self.rows_path = run_dir / "rows.jsonl"
+        self.torn_path = run_dir / ("rows.jsonl" + TORN_SUFFIX)
         self.table_path = run_dir / "table.csv"
         self.lock_path = run_dir / LOCK_NAME
         self.claims_dir = run_dir / CLAIMS_DIR
@@ -409,9 +450,11 @@ class RunStore:
 
     def check_files(self) -> None:
         """RunFileError (one line naming the path and what it must be) for a run file of the wrong kind:
-        the run directory, ``rows.jsonl``, ``.lock``, ``env.json``, ``config.json``, ``.claims``."""
+        the run directory, ``rows.jsonl``, ``rows.jsonl.torn``, ``.lock``, ``env.json``, ``config.json``,
+        ``.claims``."""
         check_kind(self.run_dir, directory=True)
-        for path in (self.rows_path, self.lock_path, self.run_dir / "env.json", self.run_dir / "config.json"):
+        for path in (self.rows_path, self.torn_path, self.lock_path, self.run_dir / "env.json",
+                     self.run_dir / "config.json"):
             check_kind(path)
         check_kind(self.claims_dir, directory=True)
 
@@ -439,7 +482,8 @@ class RunStore:
         end = data.rfind(b"\n") + 1
         if end:
             for offset, row in parse_jsonl(self.rows_path, data[:end], self._lineno + 1, ResultRow,
-                                           _result_row_problem, base_offset=self._read_pos):
+                                           _result_row_problem, base_offset=self._read_pos,
+                                           quiet_before=self.quiet_before):
                 self._history.append(row)
                 self._rows[row.key] = row
                 self._offset[row.key] = offset
@@ -448,7 +492,8 @@ class RunStore:
         tail = data[end:]
         if tail.strip() and self._warned_tail != (self._read_pos, len(tail)):
             self._warned_tail = (self._read_pos, len(tail))
-            _warn_tail(self.rows_path, self._lineno + 1, tail)
+            if self.quiet_before is None or self._read_pos > self.quiet_before:
+                _warn_tail(self.rows_path, self._lineno + 1, tail)
 
     def _reset(self) -> None:
         self._rows.clear()
@@ -537,7 +582,8 @@ class RunStore:
                 fh.seek(size)
                 fh.write(b"\n")
             else:
-                torn = self.rows_path.with_name(self.rows_path.name + TORN_SUFFIX)
+                torn = self.torn_path
+                check_kind(torn)  # a FIFO here would block the append, a directory fail it
                 with torn.open("ab") as out:
                     out.write(tail + b"\n")
                     out.flush()

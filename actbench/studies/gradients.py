@@ -9,7 +9,6 @@ that compression adds variance and no bias. Definitions and the set-up: docs/des
 from __future__ import annotations
 
 import copy
-import csv
 import dataclasses
 import logging
 import math
@@ -220,12 +219,17 @@ def verify_task(args: dict, progress: Callable[[int, int], None] | None = None) 
 
 
 def write_csv(rows: list[GradRow], path: Path) -> Path:
-    """Write rows as CSV (columns = GradRow fields); refuses to overwrite an existing file."""
+    """Write rows as CSV (columns = GradRow fields) to ``path``, or ``NAME-2.csv``, ... when that exists
+    (two runs in one second), through a temporary file; the path written."""
+    from actbench.store.results import atomic_write_csv, new_file
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("x", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[fld.name for fld in dataclasses.fields(GradRow)])
-        writer.writeheader()
-        for r in rows:
-            writer.writerow(dataclasses.asdict(r))
+    path = new_file(path)
+    names = [fld.name for fld in dataclasses.fields(GradRow)]
+    try:
+        atomic_write_csv(path, names, ([getattr(r, n) for n in names] for r in rows), "CSV")
+    except BaseException:
+        path.unlink(missing_ok=True)  # the empty file that held the name
+        raise
     return path

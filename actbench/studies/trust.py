@@ -11,7 +11,6 @@ executor, no child per point).
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from actbench.core.devices import PROFILES
 from actbench.execution.executors import InProcessExecutor
 from actbench.schema import DEFAULT_PRECISION, Measurement, ModelSpec, PointConfig
+from actbench.store.results import atomic_write_csv
 
 if TYPE_CHECKING:
     from actbench.planning.device_models import DeviceModel
@@ -104,12 +104,7 @@ def write_csv(rows: list[Comparison], path: Path) -> None:
     fields = [n for n in Comparison.__dataclass_fields__ if n not in later]
     names = fields + ["activation_ratio", "peak_ratio", *later, "reserved_ratio"]
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(names)
-        for r in rows:
-            writer.writerow(["" if (v := getattr(r, n)) is None else (f"{v:.4f}" if isinstance(v, float) else v)
-                             for n in names])
+    atomic_write_csv(path, names, ([_cell(getattr(r, n), ".4f") for n in names] for r in rows), "CSV")
 
 
 # --- speed: the step-time model against measured step times ----------------------------------------
@@ -192,9 +187,9 @@ def write_speed_csv(rows: list[SpeedComparison], path: Path) -> None:
     """One row per point: both step times, the measured spread and the ratio predicted ÷ measured."""
     names = [*SpeedComparison.__dataclass_fields__, "step_ratio"]
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(names)
-        for r in rows:
-            writer.writerow(["" if (v := getattr(r, n)) is None else (f"{v:.6g}" if isinstance(v, float) else v)
-                             for n in names])
+    atomic_write_csv(path, names, ([_cell(getattr(r, n), ".6g") for n in names] for r in rows), "CSV")
+
+
+def _cell(value: object, spec: str) -> object:
+    """A CSV cell: empty for None, floats in ``spec``."""
+    return "" if value is None else (format(value, spec) if isinstance(value, float) else value)
