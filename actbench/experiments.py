@@ -42,7 +42,7 @@ import actbench
 from actbench.execution.specs import MEASURING_COMMANDS, PLAN_DEVICE, CommandSpec, RunPlan, SpecError
 from actbench.core.devices import DEVICE_NAMES as DEVICES
 from actbench.core.devices import PROFILES
-from actbench.schema import RETRIED_STATUSES
+from actbench.schema import RETRIED_STATUSES, one_line
 from actbench.execution.scaleout import short_repr
 
 log = logging.getLogger(__name__)
@@ -340,7 +340,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except RecursionError:
         raise ExperimentError(f"{where}: bad TOML: nested too deeply") from None
     except ValueError as exc:  # an integer of more digits than Python converts
-        raise ExperimentError(f"{where}: bad TOML: an integer out of range ({' '.join(str(exc).split())[:120]})") \
+        raise ExperimentError(f"{where}: bad TOML: an integer out of range ({one_line(exc, 120)})") \
             from None
 
 
@@ -428,7 +428,7 @@ def run_harness_plan(plan: RunPlan, out: Path, timeout_s: float, on_event: Event
     store.write_config(plan.config.identity())
 
     def point_event(kind: str, point, row) -> None:
-        text = point.describe() + ("" if row is None else f": {row.status} {row.message[:80]}".rstrip())
+        text = point.describe() + ("" if row is None else f": {row.status} {one_line(row.message, 80)}".rstrip())
         on_event(kind, text)
 
     try:

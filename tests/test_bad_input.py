@@ -84,6 +84,8 @@ def test_accuracy_rejects_non_finite_hyperparameters(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args, needle", [
     (["memory", "resnet18", "--precision", "fp8", "--device", "meta"], "'fp8' is not one of 'fp32', 'bf16', 'fp16'"),
     (["memory", "resnet18", "--device", "tpu"], "'tpu' is not one of 'cpu', 'cuda', 'meta'"),
+    (["plan", "resnet18", "--gpu", "t5"], "'t5' is not one of 't4', 'v100', 'l4', 'a10', 'a100-40gb', 'a100-80gb', "
+                                          "'h100-80gb', 'h200', 'rtx3090', 'rtx4090'"),
     (["trust", "--precision", "fp8"], "'fp8' is not one of 'fp32', 'bf16', 'fp16'"),
     (["verify-grads", "resnet18", "--precision", "fp8"], "'fp8' is not one of 'fp32', 'bf16', 'fp16'"),
     (["memory", "resnet18", "--bogus"], "No such option: --bogus"),

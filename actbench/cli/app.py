@@ -12,6 +12,7 @@ from typing import Iterator, NoReturn
 import typer
 
 from actbench.core.devices import DEVICE_NAMES, MEASURING_DEVICES, profile
+from actbench.core.gpus import GPU_NAMES
 from actbench.schema import PRECISIONS
 
 app = typer.Typer(
@@ -109,6 +110,8 @@ def new_bench_dir(out: Path, name: str, device: str) -> Path:
 Device = enum.Enum("Device", {name: name for name in DEVICE_NAMES}, type=str)
 #: Devices that compute (not meta): bench-kernels, verify-grads, trust.
 MeasuringDevice = enum.Enum("MeasuringDevice", {name: name for name in MEASURING_DEVICES}, type=str)
+#: --gpu choices, from the GPU profiles (actbench/core/gpus.py).
+Gpu = enum.Enum("Gpu", {name: name for name in GPU_NAMES}, type=str)
 
 
 #: --precision's help in the commands that measure outside a run directory (trust, verify-grads)

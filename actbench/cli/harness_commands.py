@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, Device, Precision, app,
+from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, Device, Gpu, Precision, app,
                               checked_out_dir, fail, interrupted_by, interrupted_exit_code, require_device,
                               terminate_like_ctrl_c)
 from actbench.cli.progress import PointProgress, ensure_extension, plural
@@ -50,7 +50,7 @@ DeviceOpt = Annotated[Device, typer.Option(
     "--device", help="; ".join(f"{name} {p.help}" for name, p in PROFILES.items()) + ".")]
 BudgetOpt = Annotated[Optional[str], typer.Option("--budget", help=(
     "Memory cap, e.g. 16GiB (cuda: enforced; cpu and meta: peak compared). Required for searches on meta."))]
-GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help=(
+GpuOpt = Annotated[Optional[Gpu], typer.Option("--gpu", help=(
     f"meta: plan for a GPU model ({', '.join(GPU_NAMES)}): its memory less "
     "ECC and the CUDA context, and out-of-memory decided on the reserved bytes of a caching-allocator model "
     "(docs/design.md §10). Instead of --budget."))]

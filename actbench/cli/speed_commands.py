@@ -12,7 +12,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from actbench.cli.app import MeasuringDevice, app, fail, refuse_control_characters, require_device
+from actbench.cli.app import Gpu, MeasuringDevice, app, fail, refuse_control_characters, require_device
+from actbench.schema import one_line
 
 #: ``--device-model FILE``, shared by the commands whose rows carry a predicted step time.
 DeviceModelOpt = Annotated[Optional[Path], typer.Option("--device-model", help=(
@@ -155,7 +156,7 @@ FASTEST_DEFAULT = "fp32,checkpoint,swap,L0,L1,L2,L3,L4,L5"
 @app.command("fastest")
 def fastest_command(
     model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
-    gpu: Annotated[str, typer.Option("--gpu", help="The GPU to plan for (a profile of actbench/core/gpus.py).")],
+    gpu: Annotated[Gpu, typer.Option("--gpu", help="The GPU to plan for (a profile of actbench/core/gpus.py).")],
     batch: Annotated[int, typer.Option("--batch", help="Batch size to train at.")],
     image_size: Annotated[int, typer.Option("--image-size", help="Input side in pixels.")] = 224,
     strategies: Annotated[str, typer.Option("--strategies", help="Comma list of strategies and levels.")] = FASTEST_DEFAULT,
@@ -177,7 +178,7 @@ def fastest_command(
     from actbench.schema import LIMITS, MIN_IMAGE_SIZE
 
     try:
-        profile_ = gpu_profile(gpu)
+        profile_ = gpu_profile(gpu.value)
         validate_model_spec(ModelSpec(model))
         chosen = parse_strategies(strategies)
     except ValueError as exc:
@@ -221,5 +222,5 @@ def _print_choices(model: str, gpu, batch: int, image_size: int, choices: list) 
     for c in fastest_first(choices):
         speed = "-" if c.predicted_samples_per_s is None or not c.fits else f"{c.predicted_samples_per_s:.1f}"
         table.add_row(c.strategy, "yes" if c.fits else "no", format_bytes(c.peak_alloc_bytes),
-                      format_bytes(c.reserved_bytes), speed, c.message[:60])
+                      format_bytes(c.reserved_bytes), speed, one_line(c.message, 60))
     Console().print(table)

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 from actbench.core.child_env import python_child_env
 from actbench.core.devices import profile
-from actbench.schema import DEFAULT_TIMEOUT_S, Measurement, PointConfig
+from actbench.schema import DEFAULT_TIMEOUT_S, Measurement, PointConfig, one_line
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +292,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _last_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1][:200] if lines else ""
+    return one_line(lines[-1], 200) if lines else ""
 
 
 def outcome_to_measurement(outcome: ChildOutcome, timeout_s: float) -> Measurement:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from actbench.core.devices import profile
-from actbench.schema import DEFAULT_TIMEOUT_S, Measurement, PointConfig, ResultRow, error_line
+from actbench.schema import DEFAULT_TIMEOUT_S, Measurement, PointConfig, ResultRow, error_line, one_line
 
 log = logging.getLogger(__name__)
 
@@ -727,7 +727,7 @@ def _submit(executor: Any, shards: list[Shard]) -> list[Any]:
     except (FailedJobError, FailedSubmissionError, OSError) as exc:
         cause = exc.__cause__
         status = f" with status {cause.returncode}" if isinstance(cause, subprocess.CalledProcessError) else ""
-        said = " ".join(str(exc).split())[:200] or "no message"
+        said = one_line(exc, 200) or "no message"
         raise SubmitError(f"sbatch failed{status} to submit the job array ({said}); no task of it runs, and "
                           "finished rows are kept") from None
 

@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from actbench.core.devices import DEVICE_NAMES
 from actbench.core.gpus import GPU_NAMES
-from actbench.schema import COLUMNS, STATUSES, ResultRow, row_value_problem
+from actbench.schema import COLUMNS, STATUSES, ResultRow, one_line, row_value_problem
 from actbench.strategies import get as get_strategy
 
 log = logging.getLogger(__name__)
@@ -225,7 +225,7 @@ def read_json_file(path: Path) -> Any:
         raise RunFileError(f"'{path}' is past the limits of a JSON file: nested too deeply "
                            f"(at most {MAX_JSON_FILE_NESTING} levels)") from None
     except ValueError as exc:
-        raise RunFileError(f"'{path}' is not valid JSON ({str(exc)[:80]})") from None
+        raise RunFileError(f"'{path}' is not valid JSON ({one_line(exc, 80)})") from None
 
 
 # --- reading JSONL rows --------------------------------------------------------------------------

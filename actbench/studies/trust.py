@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from actbench.core.devices import PROFILES
 from actbench.execution.executors import InProcessExecutor
-from actbench.schema import DEFAULT_PRECISION, Measurement, ModelSpec, PointConfig
+from actbench.schema import DEFAULT_PRECISION, Measurement, ModelSpec, PointConfig, one_line
 from actbench.store.results import atomic_write_csv
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def compare(device: str, models=TRUST_MODELS, strategies=TRUST_STRATEGIES, batch
             meta, real = executor.measure([predicted, measured])
             out.append(Comparison(model, strategy, batch_size, image_size, device, meta.status, real.status,
                                   meta.activation_bytes, real.activation_bytes, meta.peak_alloc_bytes,
-                                  real.peak_alloc_bytes, real.reserved_bytes, (meta.message or real.message)[:120],
+                                  real.peak_alloc_bytes, real.reserved_bytes, one_line(meta.message or real.message, 120),
                                   precision, meta.reserved_bytes))
             if on_point is not None:
                 on_point(out[-1])
@@ -161,7 +161,7 @@ def compare_speed(device: str, speed_model: "DeviceModel", models=("resnet18",),
                       if real.samples_per_s_iqr is not None and real.samples_per_s_median else None)
             out.append(SpeedComparison(model, strategy, batch_size, image_size, device, speed_model.name,
                                        predicted.status, real.status, predicted.predicted_step_s,
-                                       real.step_time_s_median, spread, (predicted.message or real.message)[:120],
+                                       real.step_time_s_median, spread, one_line(predicted.message or real.message, 120),
                                        precision))
             if on_point is not None:
                 on_point(out[-1])
