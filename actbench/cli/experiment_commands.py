@@ -7,7 +7,6 @@ an unknown experiment exits 2 with one line on stderr.
 
 from __future__ import annotations
 
-import enum
 import logging
 import sys
 import time
@@ -19,7 +18,7 @@ from rich.console import Console
 
 from actbench.cli.app import (DEFAULT_OUT, Device, app, checked_out_dir, fail, interrupted_by,
                               interrupted_exit_code, terminate_like_ctrl_c)
-from actbench.cli.harness_commands import ExecutorChoice, ExecutorOpt, GpusOpt, IsolateOpt, JobsOpt, SlurmOpt
+from actbench.cli.options import ExecutorChoice, ExecutorOpt, GpusOpt, IsolateOpt, JobsOpt
 from actbench.cli.progress import ensure_extension, plural
 from actbench.core.devices import profile
 

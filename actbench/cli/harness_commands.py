@@ -6,6 +6,7 @@ actbench.execution.runner), render. Bad values exit 2 with one line on stderr an
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import sys
@@ -17,84 +18,21 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from actbench.cli.app import (DEFAULT_OUT, MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, Device, Gpu, Precision, app,
-                              checked_out_dir, fail, interrupted_by, interrupted_exit_code, require_device,
-                              terminate_like_ctrl_c)
+from actbench.cli.app import (MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, app, fail, interrupted_by,
+                              interrupted_exit_code, require_device, terminate_like_ctrl_c)
+from actbench.cli.options import (DEFAULT_TEXT, EXECUTION, GROWTH, PLAN_MAX_DEFAULT_JOBS, RUN, SELECTION, STEPS, TARGET,
+                                  ImageSizeOpt, PlanJobsOpt, Shared, SharedOptions, shared_options, shared_values)
 from actbench.cli.progress import PointProgress, ensure_extension, plural
-from actbench.cli.speed_commands import DeviceModelOpt, use_device_model
-from actbench.core.gpus import GPU_NAMES
+from actbench.cli.speed_commands import use_device_model
 from actbench.execution.specs import DEFAULT_STRATEGIES, PLAN_DEVICE
-from actbench.core.devices import PROFILES, profile
-from actbench.strategies import PLAIN_STRATEGIES
-from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, PLAN_DIMENSIONS, RETRIED_STATUSES, one_line
+from actbench.core.devices import profile
+from actbench.schema import DIMENSIONS, PLAN_DIMENSIONS, RETRIED_STATUSES, one_line
 
 log = logging.getLogger(__name__)
 
 
 Dim = enum.Enum("Dim", {name: name for name in DIMENSIONS}, type=str)
 PlanDim = enum.Enum("PlanDim", {name: name for name in PLAN_DIMENSIONS}, type=str)
-
-
-# --- shared option aliases ---------------------------------------------------------------------
-_DEFAULT_TEXT = " and ".join(DEFAULT_STRATEGIES)
-LevelsOpt = Annotated[Optional[str], typer.Option("--levels", help=(
-    f"ActNN levels: L1..L5, L1,L3 or all. Without --levels and --strategies: {_DEFAULT_TEXT} (fp32 against "
-    "ActNN L3, the paper's comparison); either option replaces that default."))]
-StrategiesOpt = Annotated[Optional[str], typer.Option(
-    "--strategies", "--strategy",
-    help=f"Comma list of {', '.join(PLAIN_STRATEGIES)} (levels allowed too); results/README.md describes each. "
-         f"Default: {_DEFAULT_TEXT}.")]
-NoBaselineOpt = Annotated[bool, typer.Option("--no-baseline", help="Do not add fp32 as the baseline.")]
-ImageSizeOpt = Annotated[int, typer.Option("--image-size", help="Input side in pixels.")]
-DeviceOpt = Annotated[Device, typer.Option(
-    "--device", help="; ".join(f"{name} {p.help}" for name, p in PROFILES.items()) + ".")]
-BudgetOpt = Annotated[Optional[str], typer.Option("--budget", help=(
-    "Memory cap, e.g. 16GiB (cuda: enforced; cpu and meta: peak compared). Required for searches on meta."))]
-GpuOpt = Annotated[Optional[Gpu], typer.Option("--gpu", help=(
-    f"meta: plan for a GPU model ({', '.join(GPU_NAMES)}): its memory less "
-    "ECC and the CUDA context, and out-of-memory decided on the reserved bytes of a caching-allocator model "
-    "(docs/design.md §10). Instead of --budget."))]
-HostBudgetOpt = Annotated[Optional[str], typer.Option("--host-budget", help=(
-    "Pinned host memory allowed for swapped tensors (swap, save_on_cpu, L4/L5), e.g. 64GiB; above it a point is "
-    "host_over_budget. meta: the pinned allocator's power-of-two blocks are modelled."))]
-OutOpt = Annotated[Path, typer.Option("--out", parser=checked_out_dir, help=(
-    "Where your runs go: OUT/<run>/ (default runs/, ignored by git; results/ holds the committed reference "
-    "results)."))]
-DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the planned points and exit.")]
-ForceOpt = Annotated[bool, typer.Option("--force", help=(
-    "Measure every point again, even those already recorded (old rows stay in rows.jsonl; the new ones win)."))]
-NoRetryOpt = Annotated[bool, typer.Option("--no-retry", help=(
-    "Keep recorded error and timeout rows instead of measuring those points again."))]
-WarmupOpt = Annotated[Optional[int], typer.Option("--warmup-steps", help="Untimed steps first (default: cpu 1, cuda 3).")]
-TimedOpt = Annotated[Optional[int], typer.Option("--timed-steps", help=(
-    "Timed steps, at least (default: cpu 3, cuda 10). Timing goes on until the device's minimum time has "
-    "passed and the spread (IQR) is within 10% of the median, within bounds (cpu: 2 s minimum, at most "
-    "50 steps or 10 s; cuda: 1 s minimum, at most 200 steps or 20 s)."))]
-SegmentsOpt = Annotated[Optional[int], typer.Option("--checkpoint-segments", help="Checkpoint segments (default: one per block).")]
-PrecisionOpt = Annotated[Precision, typer.Option("--precision", help=(
-    "fp32, or autocast to bf16 / fp16 (fp16 with a gradient scaler), for every strategy; rows record it."))]
-TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", show_default=False, help=(
-    f"Seconds before a point's child is killed (status timeout; default {DEFAULT_TIMEOUT_S:g})."))]
-# How a run executes (actbench/execution/scaleout.py): never part of what it measures, nor of the run's name.
-ExecutorChoice = enum.Enum("ExecutorChoice", {"local": "local", "slurm": "slurm"}, type=str)
-JobsOpt = Annotated[int, typer.Option("--jobs", help=(
-    "cpu and meta: points measured at once (strategies side by side; each cpu child gets cores/N threads)."))]
-PlanJobsOpt = Annotated[Optional[int], typer.Option("--jobs", show_default=False, help=(
-    "Predictions at once, in worker processes: strategies side by side, and an answer's two certifying probes "
-    "together. Default: one per core, at most 4; --jobs 1 predicts in this process."))]
-#: plan's default --jobs at most: a prediction is single-threaded Python (a core each), and each job is a process
-PLAN_MAX_DEFAULT_JOBS = 4
-GpusOpt = Annotated[Optional[str], typer.Option("--gpus", help=(
-    "cuda: GPU indices, e.g. 0,1,2,3: one point per GPU at a time, each child pinned with CUDA_VISIBLE_DEVICES."))]
-ExecutorOpt = Annotated[ExecutorChoice, typer.Option("--executor", help=(
-    "local (this machine) or slurm (one job array through submitit; rows land in the same run directory)."))]
-IsolateOpt = Annotated[bool, typer.Option("--isolate", help=(
-    "A fresh child process per point (default: a persistent worker per strategy, replaced after any failure)."))]
-SlurmOpt = Annotated[Optional[list[str]], typer.Option("--slurm", metavar="KEY=VALUE", help=(
-    "KEY=VALUE for --executor slurm, repeatable: partition, account, time (minutes or HH:MM:SS), gpus-per-job, "
-    "cpus-per-job, array-parallelism; any other key goes to sbatch as --KEY=VALUE (e.g. --slurm qos=high)."))]
-ExtraBlocksOpt = Annotated[int, typer.Option("--extra-blocks", help="resnet152 only: bottleneck blocks added to stages 2/3 (8:36).")]
-WidthOpt = Annotated[Optional[int], typer.Option("--width-per-group", help="resnet152 only: width_per_group (default 64).")]
 
 
 def plan_jobs(jobs: Optional[int], gpus: Optional[str], executor: Any) -> int:
@@ -162,15 +100,15 @@ _EXECUTION_OPTIONS = ("jobs", "gpus", "executor", "isolate", "slurm")
 _DEFAULTED = ("timeout", "stop_after")
 
 
-def _launch(command: str, options: dict[str, Any], **fields: Any):
+def _launch(command: str, shared: SharedOptions, **fields: Any):
     """One path from a command's parameters to a run: build its spec, then dry-run or measure it.
 
-    ``options`` is the command's parameters by name. Strategy selection (--strategies, --levels,
-    --no-baseline), the execution options and the run switches are mapped here once; every other
-    parameter is a CommandSpec field of the same name (``timeout`` is ``timeout_s``; enums give their
-    value). ``fields`` override, for options whose spec form differs (max-scale's one batch size).
-    Returns (store, outcome), or None after a dry run.
+    ``shared`` holds the options the measuring commands share, ``fields`` the command's own. Strategy
+    selection (--strategies, --levels, --no-baseline), the execution options and the run switches are
+    mapped here once; every other option is a CommandSpec field of the same name (``timeout`` is
+    ``timeout_s``; enums give their value). Returns (store, outcome), or None after a dry run.
     """
+    options = {**shared_values(shared), **fields}
     given = {name: value for name, value in options.items() if value is not None or name not in _DEFAULTED}
     use_device_model(given.pop("device_model", None))
     switches = {name: given.pop(name) for name in _RUN_SWITCHES if name in given}
@@ -180,7 +118,7 @@ def _launch(command: str, options: dict[str, Any], **fields: Any):
     if "timeout" in given:
         given["timeout_s"] = given.pop("timeout")
     values = {name: value.value if isinstance(value, enum.Enum) else value for name, value in given.items()}
-    spec = _spec(**{**values, **fields, "command": command, "strategies": strategies})
+    spec = _spec(**{**values, "command": command, "strategies": strategies})
     _refuse_idle_switches(spec, execution, switches)
     return spec, _run_spec(spec, switches["out"], switches["dry_run"], switches.get("force", False),
                            switches.get("no_retry", False), execution)
@@ -220,7 +158,7 @@ def _strategies(strategies: Optional[str], levels: Optional[str], no_baseline: b
     for option, given in (("--strategies", strategies), ("--levels", levels)):
         if given is not None and not given.strip(" ,"):
             fail(f"{option} is empty: give names (e.g. --strategies fp32,swap or --levels L1..L5), or leave the "
-                 f"option out for the default comparison ({_DEFAULT_TEXT}), got {given!r}")
+                 f"option out for the default comparison ({DEFAULT_TEXT}), got {given!r}")
     if strategies is None and levels is None:
         chosen = tuple(s for s in DEFAULT_STRATEGIES if not (no_baseline and s == "fp32"))
         return _checked(lambda: combine_strategies(chosen, (), not no_baseline))
@@ -443,37 +381,15 @@ def models_command(pattern: Annotated[Optional[str], typer.Argument(help="Glob f
 
 
 @app.command("sweep-batch")
+@shared_options(SELECTION, TARGET, RUN, GROWTH, STEPS, EXECUTION)
 def sweep_batch(
     model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
-    levels: LevelsOpt = None,
-    strategies: StrategiesOpt = None,
-    no_baseline: NoBaselineOpt = False,
     batch: Annotated[str, typer.Option("--batch", help="START:STOP:STEP, N, or N,M,...")] = "16:1024:16",
     image_size: ImageSizeOpt = 224,
-    device: DeviceOpt = Device.cuda,
-    budget: BudgetOpt = None,
-    gpu: GpuOpt = None,
-    device_model: DeviceModelOpt = None,
-    host_budget: HostBudgetOpt = None,
-    out: OutOpt = DEFAULT_OUT,
     stop_after: Annotated[Optional[int], typer.Option("--stop-after", show_default=False, help=(
         "Stop a strategy's scan after k consecutive failures (default 2; not with --find-max)."))] = None,
     find_max: Annotated[bool, typer.Option("--find-max", help="Search for the largest batch (multiples of 4): fit how the peak grows, confirm around the limit.")] = False,
-    extra_blocks: ExtraBlocksOpt = 0,
-    width_per_group: WidthOpt = None,
-    warmup_steps: WarmupOpt = None,
-    timed_steps: TimedOpt = None,
-    checkpoint_segments: SegmentsOpt = None,
-    precision: PrecisionOpt = Precision.fp32,
-    timeout: TimeoutOpt = None,
-    dry_run: DryRunOpt = False,
-    force: ForceOpt = False,
-    no_retry: NoRetryOpt = False,
-    jobs: JobsOpt = 1,
-    gpus: GpusOpt = None,
-    executor: ExecutorOpt = ExecutorChoice.local,
-    isolate: IsolateOpt = False,
-    slurm: SlurmOpt = None,
+    shared: SharedOptions = SharedOptions(),
 ) -> None:
     """Scan batch sizes per strategy (or --find-max): memory and throughput at each.
 
@@ -486,44 +402,27 @@ def sweep_batch(
       actbench sweep-batch resnet50 --levels all --strategies swap --find-max --budget 16GiB
       actbench sweep-batch resnet18 --levels L3 --batch 4:16:4 --image-size 64 --device cpu
     """
-    spec, ran = _launch("sweep-batch", locals())
+    spec, ran = _launch("sweep-batch", shared, model=model, batch=batch, image_size=image_size, stop_after=stop_after,
+                        find_max=find_max)
     if ran is not None:
         store, outcome = ran
-        _render(outcome.rows, f"sweep-batch {spec.model_spec().label()} {image_size}px on {device.value} -> {store.run_dir}")
+        _render(outcome.rows, f"sweep-batch {spec.model_spec().label()} {image_size}px on {shared.device.value} -> "
+                              f"{store.run_dir}")
         _render_maxima(outcome, "batch")
         _finish(outcome, search=True)
 
 
 @app.command("max-scale")
+@shared_options(SELECTION, TARGET, RUN, STEPS, EXECUTION, without=("device_model",))
 def max_scale(
     model: Annotated[str, typer.Argument(help="Model (depth/width: resnet152 only).")] = "resnet152",
     dim: Annotated[Dim, typer.Option("--dim", help="What to grow.")] = Dim.depth,
-    levels: LevelsOpt = None,
-    strategies: StrategiesOpt = None,
-    no_baseline: NoBaselineOpt = False,
     batch: Annotated[int, typer.Option("--batch", help="Batch size (upstream: 64).")] = 64,
     image_size: ImageSizeOpt = 224,
     low: Annotated[Optional[int], typer.Option("--low", help="Smallest value (depth: extra blocks 0; width 64; resolution 224).")] = None,
     high: Annotated[Optional[int], typer.Option("--high", help="Largest value (depth 4096 blocks; width 512; resolution 768).")] = None,
     step: Annotated[Optional[int], typer.Option("--step", help="Granularity (depth 1; width 8; resolution 32).")] = None,
-    device: DeviceOpt = Device.cuda,
-    budget: BudgetOpt = None,
-    gpu: GpuOpt = None,
-    host_budget: HostBudgetOpt = None,
-    out: OutOpt = DEFAULT_OUT,
-    warmup_steps: WarmupOpt = None,
-    timed_steps: TimedOpt = None,
-    checkpoint_segments: SegmentsOpt = None,
-    precision: PrecisionOpt = Precision.fp32,
-    timeout: TimeoutOpt = None,
-    dry_run: DryRunOpt = False,
-    force: ForceOpt = False,
-    no_retry: NoRetryOpt = False,
-    jobs: JobsOpt = 1,
-    gpus: GpusOpt = None,
-    executor: ExecutorOpt = ExecutorChoice.local,
-    isolate: IsolateOpt = False,
-    slurm: SlurmOpt = None,
+    shared: SharedOptions = SharedOptions(),
 ) -> None:
     """Search for the largest depth, width or resolution that fits, with throughput and FLOPs there.
 
@@ -539,44 +438,24 @@ def max_scale(
       actbench max-scale --dim depth --device meta --budget 16GiB         # predicted, no GPU
       actbench max-scale --dim resolution resnet50 --levels L2,L3 --batch 32 --budget 16GiB
     """
-    spec, ran = _launch("max-scale", locals(), batch=str(batch))
+    spec, ran = _launch("max-scale", shared, model=model, dim=dim, batch=str(batch), image_size=image_size, low=low,
+                        high=high, step=step)
     if ran is not None:
         store, outcome = ran
-        _render(outcome.rows, f"max-scale --dim {dim.value} {model} batch {batch} on {device.value} -> {store.run_dir}")
+        _render(outcome.rows, f"max-scale --dim {dim.value} {model} batch {batch} on {shared.device.value} -> "
+                              f"{store.run_dir}")
         label = {"depth": "extra blocks", "width": "width_per_group", "resolution": "image size"}[dim.value]
         _render_maxima(outcome, label)
         _finish(outcome, search=True)
 
 
 @app.command("throughput")
+@shared_options(SELECTION, TARGET, RUN, GROWTH, STEPS, EXECUTION)
 def throughput(
     model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
-    strategies: StrategiesOpt = None,
-    levels: LevelsOpt = None,
-    no_baseline: NoBaselineOpt = False,
     batch: Annotated[str, typer.Option("--batch", help="Batch size(s): N, N,M or START:STOP:STEP.")] = "64",
     image_size: ImageSizeOpt = 224,
-    device: DeviceOpt = Device.cuda,
-    budget: BudgetOpt = None,
-    gpu: GpuOpt = None,
-    device_model: DeviceModelOpt = None,
-    host_budget: HostBudgetOpt = None,
-    out: OutOpt = DEFAULT_OUT,
-    extra_blocks: ExtraBlocksOpt = 0,
-    width_per_group: WidthOpt = None,
-    warmup_steps: WarmupOpt = None,
-    timed_steps: TimedOpt = None,
-    checkpoint_segments: SegmentsOpt = None,
-    precision: PrecisionOpt = Precision.fp32,
-    timeout: TimeoutOpt = None,
-    dry_run: DryRunOpt = False,
-    force: ForceOpt = False,
-    no_retry: NoRetryOpt = False,
-    jobs: JobsOpt = 1,
-    gpus: GpusOpt = None,
-    executor: ExecutorOpt = ExecutorChoice.local,
-    isolate: IsolateOpt = False,
-    slurm: SlurmOpt = None,
+    shared: SharedOptions = SharedOptions(),
 ) -> None:
     """Training throughput (images/s, median and IQR) per strategy and batch size.
 
@@ -587,42 +466,21 @@ def throughput(
       actbench throughput resnet50 --levels L2,L3 --strategies swap,checkpoint --batch 64,128
       actbench throughput resnet18 --batch 8 --image-size 64 --device cpu       # no GPU: small sizes
     """
-    _, ran = _launch("throughput", locals())
+    _, ran = _launch("throughput", shared, model=model, batch=batch, image_size=image_size)
     if ran is not None:
         store, outcome = ran
-        _render(outcome.rows, f"throughput {model} on {device.value} -> {store.run_dir}")
+        _render(outcome.rows, f"throughput {model} on {shared.device.value} -> {store.run_dir}")
         _finish_throughput(outcome)
 
 
 @app.command("memory")
+@shared_options(SELECTION, TARGET, RUN, GROWTH, STEPS, EXECUTION, replace=(Shared("timed_steps", Annotated[int, typer.Option(
+    "--timed-steps", help="Timed steps (default 0: memory only).")], 0),))
 def memory(
     model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
-    strategies: StrategiesOpt = None,
-    levels: LevelsOpt = None,
-    no_baseline: NoBaselineOpt = False,
     batch: Annotated[str, typer.Option("--batch", help="Batch size(s): N, N,M or START:STOP:STEP.")] = "64",
     image_size: ImageSizeOpt = 224,
-    device: DeviceOpt = Device.cuda,
-    budget: BudgetOpt = None,
-    gpu: GpuOpt = None,
-    device_model: DeviceModelOpt = None,
-    host_budget: HostBudgetOpt = None,
-    out: OutOpt = DEFAULT_OUT,
-    extra_blocks: ExtraBlocksOpt = 0,
-    width_per_group: WidthOpt = None,
-    warmup_steps: WarmupOpt = None,
-    timed_steps: Annotated[int, typer.Option("--timed-steps", help="Timed steps (default 0: memory only).")] = 0,
-    checkpoint_segments: SegmentsOpt = None,
-    precision: PrecisionOpt = Precision.fp32,
-    timeout: TimeoutOpt = None,
-    dry_run: DryRunOpt = False,
-    force: ForceOpt = False,
-    no_retry: NoRetryOpt = False,
-    jobs: JobsOpt = 1,
-    gpus: GpusOpt = None,
-    executor: ExecutorOpt = ExecutorChoice.local,
-    isolate: IsolateOpt = False,
-    slurm: SlurmOpt = None,
+    shared: SharedOptions = SharedOptions(),
 ) -> None:
     """One point's memory breakdown: activations, peak, reserved, parameters, gradients, optimizer state.
 
@@ -633,13 +491,13 @@ def memory(
       actbench memory resnet50 --levels L0..L5 --batch 64 --device meta     # predicted, no GPU
       actbench memory resnet18 --levels L3 --batch 8 --image-size 64 --device cpu
     """
-    _, ran = _launch("memory", locals())  # first statement: locals() holds the parameters only
+    _, ran = _launch("memory", shared, model=model, batch=batch, image_size=image_size)
     if ran is None:
         return
     from actbench.execution.parsing import format_bytes
 
     store, outcome = ran
-    table = Table(title=_cell(f"memory {model} on {device.value} -> {store.run_dir}"))
+    table = Table(title=_cell(f"memory {model} on {shared.device.value} -> {store.run_dir}"))
     cols = ("strategy", "batch", "status", "activation", "peak alloc", "reserved", "params", "grads",
             "optimizer state", "model total", "host (swap)", "message")
     for col in cols:
@@ -653,31 +511,20 @@ def memory(
 
 
 @app.command("plan")
+@shared_options(SELECTION, TARGET, RUN, STEPS, EXECUTION,
+                without=("device", "device_model", "warmup_steps", "timed_steps", "timeout"),
+                replace=(Shared("budget", Annotated[Optional[str], typer.Option(
+                    "--budget", help="Device memory to plan for, e.g. 16GiB (or --gpu).")], None),
+                         Shared("jobs", PlanJobsOpt, None)))
 def plan(
     model: Annotated[str, typer.Argument(help="Model name (depth/width: resnet152 only).")],
-    budget: Annotated[Optional[str], typer.Option("--budget", help="Device memory to plan for, e.g. 16GiB (or --gpu).")] = None,
-    gpu: GpuOpt = None,
-    host_budget: HostBudgetOpt = None,
-    strategies: StrategiesOpt = None,
-    levels: LevelsOpt = None,
-    no_baseline: NoBaselineOpt = False,
     dim: Annotated[PlanDim, typer.Option("--dim", help="What to grow.")] = PlanDim.batch,
     batch: Annotated[int, typer.Option("--batch", help="dim batch: where the search starts; other dims: the batch size.")] = 64,
     image_size: ImageSizeOpt = 224,
     low: Annotated[Optional[int], typer.Option("--low", help="Smallest value (batch 4; depth 0; width 64; resolution 224).")] = None,
     high: Annotated[Optional[int], typer.Option("--high", help="Largest value (batch 16384; depth 4096; width 512; resolution 768).")] = None,
     step: Annotated[Optional[int], typer.Option("--step", help="Granularity (batch 4; depth 1; width 8; resolution 32).")] = None,
-    out: OutOpt = DEFAULT_OUT,
-    checkpoint_segments: SegmentsOpt = None,
-    precision: PrecisionOpt = Precision.fp32,
-    dry_run: DryRunOpt = False,
-    force: ForceOpt = False,
-    no_retry: NoRetryOpt = False,
-    jobs: PlanJobsOpt = None,
-    gpus: GpusOpt = None,
-    executor: ExecutorOpt = ExecutorChoice.local,
-    isolate: IsolateOpt = False,
-    slurm: SlurmOpt = None,
+    shared: SharedOptions = SharedOptions(),
 ) -> None:
     """Predict, without a GPU, the largest batch (or depth, width, resolution) per strategy under a budget.
 
@@ -692,8 +539,9 @@ def plan(
       actbench plan resnet50 --budget 16GiB --strategies swap,checkpoint --levels L0..L5
       actbench plan resnet152 --budget 16GiB --dim depth --levels L3 --batch 64
     """
-    jobs = plan_jobs(jobs, gpus, executor)
-    spec, ran = _launch("plan", locals(), batch=str(batch), device=PLAN_DEVICE)
+    shared = dataclasses.replace(shared, jobs=plan_jobs(shared.jobs, shared.gpus, shared.executor))
+    spec, ran = _launch("plan", shared, model=model, dim=dim, batch=str(batch), image_size=image_size, low=low, high=high,
+                        step=step, device=PLAN_DEVICE)
     if ran is None:
         return
     from actbench.execution.parsing import format_bytes

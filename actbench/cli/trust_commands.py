@@ -5,7 +5,6 @@ Thin: validate, call actbench.studies.trust, print each point as it finishes, ke
 
 from __future__ import annotations
 
-import enum
 from pathlib import Path
 from typing import Annotated, Optional
 
