@@ -125,11 +125,15 @@ def test_maxima_table_shows_predicted_samples_per_s_beside_measured(capsys: pyte
     assert "predicted" not in capsys.readouterr().out
 
 
-def test_pooled_duplicate_keeps_the_row_that_carries_a_prediction(tmp_path: Path) -> None:
-    old = row("L3", 608)
-    new = ResultRow(**{**asdict(old), "predicted_samples_per_s": 86.0, "device_model": "t4", "run_id": "b"})
+@pytest.mark.parametrize("newer_first", [False, True])
+def test_pooled_duplicate_keeps_the_latest_row(tmp_path: Path, newer_first: bool) -> None:
+    """A plan's probe written before predictions existed and a sweep's newer row of the same point: the
+    newer one is pooled, whichever run folder sorts first."""
+    old = ResultRow(**{**asdict(row("L3", 608)), "finished_at": "2026-12-02T21:54:01+00:00"})
+    new = ResultRow(**{**asdict(old), "predicted_samples_per_s": 86.0, "device_model": "t4",
+                       "finished_at": "2026-12-04T18:55:00+00:00"})
     env = {"env_id": "env", "device": "meta"}
-    _write_run(tmp_path, "a_plan", [old], env)
-    _write_run(tmp_path, "b_sweep", [new], env)
+    _write_run(tmp_path, "a_run", [new if newer_first else old], env)
+    _write_run(tmp_path, "b_run", [old if newer_first else new], env)
     (pooled,) = batch_groups(find_runs(tmp_path))
     assert [r.predicted_samples_per_s for r in pooled.rows] == [86.0]

@@ -288,15 +288,15 @@ def _unique_rows(runs: Iterable[Run]) -> list[tuple[str, ResultRow]]:
     """(run name, row) of runs that are not max-scale searches, each key once.
 
     A point recorded twice (a plan's probe and a sweep's point of the same configuration) is one
-    point: its first row, unless a later one carries a prediction the first lacks (written before the
-    step-time model existed), so pooling never drops a predicted throughput."""
+    point: its latest row, as within a run (the answer of the newer code, which may carry a
+    prediction the older row lacks); rows finished at the same time keep the first in run order."""
     chosen: dict[str, tuple[str, ResultRow]] = {}
     for run in runs:
         if run.scale_dimension() is not None:
             continue
         for row in run.rows:
             kept = chosen.get(row.key)
-            if kept is None or (kept[1].predicted_samples_per_s is None and row.predicted_samples_per_s is not None):
+            if kept is None or (row.finished_at or "") > (kept[1].finished_at or ""):
                 chosen[row.key] = (run.name, row)
     return list(chosen.values())
 

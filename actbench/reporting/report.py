@@ -84,7 +84,9 @@ def _differences(runs: Sequence[Run]) -> list[str]:
              "(16 GiB) match; the activation-memory ratio needs model and input size only.", ""]
     lines.append(f"- **GPU**: {', '.join(gpus) if gpus else 'no GPU (rows measured on ' + _md(', '.join(devices)) + ')'}"
                  f" vs the paper's {setting.gpu}. A budget emulates the T4's memory, not its speed: "
-                 "throughput ratios compare different hardware.")
+                 "measured throughput ratios compare different hardware"
+                 + ("; predicted throughput is priced on the device models under \"Speed predictions\"."
+                    if device_models(row for r in runs for row in r.rows) else "."))
     lines.append(f"- **PyTorch**: {', '.join(torches) if torches else 'unknown'} vs {setting.torch_version}.")
     planned = sorted({row.gpu for r in runs for row in r.rows if getattr(row, "gpu", None)})
     if planned:
