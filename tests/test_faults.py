@@ -146,7 +146,7 @@ def test_a_failure_is_retried_once_per_run(tmp_path: Path) -> None:
 
 
 def test_latest_row_wins_in_analysis(tmp_path: Path) -> None:
-    from actbench.reporting.analysis import find_runs
+    from actbench.reporting.runs import find_runs
 
     run_dir = tmp_path / "results" / "run"
     runner(run_dir, Scripted({2: "error"})).run(point(2))

@@ -319,7 +319,7 @@ def test_every_point_failed_exits_1_but_one_result_is_enough(tmp_path: Path) -> 
 
 # --- 7. × fp32 means one thing in the CLI and in the figures ------------------------------------
 def test_max_scale_depth_multiple_agrees_between_cli_and_figure() -> None:
-    from actbench.reporting.analysis import ScaleGroup
+    from actbench.reporting.scale import ScaleGroup
     from actbench.planning.search import SearchOutcome
 
     def r(strategy: str, extra: int, status: str = "ok") -> ResultRow:

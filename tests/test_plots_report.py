@@ -18,8 +18,9 @@ from typer.testing import CliRunner
 
 from actbench.reporting import paper
 from actbench.studies.accuracy import AccuracyRow, AccuracyStore
-from actbench.reporting.analysis import (BatchGroup, batch_groups, find_runs, infer_scale_dimension, max_batch_table,
-                               memory_table, scale_groups)
+from actbench.reporting.analysis import BatchGroup, batch_groups, max_batch_table, memory_table
+from actbench.reporting.runs import find_runs, infer_scale_dimension
+from actbench.reporting.scale import scale_groups
 from actbench.cli import app
 from actbench.reporting.plots import (PALETTE, PREDICTED_HATCH, figures_for, plot_activation_vs_batch, plot_max_batch,
                             plot_max_scale, plot_memory, plot_throughput_vs_batch, write_figures)

@@ -346,8 +346,12 @@ def _maxima_caption(outcome) -> str:
 
 
 def _render_maxima(outcome, what: str) -> None:
+    from actbench.reporting.speed import PREDICTED_COLUMN_NOTE, predicted_text
+
     table = Table(title=f"largest {what} that fits{_precision_suffix(outcome.rows)}")
-    for col in ("strategy", what, "depth", "samples/s", "GFLOP/sample", "× fp32"):
+    predicted = any(r is not None and r.predicted_samples_per_s is not None for r in outcome.best_rows.values())
+    for col in ("strategy", what, "depth", "samples/s") + (("predicted samples/s",) if predicted else ()) \
+            + ("GFLOP/sample", "× fp32"):
         table.add_column(col)
     for strategy in outcome.maxima:
         row = outcome.best_rows.get(strategy)
@@ -355,8 +359,8 @@ def _render_maxima(outcome, what: str) -> None:
         rate = "-" if row is None or row.samples_per_s_median is None else f"{row.samples_per_s_median:.1f}"
         flops = "-" if row is None or row.flops_per_sample is None else f"{row.flops_per_sample / 1e9:.3f}"
         table.add_row(*(_cell(c) for c in (strategy, value, str(row.depth) if row is not None and row.depth else "-",
-                                           rate, flops, ratio)))
-    table.caption = _cell(_maxima_caption(outcome))
+                                           rate) + ((predicted_text(row),) if predicted else ()) + (flops, ratio)))
+    table.caption = _cell(_maxima_caption(outcome) + (f"\n{PREDICTED_COLUMN_NOTE}" if predicted else ""))
     _console().print(table)
 
 

@@ -68,7 +68,7 @@ def plot_command(
     typer.echo(f"drew {figures} figure{'s' if figures != 1 else ''} (PNG and PDF) from "
                f"{len(drawn)} folder{'s' if len(drawn) != 1 else ''} of runs: {where}", err=True)
     if paper:
-        from actbench.reporting.analysis import find_runs
+        from actbench.reporting.runs import find_runs
         from actbench.reporting.plots import paper_overlay_groups
 
         try:

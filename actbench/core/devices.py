@@ -215,8 +215,9 @@ class MetaProfile(DeviceProfile):
     predicts: ClassVar[bool] = True
     in_process: ClassVar[bool] = True
     default_steps: ClassVar[tuple[int, int]] = (1, 0)
-    report_caveat: ClassVar[str | None] = ("**`meta` rows are predictions** (fake tensors, no compute): sizes only, "
-                                           "no throughput; marked \"(predicted)\" everywhere.")
+    report_caveat: ClassVar[str | None] = ("**`meta` rows are predictions** (fake tensors, no compute): sizes, and "
+                                           "a throughput only where the step-time model priced the step on a device "
+                                           "model (its own column); marked \"(predicted)\" everywhere.")
 
     def resolve_steps(self, command: str, warmup: int | None, timed: int | None) -> tuple[int, int]:
         if timed:

@@ -1,149 +1,26 @@
 """Derived views of finished runs: which rows belong together, and the tables plots and reports share.
 
 Plots and the Markdown report must agree on every number (the largest batch, the memory at a batch,
-the maximum depth), so both read them from here; nothing in this module writes anything.
+the maximum depth), so both read them from here; nothing in this module writes anything. Reading runs
+is :mod:`actbench.reporting.runs`, max-scale tables :mod:`actbench.reporting.scale`, predicted speed
+:mod:`actbench.reporting.speed`.
 
 Grouping: batch-type runs (sweep-batch, throughput, memory) are pooled by *setting* — model, input
 size and budget — so a cuda measurement and a meta prediction of the same setting share a figure.
-Max-scale runs vary the model or the input size on purpose, so each is grouped by its dimension.
 Within a group a *series* is one (strategy, device); a predicting device (meta) marks a prediction.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from actbench.core.devices import is_prediction
-from actbench.store.results import RunFileError, RunStore, read_json_file, run_files
-from actbench.schema import DEFAULT_PRECISION, DIMENSIONS, MEMORY_FAILURES, PRECISIONS, ModelSpec, ResultRow
+from actbench.reporting.runs import Run
+from actbench.schema import DEFAULT_PRECISION, MEMORY_FAILURES, PRECISIONS, ModelSpec, ResultRow
 from actbench.strategies import rank as strategy_rank
-
-
-log = logging.getLogger(__name__)
-
-
-def read_json(path: Path) -> Mapping[str, Any]:
-    """A run's ``env.json`` or ``config.json`` as a mapping; empty when absent. One that cannot be read
-    (not a regular file, not UTF-8 or JSON, past the limits, not an object) is a warning naming it,
-    and the run is reported without it."""
-    try:
-        data = read_json_file(path)
-    except RunFileError as exc:
-        log.warning("%s; read as empty", exc)
-        return MappingProxyType({})
-    if data is not None and not isinstance(data, dict):
-        log.warning("'%s' is not a JSON object; read as empty", path)
-    return MappingProxyType(data if isinstance(data, dict) else {})
-
-
-@dataclass(frozen=True)
-class Run:
-    """One run directory as read from disk."""
-
-    path: Path
-    rows: tuple[ResultRow, ...]
-    env: Mapping[str, Any]
-    config: Mapping[str, Any]
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    def scale_dimension(self) -> str | None:
-        """The max-scale dimension: from config.json when the harness wrote it, else from what varies.
-
-        A ``plan`` over depth, width or resolution is a max-scale search too (predicted): its figure
-        is the maxima per strategy, not a memory chart per model it probed."""
-        if self.config.get("command") in ("max-scale", "plan") and self.config.get("dim") in DIMENSIONS:
-            return str(self.config["dim"])
-        if self.config.get("command") not in (None, "max-scale"):
-            return None
-        return infer_scale_dimension(self.rows)
-
-
-def infer_scale_dimension(rows: Iterable[ResultRow]) -> str | None:
-    """Within each strategy a max-scale run keeps the batch fixed and varies exactly one model/input field."""
-    by_strategy: dict[tuple[str, str], list[ResultRow]] = {}
-    for row in rows:
-        by_strategy.setdefault((row.strategy, row.device), []).append(row)
-    if not by_strategy:
-        return None
-    found: set[str] = set()
-    for group in by_strategy.values():
-        if len({r.batch_size for r in group}) != 1:
-            return None
-        varying = [dim for dim, field in (("depth", "extra_blocks"), ("width", "width_per_group"),
-                                          ("resolution", "image_size"))
-                   if len({getattr(r, field) for r in group}) > 1]
-        if len(varying) > 1:
-            return None
-        found.update(varying)
-    return found.pop() if len(found) == 1 else None
-
-
-def _check_results_dir(results_dir: Path) -> None:
-    if not results_dir.exists():
-        raise ValueError(f"results directory '{results_dir}' does not exist")
-    if not results_dir.is_dir():
-        raise ValueError(f"'{results_dir}' is not a directory")
-
-
-def _harness_runs(results_dir: Path) -> tuple[Run, ...]:
-    runs = []
-    for rows_path in sorted(results_dir.rglob("rows.jsonl")):
-        run_dir = rows_path.parent
-        store = RunStore(run_dir)
-        store.refresh()  # RunFileError (one line) for a rows.jsonl that is not a regular file
-        rows = tuple(store.rows)  # the latest row per key (a retried point: its new row)
-        if rows:
-            runs.append(Run(path=run_dir, rows=rows, env=read_json(run_dir / "env.json"),
-                            config=read_json(run_dir / "config.json")))
-    return tuple(runs)
-
-
-def find_runs(results_dir: Path) -> tuple[Run, ...]:
-    """Every folder under ``results_dir`` (itself included) holding a ``rows.jsonl``, sorted by path.
-
-    Raises ValueError with one line when the folder is missing or holds no rows.
-    """
-    _check_results_dir(results_dir)
-    runs = _harness_runs(results_dir)
-    if not runs:
-        raise ValueError(f"no result rows under '{results_dir}' (no rows.jsonl with at least one row)")
-    return runs
-
-
-@dataclass(frozen=True)
-class ResultRuns:
-    """Both kinds of run under one folder: harness measurements and accuracy-vs-bits trainings."""
-
-    harness: tuple[Run, ...]
-    accuracy: tuple[tuple[Path, tuple[Any, ...]], ...]  # (run directory, AccuracyRow tuple)
-
-    def files(self) -> list[Path]:
-        """Every run file of these runs: what no output of ``plot`` or ``report`` may replace."""
-        dirs = [run.path for run in self.harness] + [run_dir for run_dir, _ in self.accuracy]
-        return [path for run_dir in dirs for path in run_files(run_dir)]
-
-
-def find_result_runs(results_dir: Path) -> ResultRuns:
-    """Harness runs (``rows.jsonl``) and accuracy runs (``accuracy.jsonl``) under ``results_dir``.
-
-    ``plot`` and ``report`` accept a folder holding either kind; ValueError (one line) when it holds neither.
-    """
-    from actbench.studies.accuracy import ROWS_FILE, find_accuracy_runs
-
-    _check_results_dir(results_dir)
-    found = ResultRuns(harness=_harness_runs(results_dir), accuracy=find_accuracy_runs(results_dir))
-    if not found.harness and not found.accuracy:
-        raise ValueError(f"no result rows under '{results_dir}' "
-                         f"(no rows.jsonl or {ROWS_FILE} with at least one row)")
-    return found
 
 
 def model_label(row: ResultRow) -> str:
@@ -201,13 +78,13 @@ def _precision_rank(precision: str) -> int:
     return PRECISIONS.index(precision) if precision in PRECISIONS else len(PRECISIONS)
 
 
-def _series_of(rows: Iterable[ResultRow]) -> tuple[Series, ...]:
+def series_of(rows: Iterable[ResultRow]) -> tuple[Series, ...]:
     found = {Series(r.strategy, r.device, r.precision) for r in rows}
     return tuple(sorted(found, key=lambda s: (strategy_rank(s.strategy), _precision_rank(s.precision), s.predicted,
                                               s.device)))
 
 
-def _devices_text(devices: Iterable[str]) -> str:
+def devices_text(devices: Iterable[str]) -> str:
     return ", ".join(f"{d} (predicted)" if is_prediction(d) else d for d in sorted(set(devices)))
 
 
@@ -241,7 +118,7 @@ class BatchGroup:
 
     def title(self, what: str) -> str:
         budget = format_budget(self.budget_bytes) + ("" if self.gpu is None else f" ({self.gpu} profile)")
-        return f"{what}: {self.model}, {_devices_text(self.devices)}, {budget}, " \
+        return f"{what}: {self.model}, {devices_text(self.devices)}, {budget}, " \
                f"{self.image_size}×{self.image_size} px"
 
     def slug(self) -> str:
@@ -249,7 +126,7 @@ class BatchGroup:
         return slug(self.model, f"{self.image_size}px", budget, self.gpu)
 
     def series(self) -> tuple[Series, ...]:
-        return _series_of(self.rows)
+        return series_of(self.rows)
 
     def label(self, series: Series) -> str:
         """Strategy name, plus the device when several measured devices share the figure."""
@@ -263,10 +140,13 @@ class BatchGroup:
         return sorted((r for r in self.rows if series.has(r)), key=lambda r: r.batch_size)
 
     def ok_points(self, series: Series) -> list[ResultRow]:
-        """One ok row per batch size (the first in run order), sorted by batch."""
+        """One ok row per batch size (the first in run order; one carrying a prediction before one that
+        does not, so a predicted throughput is never hidden), sorted by batch."""
         chosen: dict[int, ResultRow] = {}
         for row in self.rows_of(series):
-            if row.ok and row.batch_size not in chosen:
+            kept = chosen.get(row.batch_size)
+            if row.ok and (kept is None or (kept.predicted_samples_per_s is None
+                                            and row.predicted_samples_per_s is not None)):
                 chosen[row.batch_size] = row
         return [chosen[b] for b in sorted(chosen)]
 
@@ -337,6 +217,9 @@ class MaxBatchEntry:
     multiple_of_fp32: float | None
     #: the multiple as printed: "1.75", "≥1.75" (this maximum is a lower bound), "≤1.75" (fp32's is), or None
     multiple_text: str | None = None
+    #: the step-time model's samples/s at the maximum and the device model it used (a prediction, never measured)
+    predicted_samples_per_s: float | None = None
+    device_model: str | None = None
 
     @property
     def max_text(self) -> str:
@@ -359,7 +242,9 @@ def max_batch_table(group: BatchGroup) -> tuple[MaxBatchEntry, ...]:
         text = bound_ratio(best.batch_size if best else None, fail, fp32.batch_size if fp32 else None, fp32_bounded)
         entries.append(MaxBatchEntry(series=s, label=group.label(s), max_batch=best.batch_size if best else None,
                                      bounded=fail, samples_per_s=best.samples_per_s_median if best else None,
-                                     multiple_of_fp32=multiple, multiple_text=text))
+                                     multiple_of_fp32=multiple, multiple_text=text,
+                                     predicted_samples_per_s=best.predicted_samples_per_s if best else None,
+                                     device_model=best.device_model if best else None))
     return tuple(entries)
 
 
@@ -399,121 +284,32 @@ def memory_table(group: BatchGroup, batch: int | None = None) -> tuple[int | Non
     return batch, tuple(entries)
 
 
-def batch_groups(runs: Iterable[Run]) -> tuple[BatchGroup, ...]:
-    """Rows of runs that are not max-scale searches, pooled by setting; duplicate keys counted once."""
-    pooled: dict[tuple, list[ResultRow]] = {}
-    names: dict[tuple, list[str]] = {}
-    seen: set[str] = set()
+def _unique_rows(runs: Iterable[Run]) -> list[tuple[str, ResultRow]]:
+    """(run name, row) of runs that are not max-scale searches, each key once.
+
+    A point recorded twice (a plan's probe and a sweep's point of the same configuration) is one
+    point: its latest row, as within a run (the answer of the newer code, which may carry a
+    prediction the older row lacks); rows finished at the same time keep the first in run order."""
+    chosen: dict[str, tuple[str, ResultRow]] = {}
     for run in runs:
         if run.scale_dimension() is not None:
             continue
         for row in run.rows:
-            if row.key in seen:
-                continue
-            seen.add(row.key)
-            k = (model_label(row), row.image_size, row.budget_bytes, getattr(row, "gpu", None))
-            pooled.setdefault(k, []).append(row)
-            if run.name not in names.setdefault(k, []):
-                names[k].append(run.name)
+            kept = chosen.get(row.key)
+            if kept is None or (row.finished_at or "") > (kept[1].finished_at or ""):
+                chosen[row.key] = (run.name, row)
+    return list(chosen.values())
+
+
+def batch_groups(runs: Iterable[Run]) -> tuple[BatchGroup, ...]:
+    """Rows of runs that are not max-scale searches, pooled by setting; duplicate keys counted once."""
+    pooled: dict[tuple, list[ResultRow]] = {}
+    names: dict[tuple, list[str]] = {}
+    for run_name, row in _unique_rows(runs):
+        k = (model_label(row), row.image_size, row.budget_bytes, getattr(row, "gpu", None))
+        pooled.setdefault(k, []).append(row)
+        if run_name not in names.setdefault(k, []):
+            names[k].append(run_name)
     return tuple(BatchGroup(model=k[0], image_size=k[1], budget_bytes=k[2], rows=tuple(pooled[k]),
                             run_names=tuple(names[k]))
                  for k in sorted(pooled, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2], k[3] or "")))
-
-
-@dataclass(frozen=True)
-class ScaleEntry:
-    series: Series
-    label: str
-    max_value: int | None
-    max_label: str
-    depth: int | None
-    samples_per_s: float | None
-    flops_per_sample: float | None
-    multiple_of_fp32: float | None
-    #: a larger value was seen failing (oom, over budget): the maximum, not a lower bound
-    bounded: bool = True
-    #: the multiple as printed (see :func:`bound_ratio`), or None
-    multiple_text: str | None = None
-
-
-@dataclass(frozen=True)
-class ScaleGroup:
-    """One max-scale run: one dimension grown per strategy at a fixed batch."""
-
-    dim: str
-    run_name: str
-    rows: tuple[ResultRow, ...]
-
-    @property
-    def model(self) -> str:
-        return self.rows[0].model
-
-    @property
-    def batch_size(self) -> int:
-        return self.rows[0].batch_size
-
-    @property
-    def budget_bytes(self) -> int | None:
-        return self.rows[0].budget_bytes
-
-    @property
-    def devices(self) -> tuple[str, ...]:
-        return tuple(sorted({r.device for r in self.rows}))
-
-    def title(self, what: str) -> str:
-        size = "" if self.dim == "resolution" else f", {self.rows[0].image_size}×{self.rows[0].image_size} px"
-        return f"{what}: {self.model}, batch {self.batch_size}, {_devices_text(self.devices)}, " \
-               f"{format_budget(self.budget_bytes)}{size}"
-
-    def slug(self) -> str:
-        return slug(self.dim, self.run_name)
-
-    def value(self, row: ResultRow) -> int:
-        """The grown quantity: real depth in layers, width_per_group in channels, or input side in pixels."""
-        return scale_value(self.dim, row)
-
-    def definition(self) -> str:
-        """What "× fp32" means in this group's tables and figures."""
-        return MULTIPLE_DEFINITIONS[self.dim]
-
-    def _size(self, row: ResultRow) -> int:
-        """What the search varied, comparable between ok and failed rows (a failed row may have no depth)."""
-        return row.extra_blocks if self.dim == "depth" else self.value(row)
-
-    def unit(self) -> str:
-        return {"depth": "layers", "width": "channels per group", "resolution": "pixels"}[self.dim]
-
-    def table(self) -> tuple[ScaleEntry, ...]:
-        best: dict[Series, ResultRow | None] = {}
-        bounded: dict[Series, bool] = {}
-        for s in _series_of(self.rows):
-            mine = [r for r in self.rows if s.has(r)]
-            ok = [r for r in mine if r.ok]
-            best[s] = max(ok, key=self.value) if ok else None
-            bounded[s] = any(r.status in MEMORY_FAILURES and (best[s] is None or self._size(r) > self._size(best[s]))
-                             for r in mine)
-        entries = []
-        for s, row in best.items():
-            fp32 = best.get(Series("fp32", s.device))
-            value = self.value(row) if row is not None else None
-            base = self.value(fp32) if fp32 is not None else None
-            multiple = value / base if value and base else None
-            text = bound_ratio(value, bounded[s], base, bounded.get(Series("fp32", s.device), False))
-            label = f"{s.name} (predicted)" if s.predicted else s.name
-            extra = f" (+{row.extra_blocks} blocks)" if row is not None and self.dim == "depth" else ""
-            entries.append(ScaleEntry(series=s, label=label, max_value=value,
-                                      max_label="none fits" if value is None else f"{max_text(value, bounded[s])}{extra}",
-                                      depth=row.depth if row else None,
-                                      samples_per_s=row.samples_per_s_median if row else None,
-                                      flops_per_sample=row.flops_per_sample if row else None,
-                                      multiple_of_fp32=multiple, bounded=bounded[s], multiple_text=text))
-        return tuple(entries)
-
-
-def scale_groups(runs: Iterable[Run]) -> tuple[ScaleGroup, ...]:
-    groups = []
-    for run in runs:
-        dim = run.scale_dimension()
-        if dim is not None:
-            groups.append(ScaleGroup(dim=dim, run_name=run.name, rows=run.rows))
-    return tuple(groups)

@@ -49,6 +49,9 @@ MAX_BATCH: Mapping[str, int] = MappingProxyType({
     "swap": 480, "dtr": 256, "cap": 288, "blpa": 608,
 })
 
+#: fp32's training throughput on the paper's figure (images/s at batch 160, docs/design.md §6)
+FP32_IMAGES_PER_S = 120.0
+
 #: fp32 activation bytes / L3 activation bytes (64 vs ~5.25 bits per element per conv-BN-ReLU block)
 ACTIVATION_REDUCTION_L3 = 12.0
 

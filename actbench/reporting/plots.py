@@ -4,8 +4,9 @@ Each ``plot_*`` function returns a matplotlib ``Figure`` so tests can inspect it
 :func:`write_figures` touches the disk. Figures are built without pyplot (no global figure registry)
 on the Agg canvas, so drawing works headless and leaves no state behind.
 
-Conventions shared by every figure: one colour per strategy (:data:`PALETTE`); meta rows are
-predictions, drawn with hollow markers / hatched bars and "(predicted)" in the legend; the failing
+Conventions shared by every figure (:mod:`actbench.reporting.style`): one colour per strategy
+(:data:`PALETTE`); predictions (meta rows, and every row's predicted samples/s) are drawn with hollow
+markers, dashed lines or hatched bars and "(predicted…)" in the legend, never as measured series; the failing
 batch of a strategy is a red ×; memory is in GiB (MiB when everything is below 1 GiB); a maximum
 that nothing larger was seen failing is a lower bound, labelled "≥"; "× fp32" means what
 :data:`actbench.reporting.analysis.MULTIPLE_DEFINITIONS` says, and the figure says it too; throughput points
@@ -19,153 +20,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from actbench.reporting import paper as paper_ref
-from actbench.strategies import FALLBACK_COLOUR, registered
-from actbench.strategies import colour as strategy_colour
-from actbench.reporting.analysis import (MULTIPLE_DEFINITIONS, BatchGroup, ResultRuns, Run, ScaleGroup, Series,
-                               batch_groups, find_result_runs, max_batch_table, memory_table, scale_groups)
+from actbench.reporting.analysis import MULTIPLE_DEFINITIONS, BatchGroup, batch_groups, max_batch_table, memory_table
+from actbench.reporting.runs import ResultRuns, Run, find_result_runs
+from actbench.reporting.scale import ScaleGroup, scale_groups
+from actbench.reporting.style import (FORMATS, PALETTE, PREDICTED_HATCH, bar_style, colour, line_style,  # noqa: F401
+                                      memory_unit, new_figure)
+from actbench.reporting.throughput_figure import plot_throughput_vs_batch
 from actbench.store.results import atomic_output, check_kind, check_output
+from actbench.strategies import FALLBACK_COLOUR
 
 if TYPE_CHECKING:
     from actbench.studies.accuracy import AccuracyRow
 
-#: One colour per strategy (from the registry), and the paper's own baselines (overlay only).
-PALETTE: Mapping[str, str] = MappingProxyType({
-    **{name: s.colour for name, s in registered().items()},
-    "dtr": "#7f7f7f", "cap": "#aec7e8", "blpa": "#c5b0d5",
-})
-FAIL_COLOUR = "red"
-FAIL_MARKER = "x"
-PREDICTED_HATCH = "//"
-FP32_SHADE = "#dddddd"
-FORMATS = ("png", "pdf")
-GIB = 1 << 30
-MIB = 1 << 20
-
-
-def colour(strategy: str) -> str:
-    # parameterised and combined names (compile@0.5, checkpoint+L2) take the registry's answer
-    return PALETTE.get(strategy) or PALETTE.get(strategy.lower()) or strategy_colour(strategy)
-
-
-def _figure(width: float = 7.0, height: float = 4.5) -> Figure:
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-#: Away from fp32 a series keeps its strategy's colour and is told apart by marker and hatch.
-PRECISION_MARKERS: Mapping[str, str] = MappingProxyType({"bf16": "^", "fp16": "v"})
-PRECISION_HATCH = ".."
-
-
-def _line_style(series: Series) -> dict:
-    c = colour(series.strategy)
-    style = dict(color=c, marker=PRECISION_MARKERS.get(series.precision, "o"), markersize=5, linewidth=1.5)
-    if series.predicted:
-        style.update(markerfacecolor="none", linestyle="--")
-    if not series.paper_comparable:
-        style.update(linewidth=1.0)
-    return style
-
-
-def _bar_style(series: Series) -> dict:
-    c = colour(series.strategy)
-    if series.predicted:
-        hatch = PREDICTED_HATCH + ("" if series.paper_comparable else PRECISION_HATCH)
-        return dict(facecolor="none", edgecolor=c, hatch=hatch, linewidth=1.2)
-    if not series.paper_comparable:
-        return dict(color=c, edgecolor="black", hatch=PRECISION_HATCH, alpha=0.75)
-    return dict(color=c, edgecolor=c)
-
-
-def memory_unit(values: Iterable[int | None]) -> tuple[int, str]:
-    """GiB unless every value is below 1 GiB (then MiB, so small cpu runs stay readable)."""
-    vals = [v for v in values if v is not None]
-    return (GIB, "GiB") if vals and max(vals) >= GIB else (MIB, "MiB")
-
 
 # --- batch-type figures ------------------------------------------------------------------------
-def plot_throughput_vs_batch(group: BatchGroup, paper_points: Sequence[paper_ref.PaperPoint] | None = None) -> Figure | None:
-    """Images/s vs batch per series; red × at each series' first failing batch; fp32-feasible batches shaded.
-
-    ``paper_points`` are overlaid only when the group's setting is the paper's (model, 224², 16 GiB).
-    Returns None when no row has a throughput.
-    """
-    series = [s for s in group.series() if any(r.samples_per_s_median is not None for r in group.ok_points(s))]
-    failing = [s for s in group.series() if group.first_failure(s) is not None]
-    if not series:
-        return None
-    overlay = bool(paper_points) and group.model == group.base_model \
-        and paper_ref.matches(group.base_model, group.image_size, group.budget_bytes, gpu=group.gpu)
-    fig = _figure(10.0 if overlay else 8.0, 4.8)
-    ax = fig.add_subplot()
-    fp32_max = _fp32_max(group)
-    if fp32_max is not None:
-        ax.axvspan(0, fp32_max, color=FP32_SHADE, alpha=0.6, zorder=0, label=f"fp32 fits (batch ≤ {fp32_max})")
-    for s in series:
-        pts = [r for r in group.ok_points(s) if r.samples_per_s_median is not None]
-        # error bars: the spread of samples/s over the timed steps (IQR, drawn as ± half of it)
-        xs, ys = [r.batch_size for r in pts], [r.samples_per_s_median for r in pts]
-        ax.plot(xs, ys, label=group.label(s), **_line_style(s))
-        spread = [(r.samples_per_s_iqr or 0.0) / 2 for r in pts]
-        if any(spread):
-            ax.errorbar(xs, ys, yerr=spread, fmt="none", ecolor=colour(s.strategy), elinewidth=0.8, capsize=2,
-                        alpha=0.5 if s.predicted else 0.9, label=f"_iqr:{s.strategy}:{s.device}")  # "_": no legend
-    fail_labelled = {False: False, True: False}
-    for s in failing:
-        row = group.first_failure(s)
-        ok = [r for r in group.ok_points(s) if r.samples_per_s_median is not None]
-        y = ok[-1].samples_per_s_median if ok else 0.0
-        label = "first failing batch" + (" (predicted)" if s.predicted else "")
-        ax.plot([row.batch_size], [y], linestyle="none", marker=FAIL_MARKER, color=FAIL_COLOUR, markersize=10,
-                markeredgewidth=2, alpha=0.5 if s.predicted else 1.0, clip_on=False,
-                label=None if fail_labelled[s.predicted] else label, gid=f"fail:{s.strategy}:{s.device}")
-        fail_labelled[s.predicted] = True
-    if overlay:
-        _overlay_paper(ax, paper_points)
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("batch size (images)")
-    ax.set_ylabel("throughput (images/s, median; bars: IQR)")
-    ax.set_title(group.title("Throughput vs batch"), fontsize=10, parse_math=False)
-    ax.grid(True, alpha=0.3)
-    # outside the axes: with the paper's overlay the legend would hide curves
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncols=2 if overlay else 1)
-    return fig
-
-
-def _fp32_max(group: BatchGroup) -> int | None:
-    measured = [s for s in group.series() if s == Series("fp32", s.device) and not s.predicted]
-    candidates = measured or [s for s in group.series() if s == Series("fp32", s.device)]
-    batches = [r.batch_size for s in candidates for r in group.ok_points(s)]
-    return max(batches) if batches else None
-
-
-def _overlay_paper(ax, points: Sequence[paper_ref.PaperPoint]) -> None:
-    by_strategy: dict[str, list[paper_ref.PaperPoint]] = {}
-    for p in points:
-        by_strategy.setdefault(p.strategy, []).append(p)
-    fail_done = False
-    for strategy, pts in by_strategy.items():
-        ok = sorted((p for p in pts if p.ok and p.samples_per_s is not None), key=lambda p: p.batch_size)
-        ax.plot([p.batch_size for p in ok], [p.samples_per_s for p in ok], color=colour(strategy), marker="s",
-                markersize=3, linewidth=0.8, linestyle=":", alpha=0.8, label=f"paper: {strategy}",
-                gid=f"paper:{strategy}")
-        for p in pts:
-            if not p.ok:
-                y = ok[-1].samples_per_s if ok else 0.0
-                ax.plot([p.batch_size], [y], linestyle="none", marker="+", color="darkred", markersize=8,
-                        label=None if fail_done else "paper: first failing batch (T4)", gid=f"paper-fail:{strategy}")
-                fail_done = True
-
-
 def plot_max_batch(group: BatchGroup, with_paper: bool = False) -> Figure | None:
     """Bars of the largest ok batch per series, each labelled with its multiple of fp32 (same device).
 
@@ -175,10 +48,10 @@ def plot_max_batch(group: BatchGroup, with_paper: bool = False) -> Figure | None
     entries = [e for e in max_batch_table(group) if e.max_batch is not None]
     if not entries or len(group.batch_sizes()) < 2:
         return None
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     for i, e in enumerate(entries):
-        bars = ax.bar([i], [e.max_batch], label=e.label, **_bar_style(e.series))
+        bars = ax.bar([i], [e.max_batch], label=e.label, **bar_style(e.series))
         text = e.max_text
         if e.multiple_text is not None:
             text += f"\n{e.multiple_text}× fp32"
@@ -219,14 +92,14 @@ def plot_memory(group: BatchGroup) -> Figure | None:
     if any(e.host_bytes for e in entries):
         metrics += (("host copies\n(CPU memory)", "host_bytes"),)
     scale, unit = memory_unit(getattr(e, f) for e in entries for _, f in metrics)
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     n = len(entries)
     width = 0.8 / n
     for j, e in enumerate(entries):
         xs = [i + (j - (n - 1) / 2) * width for i in range(len(metrics))]
         ys = [(getattr(e, f) or 0) / scale for _, f in metrics]
-        ax.bar(xs, ys, width=width, label=e.label, **_bar_style(e.series))
+        ax.bar(xs, ys, width=width, label=e.label, **bar_style(e.series))
     ax.set_xticks(range(len(metrics)), [m for m, _ in metrics])
     ax.set_ylabel(f"memory ({unit})" + (": device, and host copies" if len(metrics) > 3 else ""))
     ax.set_title(group.title(f"Memory at batch {batch}"), fontsize=10, parse_math=False)
@@ -240,12 +113,12 @@ def plot_activation_vs_batch(group: BatchGroup) -> Figure | None:
     if not series or len(group.batch_sizes()) < 2:
         return None
     scale, unit = memory_unit(r.activation_bytes for r in group.rows if r.ok)
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     for s in series:
         pts = [r for r in group.ok_points(s) if r.activation_bytes is not None]
         ax.plot([r.batch_size for r in pts], [r.activation_bytes / scale for r in pts], label=group.label(s),
-                **_line_style(s))
+                **line_style(s))
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("batch size (images)")
@@ -264,18 +137,18 @@ def plot_max_scale(group: ScaleGroup) -> Figure | None:
     if not entries:
         return None
     with_ips = any(e.samples_per_s is not None for e in entries)
-    fig = _figure(9.0, 4.5)
+    fig = new_figure(9.0, 4.5)
     axes = fig.subplots(1, 2) if with_ips else (fig.subplots(1, 1),)
     ax_max = axes[0]
     names = {"depth": "maximum depth", "width": "maximum width", "resolution": "maximum resolution"}
     for i, e in enumerate(entries):
-        bars = ax_max.bar([i], [e.max_value], label=e.label, **_bar_style(e.series))
+        bars = ax_max.bar([i], [e.max_value], label=e.label, **bar_style(e.series))
         # value, then what it adds ("(+680 blocks)"), then the multiple: one short line each, so the
         # labels of neighbouring bars of equal height do not run into each other
         text = e.max_label.replace(" (", "\n(", 1) + (f"\n{e.multiple_text}× fp32" if e.multiple_text else "")
         ax_max.bar_label(bars, labels=[text], fontsize=7, padding=2)
         if with_ips:
-            bars = axes[1].bar([i], [e.samples_per_s or 0.0], **_bar_style(e.series))
+            bars = axes[1].bar([i], [e.samples_per_s or 0.0], **bar_style(e.series))
             axes[1].bar_label(bars, labels=["-" if e.samples_per_s is None else f"{e.samples_per_s:.3g}"],
                               fontsize=7, padding=2)
     for ax in axes:  # the tick labels name each bar (the legend would only repeat them over the bars)
@@ -334,7 +207,7 @@ def plot_accuracy_vs_bits(rows: Sequence["AccuracyRow"], title: str = "") -> Fig
     ok = [r for r in rows if r.ok]
     if not ok:
         return None
-    fig = _figure(9.0, 4.0)
+    fig = new_figure(9.0, 4.0)
     ax_acc, ax_loss = fig.subplots(1, 2)
     quant = sorted((r for r in ok if r.target_bits is not None), key=lambda r: r.target_bits)
     fp32 = next((r for r in ok if r.target_bits is None), None)

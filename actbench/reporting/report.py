@@ -1,27 +1,32 @@
-"""The Markdown report: environment, tables, figures, and the paper's number beside each of ours.
+"""The Markdown report: the paper's claims beside this run's first, then the settings, environments last.
 
 Built from the same derived tables as the figures (actbench.reporting.analysis), so a number in the text and
 the bar it labels never disagree. The paper's numbers appear only where model, input size and (for
 batch and throughput) budget match the paper's set-up; everything that still differs is listed.
+Predicted throughput has its own columns, named with its device model, never the measured ones.
 
-Every string that comes from a run (model, strategy, device, status, message, run and folder names,
-env.json and config.json values) is escaped on its way into the text (:func:`_md`, :func:`_code`), so
-what rows contain can neither break a table nor pass through as HTML.
+Every string that comes from a run is escaped on its way into the text (actbench.reporting.markdown).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from actbench.reporting import paper as paper_ref
-from actbench.reporting.analysis import (MULTIPLE_DEFINITIONS, BatchGroup, Run, ScaleGroup, Series, batch_groups,
-                               find_result_runs, max_batch_table, memory_table, read_json, scale_groups)
+from actbench.reporting.analysis import MULTIPLE_DEFINITIONS, BatchGroup, Series, batch_groups, max_batch_table, memory_table
+from actbench.reporting.markdown import code as _code
+from actbench.reporting.markdown import link as _link
+from actbench.reporting.markdown import md as _md
+from actbench.reporting.markdown import table as _table
+from actbench.reporting.runs import Run, find_result_runs, read_json
+from actbench.reporting.scale import ScaleGroup, scale_groups
+from actbench.reporting.claims import claims_table
+from actbench.reporting.speed import ACTNN_SERIES, actnn_series, device_models, predicted_series, trust_text
+from actbench.schema import MEMORY_FAILURES
 from actbench.core.devices import PROFILES
 from actbench.store.results import atomic_write_text, check_output
 
@@ -33,41 +38,6 @@ MIB = 1 << 20
 class ReportResult:
     path: Path
     figures: tuple[Path, ...]
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-#: Markdown's inline punctuation; ``_`` only where it could open or close emphasis (not inside a word)
-_MD_SPECIAL = re.compile(r"[\\`*\[\]|~]|(?<![A-Za-z0-9_])_+|_+(?![A-Za-z0-9_])")
-_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
-
-
-def _visible(value: object) -> str:
-    """``value`` as one line: control characters (newlines included) shown as escapes."""
-    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], str(value))
-
-
-def _md(value: object) -> str:
-    """A string from the rows as plain Markdown text: HTML characters as entities, Markdown's
-    punctuation escaped, one line."""
-    text = re.sub(r"[&<>]", lambda m: _HTML[m.group()], _visible(value))
-    return _MD_SPECIAL.sub(lambda m: "".join("\\" + c for c in m.group()), text)
-
-
-def _code(value: object) -> str:
-    """A string from the rows as a Markdown code span (shown literally), fenced by more backticks than
-    it holds; a ``|`` is escaped so that it cannot split a table cell. Text holding HTML's characters
-    is given as :func:`_md` text instead, so that no renderer can take it for markup."""
-    if re.search(r"[&<>]", str(value)):
-        return _md(value)
-    text = _visible(value).replace("|", "\\|")
-    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") or fence != "`" else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def _link(path: str) -> str:
-    """A relative path as a link target: every character a URL does not allow literally, escaped."""
-    return urllib.parse.quote(path, safe="/._-~")
 
 
 def _bytes(n: int | None) -> str:
@@ -82,17 +52,6 @@ def _num(x: float | None, fmt: str = ".1f") -> str:
 
 def _ratio(ours: float | None, theirs: float | None) -> str:
     return "–" if ours is None or not theirs else f"{ours / theirs:.2f}"
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_escape_bars(str(c)) for c in row) + " |" for row in rows]
-    return lines + [""]
-
-
-def _escape_bars(cell: str) -> str:
-    """A cell's ``|`` escaped (for a table), leaving those already escaped (by :func:`_md`, :func:`_code`)."""
-    return re.sub(r"(?<!\\)\|", r"\\|", cell)
 
 
 def _environment(runs: Sequence[Run]) -> list[str]:
@@ -125,7 +84,9 @@ def _differences(runs: Sequence[Run]) -> list[str]:
              "(16 GiB) match; the activation-memory ratio needs model and input size only.", ""]
     lines.append(f"- **GPU**: {', '.join(gpus) if gpus else 'no GPU (rows measured on ' + _md(', '.join(devices)) + ')'}"
                  f" vs the paper's {setting.gpu}. A budget emulates the T4's memory, not its speed: "
-                 "throughput ratios compare different hardware.")
+                 "measured throughput ratios compare different hardware"
+                 + ("; predicted throughput is priced on the device models under \"Speed predictions\"."
+                    if device_models(row for r in runs for row in r.rows) else "."))
     lines.append(f"- **PyTorch**: {', '.join(torches) if torches else 'unknown'} vs {setting.torch_version}.")
     planned = sorted({row.gpu for r in runs for row in r.rows if getattr(row, "gpu", None)})
     if planned:
@@ -158,11 +119,14 @@ def _host_budgets(runs: Sequence[Run]) -> str:
 def _max_batch_section(group: BatchGroup, paper_ok: bool) -> list[str]:
     entries = max_batch_table(group)
     header = ["strategy", "max batch", "× fp32", "images/s at max"]
+    predicted = any(e.predicted_samples_per_s is not None for e in entries)
+    header += ["predicted images/s at max (device model)"] if predicted else []
     if paper_ok:
         header += ["paper max batch", "ours ÷ paper", "paper × fp32"]
     rows = []
     for e in entries:
         row = [_md(e.label), e.max_text, e.multiple_text or "–", _num(e.samples_per_s)]
+        row += [_predicted_cell(e.predicted_samples_per_s, e.device_model)] if predicted else []
         if paper_ok:
             span = paper_ref.paper_batch_range(e.series.strategy) if e.series.paper_comparable else None
             fp = paper_ref.paper_max_batch("fp32")
@@ -178,6 +142,11 @@ def _max_batch_section(group: BatchGroup, paper_ok: bool) -> list[str]:
                   f"in the span shown (up to the next multiple of {grid}, exclusive), and ours ÷ paper is given "
                   "against both ends.", ""]
     return lines + _table(header, rows)
+
+
+def _predicted_cell(rate: float | None, device_model: str | None) -> str:
+    """``103.3 (t4)``: a predicted throughput always names the device model it was priced on."""
+    return "–" if rate is None or device_model is None else f"{rate:.1f} ({_md(device_model)})"
 
 
 def _ratio_span(ours: float | None, span: tuple[int, int] | None) -> str:
@@ -234,7 +203,7 @@ def _throughput_section(group: BatchGroup, paper_points: Sequence[paper_ref.Pape
     for s in group.series():
         for r in group.rows_of(s):
             if s.predicted:
-                continue  # meta predicts memory only: there is no throughput to show
+                continue  # meta measures nothing: its predicted throughput is the next section's
             status = r.status if r.ok or not r.message else f"{r.status}: {r.message}"
             row = [_md(group.label(s)), str(r.batch_size), _md(status), _num(r.samples_per_s_median),
                    _num(r.samples_per_s_iqr)]
@@ -246,16 +215,42 @@ def _throughput_section(group: BatchGroup, paper_points: Sequence[paper_ref.Pape
             rows.append(row)
     if not rows:
         return []
-    return ["### Throughput", ""] + _table(header, rows)
+    return ["### Throughput (measured)", ""] + _table(header, rows)
+
+
+def _predicted_section(group: BatchGroup) -> list[str]:
+    """Predicted images/s per batch and strategy, one table per device model, with the derived ActNN
+    column (the fastest fitting level); "does not fit" where the row is oom or over budget."""
+    lines: list[str] = []
+    for model in device_models(group.rows):
+        series = [rs for rs in predicted_series(group) if rs.device_model == model]
+        actnn = [rs for rs in actnn_series(group) if rs.device_model == model]
+        cells = {(rs.name, rs.device, p.batch_size): f"{p.samples_per_s:.1f}" for rs in series for p in rs.points}
+        cells.update({(ACTNN_SERIES, rs.device, p.batch_size): f"{p.samples_per_s:.1f} ({p.strategy})"
+                      for rs in actnn for p in rs.points})
+        columns = [(rs.name, rs.device) for rs in series] + [(ACTNN_SERIES, rs.device) for rs in actnn]
+        failed = {(r.strategy, r.device, r.batch_size) for r in group.rows if r.status in MEMORY_FAILURES}
+        batches = sorted({b for (_, _, b) in cells})
+        rows = [[str(b)] + [cells.get((n, d, b), "does not fit" if (n, d, b) in failed else "–") for n, d in columns]
+                for b in batches]
+        header = ["batch"] + [_md(n) for n, _ in columns]
+        lines += [f"### Throughput predicted on the {_md(model)} device model (images/s; not measured)", "",
+                  f"The step-time model's price of each traced step (docs/design.md §11). {ACTNN_SERIES}: at each "
+                  "batch, the fastest ActNN level that fits (its level in brackets). Trust: "
+                  f"{_md(trust_text(model))}.", ""] + _table(header, rows)
+    return lines
 
 
 def _scale_section(group: ScaleGroup) -> list[str]:
     name = {"depth": "depth", "width": "width", "resolution": "resolution"}[group.dim]
     entries = group.table()
-    rows = [[_md(e.label), _md(e.max_label), e.multiple_text or "–", _num(e.samples_per_s),
-             _num(None if e.flops_per_sample is None else e.flops_per_sample / 1e9, ".2f")]
+    predicted = any(e.predicted_samples_per_s is not None for e in entries)
+    rows = [[_md(e.label), _md(e.max_label), e.multiple_text or "–", _num(e.samples_per_s)]
+            + ([_predicted_cell(e.predicted_samples_per_s, e.device_model)] if predicted else [])
+            + [_num(None if e.flops_per_sample is None else e.flops_per_sample / 1e9, ".2f")]
             for e in entries]
-    header = ["strategy", f"maximum {name} ({group.unit()})", "× fp32", "images/s at max", "GFLOP/sample at max"]
+    header = ["strategy", f"maximum {name} ({group.unit()})", "× fp32", "images/s at max"] \
+        + (["predicted images/s at max (device model)"] if predicted else []) + ["GFLOP/sample at max"]
     note = f"Run {_code(group.run_name)}. {group.definition()}."
     if any(not e.bounded for e in entries):
         note += " \"≥\" = nothing larger was seen failing: a lower bound."
@@ -286,8 +281,18 @@ def build_report(runs: Sequence[Run], results_dir: Path, report_dir: Path, figur
     if len(folders) > 1:  # runs of several folders share this report's tables: say so
         lines += [f"Runs from {len(folders)} folders, pooled by setting: " + ", ".join(_code(f) for f in folders)
                   + ".", ""]
-    lines += _environment(runs)
+    lines += _claims_section(runs, paper_points)
+    lines += _speed_models_section(runs)
     lines += _differences(runs)
+    lines += _settings(runs, report_dir, figures, paper_points)
+    lines += _environment(runs)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _settings(runs: Sequence[Run], report_dir: Path, figures: Sequence[Path],
+              paper_points: Sequence[paper_ref.PaperPoint] | None) -> list[str]:
+    """One section per setting (tables, then its figures), then one per max-scale run."""
+    lines: list[str] = []
     kinds = ("throughput_vs_batch", "max_batch", "memory", "activation_vs_batch")
     for group in batch_groups(runs):
         paper_ok = paper_ref.matches(group.model, group.image_size, group.budget_bytes, gpu=group.gpu)
@@ -298,11 +303,41 @@ def build_report(runs: Sequence[Run], results_dir: Path, report_dir: Path, figur
         lines += _max_batch_section(group, paper_ok)
         lines += _memory_section(group, paper_ref.matches_model(group.model, group.image_size))
         lines += _throughput_section(group, paper_points if paper_ok else None)
+        lines += _predicted_section(group)
         lines += _figure_links(figures, (f"{k}__{group.slug()}" for k in kinds), report_dir)
     for sgroup in scale_groups(runs):
         lines += _scale_section(sgroup)
         lines += _figure_links(figures, [f"max_{sgroup.slug()}"], report_dir)
-    return "\n".join(lines).rstrip() + "\n"
+    return lines
+
+
+def _claims_section(runs: Sequence[Run], paper_points: Sequence[paper_ref.PaperPoint] | None) -> list[str]:
+    """The opening table: each of the paper's claims this run has a number for, labelled how it was had."""
+    claims = claims_table(runs, paper_points)
+    lines = ["## The paper's claims beside this run's", ""]
+    if not claims:
+        return lines + ["No row of this run is in the paper's setting (ResNet-50, 224²): there is nothing to set "
+                        "beside the paper's claims.", ""]
+    lines += ["Basis: *measured* on a device, or *predicted* (memory on meta; throughput by the step-time model "
+              "on the named device model, never a measurement). Throughput ÷ fp32 is taken at the largest batch "
+              "both fit; the paper's is each curve's mean ÷ fp32's 120 images/s. \"≥\"/\"≤\": a bound.", ""]
+    return lines + _table(("claim", "paper", "this run", "this run ÷ paper", "basis"),
+                          ((_md(c.claim), _md(c.paper), _md(c.ours), c.ratio, _md(c.basis)) for c in claims))
+
+
+def _speed_models_section(runs: Sequence[Run]) -> list[str]:
+    """Which device models priced the predicted throughput, and how far each has been checked."""
+    rows = [row for run in runs for row in run.rows]
+    models = device_models(rows)
+    if not models:
+        return []
+    lines = ["## Speed predictions", "",
+             "Predicted samples/s come from the step-time model over each point's traced step (docs/design.md §11), "
+             "priced on these device models; they sit in their own columns and dashed series, never in the "
+             "measured ones.", ""]
+    counts = {m: sum(1 for r in rows if r.device_model == m and r.predicted_samples_per_s is not None) for m in models}
+    return lines + _table(("device model", "predicted rows", "how good it is (predicted ÷ reference)"),
+                          ((_code(m), str(counts[m]), _md(trust_text(m))) for m in models))
 
 
 def build_accuracy_report(accuracy_runs: Sequence[tuple[Path, Sequence[Any]]], report_dir: Path,
