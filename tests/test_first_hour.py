@@ -23,7 +23,7 @@ import typer
 from typer.testing import CliRunner
 
 from actbench.cli import app
-from actbench.cli import harness_commands
+from actbench.cli import harness_commands, tables
 from actbench.cli import progress as progress_mod
 from actbench.cli.progress import EXTENSION_NOTICE, PointProgress
 from actbench.schema import ModelSpec, PointConfig, ResultRow
@@ -254,7 +254,7 @@ def test_timing_runs_to_a_minimum_time_until_the_spread_settles_within_bounds() 
 
 def test_tables_show_the_spread_beside_the_median(capsys) -> None:
     p = point()
-    harness_commands._render([result_row(p, samples_per_s_median=20.0, samples_per_s_iqr=1.6)], "t")
+    tables.render_rows([result_row(p, samples_per_s_median=20.0, samples_per_s_iqr=1.6)], "t")
     out = capsys.readouterr().out
     assert "1.6 (8%)" in out and "interquartile range" in " ".join(out.split())
 
@@ -263,7 +263,7 @@ def test_tables_show_the_spread_beside_the_median(capsys) -> None:
 def test_messages_are_never_rich_markup(capsys) -> None:
     p = point()
     text = "[enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate memory"
-    harness_commands._render([result_row(p, "oom", text)], "[bold]not a tag[/bold]")
+    tables.render_rows([result_row(p, "oom", text)], "[bold]not a tag[/bold]")
     out = " ".join(capsys.readouterr().out.split())
     assert "[enforce fail at alloc_cpu.cpp:117]" in out and "[bold]not a tag[/bold]" in out
 
@@ -329,7 +329,7 @@ def test_max_scale_depth_multiple_agrees_between_cli_and_figure() -> None:
     rows = [r("fp32", 4), r("fp32", 8, "over_budget"), r("L3", 28), r("L3", 32, "over_budget")]
     outcome = SearchOutcome(rows=rows, maxima={"fp32": 4, "L3": 28},
                             best_rows={"fp32": rows[0], "L3": rows[2]}, dim="depth")
-    _, cli = harness_commands._max_cells(outcome, "L3")
+    _, cli = tables.max_cells(outcome, "L3")
     figure = next(e for e in ScaleGroup("depth", "run", tuple(rows)).table() if e.series.strategy == "L3")
     assert cli == figure.multiple_text == f"{(152 + 84) / (152 + 12):.2f}"  # layers, not extra blocks (7.00)
 

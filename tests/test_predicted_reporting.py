@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from actbench.cli.harness_commands import _render_maxima
+from actbench.cli.tables import render_maxima
 from actbench.planning.search import SearchOutcome
 from actbench.reporting import paper
 from actbench.reporting.analysis import BatchGroup, batch_groups
@@ -116,12 +116,12 @@ def test_report_opens_with_the_claims_table_and_ends_with_the_environment(tmp_pa
 def test_maxima_table_shows_predicted_samples_per_s_beside_measured(capsys: pytest.CaptureFixture) -> None:
     fits, fails = row("L3", 608, predicted=86.4), row("L3", 640, "over_budget")
     outcome = SearchOutcome(rows=[fits, fails], maxima={"L3": 608}, best_rows={"L3": fits}, dim="batch")
-    _render_maxima(outcome, "batch")
+    render_maxima(outcome, "batch")
     out = capsys.readouterr().out
     assert "predicted samples/s" in out and "86.4 (t4)" in out
     assert "not a measurement" in out
     unpriced = row("L3", 608)
-    _render_maxima(SearchOutcome(rows=[unpriced], maxima={"L3": 608}, best_rows={"L3": unpriced}), "batch")
+    render_maxima(SearchOutcome(rows=[unpriced], maxima={"L3": 608}, best_rows={"L3": unpriced}), "batch")
     assert "predicted" not in capsys.readouterr().out
 
 

@@ -9,20 +9,19 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from actbench.cli.app import (MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, app, fail, interrupted_by,
                               interrupted_exit_code, require_device, terminate_like_ctrl_c)
 from actbench.cli.options import (DEFAULT_TEXT, EXECUTION, GROWTH, PLAN_MAX_DEFAULT_JOBS, RUN, SELECTION, STEPS, TARGET,
                                   ImageSizeOpt, PlanJobsOpt, Shared, SharedOptions, shared_options, shared_values)
 from actbench.cli.progress import PointProgress, ensure_extension, plural
+from actbench.cli.tables import (precision_suffix, print_plan, render_maxima, render_memory, render_plan,
+                                 render_rows)
 from actbench.cli.speed_commands import use_device_model
 from actbench.execution.specs import DEFAULT_STRATEGIES, PLAN_DEVICE
 from actbench.core.devices import profile
@@ -83,7 +82,7 @@ def _run_spec(spec, out: Path, dry_run: bool, force: bool = False, no_retry: boo
     if execution is not None:
         _checked(lambda: execution.check(plan.device))
     if dry_run:
-        _print_plan(out / plan.name, list(plan.preview))
+        print_plan(out / plan.name, list(plan.preview))
         return None
     store = _open_store(out, plan)
     outcome = _execute(store, plan, force=force, retry_failed=not no_retry, execution=execution)
@@ -253,124 +252,6 @@ def _finish(outcome, search: bool) -> None:
         raise typer.Exit(1)
 
 
-def _console() -> Console:
-    """Stdout console; wide when redirected so tables in logs do not wrap into unreadable columns."""
-    return Console(width=None if sys.stdout.isatty() else 180)
-
-
-def _cell(text: object) -> Text:
-    """A table cell printed as written: row messages like "[enforce fail at ...]" are not rich markup."""
-    return Text(str(text))
-
-
-def _spread(median: float | None, iqr: float | None) -> str:
-    """The IQR of samples/s, and what fraction of the median it is: ``1.2 (8%)``."""
-    if iqr is None:
-        return "-"
-    return f"{iqr:.1f} ({iqr / median:.0%})" if median else f"{iqr:.1f}"
-
-
-def _series_name(row) -> str:
-    """A row's strategy, with its precision away from fp32 (``L3 bf16``), as figures and reports name it."""
-    from actbench.schema import DEFAULT_PRECISION
-
-    return row.strategy if row.precision == DEFAULT_PRECISION else f"{row.strategy} {row.precision}"
-
-
-def _precision_suffix(rows) -> str:
-    """`` at bf16`` for a table of maxima whose rows ran away from fp32; nothing at fp32."""
-    from actbench.schema import DEFAULT_PRECISION
-
-    others = sorted({r.precision for r in rows} - {DEFAULT_PRECISION})
-    return f" at {', '.join(others)}" if others else ""
-
-
-def _render(rows, title: str) -> None:
-    from actbench.execution.parsing import format_bytes
-
-    table = Table(title=_cell(title))
-    for col in ("strategy", "model", "depth", "batch", "px", "status", "activation", "peak alloc",
-                "reserved", "model bytes", "samples/s", "IQR", "GFLOP/sample", "message"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        rate = "-" if r.samples_per_s_median is None else f"{r.samples_per_s_median:.1f}"
-        flops = "-" if r.flops_per_sample is None else f"{r.flops_per_sample / 1e9:.3f}"
-        model = r.model + (f"+{r.extra_blocks}" if r.extra_blocks else "") + (
-            f" w{r.width_per_group}" if r.width_per_group else "")
-        table.add_row(*(_cell(c) for c in (
-            _series_name(r), model, str(r.depth or "-"), str(r.batch_size), str(r.image_size), r.status,
-            format_bytes(r.activation_bytes), format_bytes(r.peak_alloc_bytes), format_bytes(r.reserved_bytes),
-            format_bytes(r.model_bytes), rate, _spread(r.samples_per_s_median, r.samples_per_s_iqr), flops,
-            one_line(r.message, 80))))
-    table.caption = _cell("IQR: spread of samples/s over the timed steps (interquartile range), and its share "
-                          "of the median") if any(r.samples_per_s_iqr is not None for r in rows) else None
-    _console().print(table)
-
-
-def _bound_caption(outcome) -> str | None:
-    """Explains "≥" under a table of maxima, when any maximum is only a lower bound."""
-    if all(outcome.bounded(s) for s, v in outcome.maxima.items() if v is not None):
-        return None
-    return ("≥ = nothing larger was seen failing: the limit lies beyond the range searched "
-            "(widen the range, or set --budget)")
-
-
-def _max_cells(outcome, strategy: str) -> tuple[str, str]:
-    """(maximum, × fp32) as text; "≥" marks a lower bound, and a ratio to or of one is only a bound.
-
-    × fp32 has one definition, shared with the figures and the report (actbench.reporting.analysis): the
-    searched quantity ÷ fp32's, where depth counts layers (not the extra blocks searched over).
-    """
-    from actbench.reporting.analysis import bound_ratio, scale_value
-
-    value = outcome.maxima.get(strategy)
-    exact = outcome.bounded(strategy)
-    if value is None:
-        return "none", "-"
-    text = str(value) if exact else f"≥{value}"
-    row, base = outcome.best_rows.get(strategy), outcome.best_rows.get("fp32")
-    if row is None or base is None:
-        return text, "-"
-    ratio = bound_ratio(scale_value(outcome.dim, row), exact, scale_value(outcome.dim, base), outcome.bounded("fp32"))
-    return text, ratio or "-"
-
-
-def _maxima_caption(outcome) -> str:
-    from actbench.reporting.analysis import MULTIPLE_DEFINITIONS
-
-    lines = [MULTIPLE_DEFINITIONS.get(outcome.dim, MULTIPLE_DEFINITIONS["batch"])]
-    bound = _bound_caption(outcome)
-    if bound:
-        lines.append(bound)
-    return "\n".join(lines)
-
-
-def _render_maxima(outcome, what: str) -> None:
-    from actbench.reporting.speed import PREDICTED_COLUMN_NOTE, predicted_text
-
-    table = Table(title=f"largest {what} that fits{_precision_suffix(outcome.rows)}")
-    predicted = any(r is not None and r.predicted_samples_per_s is not None for r in outcome.best_rows.values())
-    for col in ("strategy", what, "depth", "samples/s") + (("predicted samples/s",) if predicted else ()) \
-            + ("GFLOP/sample", "× fp32"):
-        table.add_column(col)
-    for strategy in outcome.maxima:
-        row = outcome.best_rows.get(strategy)
-        value, ratio = _max_cells(outcome, strategy)
-        rate = "-" if row is None or row.samples_per_s_median is None else f"{row.samples_per_s_median:.1f}"
-        flops = "-" if row is None or row.flops_per_sample is None else f"{row.flops_per_sample / 1e9:.3f}"
-        table.add_row(*(_cell(c) for c in (strategy, value, str(row.depth) if row is not None and row.depth else "-",
-                                           rate) + ((predicted_text(row),) if predicted else ()) + (flops, ratio)))
-    table.caption = _cell(_maxima_caption(outcome) + (f"\n{PREDICTED_COLUMN_NOTE}" if predicted else ""))
-    _console().print(table)
-
-
-def _print_plan(run_dir: Path, lines: list[str]) -> None:
-    console = _console()
-    console.print(f"run directory: {run_dir}", markup=False, highlight=False)
-    for line in lines:
-        console.print(line, markup=False, highlight=False)
-
-
 # --- commands ----------------------------------------------------------------------------------
 @app.command("models")
 def models_command(pattern: Annotated[Optional[str], typer.Argument(help="Glob filter, e.g. 'resnet*'.")] = None) -> None:
@@ -410,9 +291,9 @@ def sweep_batch(
                         find_max=find_max)
     if ran is not None:
         store, outcome = ran
-        _render(outcome.rows, f"sweep-batch {spec.model_spec().label()} {image_size}px on {shared.device.value} -> "
+        render_rows(outcome.rows, f"sweep-batch {spec.model_spec().label()} {image_size}px on {shared.device.value} -> "
                               f"{store.run_dir}")
-        _render_maxima(outcome, "batch")
+        render_maxima(outcome, "batch")
         _finish(outcome, search=True)
 
 
@@ -446,10 +327,10 @@ def max_scale(
                         high=high, step=step)
     if ran is not None:
         store, outcome = ran
-        _render(outcome.rows, f"max-scale --dim {dim.value} {model} batch {batch} on {shared.device.value} -> "
+        render_rows(outcome.rows, f"max-scale --dim {dim.value} {model} batch {batch} on {shared.device.value} -> "
                               f"{store.run_dir}")
         label = {"depth": "extra blocks", "width": "width_per_group", "resolution": "image size"}[dim.value]
-        _render_maxima(outcome, label)
+        render_maxima(outcome, label)
         _finish(outcome, search=True)
 
 
@@ -473,7 +354,7 @@ def throughput(
     _, ran = _launch("throughput", shared, model=model, batch=batch, image_size=image_size)
     if ran is not None:
         store, outcome = ran
-        _render(outcome.rows, f"throughput {model} on {shared.device.value} -> {store.run_dir}")
+        render_rows(outcome.rows, f"throughput {model} on {shared.device.value} -> {store.run_dir}")
         _finish_throughput(outcome)
 
 
@@ -498,19 +379,8 @@ def memory(
     _, ran = _launch("memory", shared, model=model, batch=batch, image_size=image_size)
     if ran is None:
         return
-    from actbench.execution.parsing import format_bytes
-
     store, outcome = ran
-    table = Table(title=_cell(f"memory {model} on {shared.device.value} -> {store.run_dir}"))
-    cols = ("strategy", "batch", "status", "activation", "peak alloc", "reserved", "params", "grads",
-            "optimizer state", "model total", "host (swap)", "message")
-    for col in cols:
-        table.add_column(col)
-    for r in outcome.rows:
-        table.add_row(*(_cell(c) for c in (_series_name(r), str(r.batch_size), r.status, *(format_bytes(v) for v in (
-            r.activation_bytes, r.peak_alloc_bytes, r.reserved_bytes, r.param_bytes, r.grad_bytes,
-            r.optimizer_state_bytes, r.model_bytes, r.host_bytes)), one_line(r.message, 80))))
-    _console().print(table)
+    render_memory(outcome.rows, f"memory {model} on {shared.device.value} -> {store.run_dir}")
     _finish(outcome, search=False)
 
 
@@ -551,22 +421,7 @@ def plan(
     from actbench.execution.parsing import format_bytes
 
     store, outcome = ran
-    settings = spec.settings()
-    table = Table(title=_cell(f"plan {model} {image_size}px{_precision_suffix(outcome.rows)} under {format_bytes(settings.budget_bytes)}"
-                              f"{spec.gpu_tag()} (predicted on meta) -> {store.run_dir}"))
-    for col in ("strategy", f"max {dim.value}", "× fp32", "peak alloc", "reserved", "activation", "model bytes",
-                "host" if spec.host_budget else "host (not counted)", "probes", "note"):
-        table.add_column(col)
-    for strategy in outcome.maxima:
-        row = outcome.best_rows.get(strategy)
-        probes = [r for r in outcome.rows if r.strategy == strategy]
-        note = "" if row is not None else next((r.message for r in probes if r.status == "error"),
-                                               "nothing in the range fits")
-        table.add_row(*(_cell(c) for c in (
-            strategy, *_max_cells(outcome, strategy),
-            *(format_bytes(None if row is None else getattr(row, f)) for f in
-              ("peak_alloc_bytes", "reserved_bytes", "activation_bytes", "model_bytes", "host_bytes")),
-            str(len(probes)), one_line(note, 80))))
-    table.caption = _cell(_maxima_caption(outcome))
-    _console().print(table)
+    title = (f"plan {model} {image_size}px{precision_suffix(outcome.rows)} under "
+             f"{format_bytes(spec.settings().budget_bytes)}{spec.gpu_tag()} (predicted on meta) -> {store.run_dir}")
+    render_plan(outcome, title, dim.value, counted_host=bool(spec.host_budget))
     _finish(outcome, search=True)
