@@ -44,6 +44,16 @@ def _check_batchnorm_batch(model: str, batch: int, image_size: int) -> None:
              f"(two samples), got {batch}")
 
 
+def _print_grad_table(rows, title: str) -> None:
+    """verify-grads' table: per parameter its size, relative bias and spread, and the bias in standard errors."""
+    table = Table(title=title)
+    for col in ("parameter", "numel", "rel_bias", "rel_std", "bias_z"):
+        table.add_column(col, justify="left" if col == "parameter" else "right")
+    for r in rows:
+        table.add_row(r.parameter, str(r.numel), f"{r.rel_bias:.3g}", f"{r.rel_std:.3g}", f"{r.bias_z:.2f}")
+    Console().print(table)
+
+
 @app.command("verify-grads")
 def verify_grads_command(
     model: Annotated[str, typer.Argument(help="torchvision model name, e.g. resnet18.")],
@@ -93,12 +103,8 @@ def verify_grads_command(
                                                progress=lambda done, total: bar.update(task, completed=done)))
         rows = [GradRow(**r) for r in result["rows"]]
     reference = "fp32" if precision == DEFAULT_PRECISION else f"uncompressed {precision}"
-    table = Table(title=f"{model} at {level.value}{tag}: compressed vs {reference} gradients ({seeds} seeds, batch {batch})")
-    for col in ("parameter", "numel", "rel_bias", "rel_std", "bias_z"):
-        table.add_column(col, justify="left" if col == "parameter" else "right")
-    for r in rows:
-        table.add_row(r.parameter, str(r.numel), f"{r.rel_bias:.3g}", f"{r.rel_std:.3g}", f"{r.bias_z:.2f}")
-    Console().print(table)
+    _print_grad_table(rows, f"{model} at {level.value}{tag}: compressed vs {reference} gradients ({seeds} seeds, "
+                            f"batch {batch})")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = f"{model}-{level.value}" + ("" if precision == DEFAULT_PRECISION else f"-{precision}")
     try:

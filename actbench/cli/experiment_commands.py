@@ -58,42 +58,80 @@ def run_command(
       actbench run max_batch --quick --device cpu        # minutes on a CPU
       actbench run experiments/max_batch.toml            # the paper's grid, on a GPU
     """
-    from actbench.experiments import (ExperimentError, list_experiments, load_experiment, resolve_experiment,
-                                      run_experiment)
-
     if list_:
-        listed = list_experiments()
-        if not listed:
-            fail("no experiment files found")
-        width = max(len(e.name) for e in listed)
-        for e in listed:
-            typer.echo(f"{e.name:<{width}}  {e.description if e.error is None else 'INVALID: ' + e.error}")
-        if any(e.error for e in listed):
-            raise typer.Exit(1)
+        _list_experiments()
         return
     if experiment is None:
         fail("give an experiment (a .toml file or a name; `actbench run --list` lists them)")
+    exp = _loaded(experiment, quick, device)
+    execution = _checked_execution(exp, executor, jobs, gpus, isolate, slurm)
+    result = _run(exp, out, execution, draw=not no_report, force=force, retry_failed=not no_retry)
+    for path in result.run_dirs:
+        typer.echo(f"run: {path}")
+    for path in result.figures:
+        typer.echo(f"figure: {path}")
+    for path in result.reports:
+        typer.echo(f"report: {path}")
+    err = Console(stderr=True, highlight=False)
+    err.print(f"{exp.name}: {plural(result.rows, 'row')} ({result.failed_rows} not ok, {result.unmeasured_rows} "
+              f"failed to measure) under {result.folder}", markup=False)
+    if result.rows and result.unmeasured_rows == result.rows:
+        err.print(f"actbench: every point of {exp.name} failed to measure (error or timeout); see the messages above",
+                  markup=False)
+        raise typer.Exit(1)
+
+
+def _list_experiments() -> None:
+    """``run --list``: one line per experiment file; exit 1 when any of them is invalid."""
+    from actbench.experiments import list_experiments
+
+    listed = list_experiments()
+    if not listed:
+        fail("no experiment files found")
+    width = max(len(e.name) for e in listed)
+    for e in listed:
+        typer.echo(f"{e.name:<{width}}  {e.description if e.error is None else 'INVALID: ' + e.error}")
+    if any(e.error for e in listed):
+        raise typer.Exit(1)
+
+
+def _loaded(experiment: str, quick: bool, device: Optional[Device]):
+    """The experiment file, checked whole (every step's fields) before anything runs."""
+    from actbench.experiments import ExperimentError, load_experiment, resolve_experiment
+
     try:
-        exp = load_experiment(resolve_experiment(experiment), quick=quick,
-                              device=device.value if device is not None else None)
+        return load_experiment(resolve_experiment(experiment), quick=quick,
+                               device=device.value if device is not None else None)
     except ExperimentError as exc:
         fail(str(exc))
-    from actbench.execution.scaleout import ExecutionOptions, SlurmOptions, SubmitError, parse_gpus
 
+
+def _checked_execution(exp, executor, jobs: int, gpus: Optional[str], isolate: bool, slurm: Optional[list[str]]):
+    """How the experiment's steps execute, refused in one line where a step's device cannot take it."""
+    from actbench.execution.scaleout import ExecutionOptions, SlurmOptions, parse_gpus
+
+    devices = dict.fromkeys(getattr(s, "device", None) for s in exp.steps if hasattr(s, "device"))
     try:
         execution = ExecutionOptions(executor=executor.value, jobs=jobs, gpus=parse_gpus(gpus), isolate=isolate,
                                      slurm=SlurmOptions.parse(slurm, base=exp.slurm if executor.value == "slurm"
                                                               else None))
-        for device_name in dict.fromkeys(getattr(s, "device", None) for s in exp.steps if hasattr(s, "device")):
+        for device_name in devices:
             execution.check(device_name)
     except ValueError as exc:
         fail(str(exc))
-    for device_name in dict.fromkeys(getattr(s, "device", None) for s in exp.steps if hasattr(s, "device")):
+    for device_name in devices:
         reason = profile(device_name).unavailable()
         if reason is not None:
             fail(f"{exp.name}: a step runs on {device_name}, but {reason.partition(': ')[2]}; "
                  "use --device meta (predictions) or --quick --device cpu")
-    err = Console(stderr=True, highlight=False)
+    return execution
+
+
+def _run(exp, out: Path, execution, draw: bool, force: bool, retry_failed: bool):
+    """Every step, with progress on stderr; Ctrl-C, SIGTERM and SIGHUP keep finished rows."""
+    from actbench.execution.scaleout import SubmitError
+    from actbench.experiments import run_experiment
+
     printer = _StepPrinter(exp)
     with terminate_like_ctrl_c():
         try:
@@ -101,8 +139,8 @@ def run_command(
                 problem = ensure_extension(strategies, device_name, printer.say)
                 if problem is not None:
                     fail(problem, code=1)
-            result = run_experiment(exp, out, on_event=printer.on_event, draw=not no_report, force=force,
-                                    retry_failed=not no_retry, execution=execution)
+            result = run_experiment(exp, out, on_event=printer.on_event, draw=draw, force=force,
+                                    retry_failed=retry_failed, execution=execution)
         except ValueError as exc:
             printer.close()
             fail(str(exc))
@@ -111,22 +149,11 @@ def run_command(
             fail(str(exc), code=exc.code)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP
             printer.close()
-            err.print(f"{interrupted_by(exc)}: finished rows are kept; rerun the same command to resume",
-                      markup=False)
+            Console(stderr=True, highlight=False).print(
+                f"{interrupted_by(exc)}: finished rows are kept; rerun the same command to resume", markup=False)
             raise typer.Exit(interrupted_exit_code(exc))
     printer.close()
-    for path in result.run_dirs:
-        typer.echo(f"run: {path}")
-    for path in result.figures:
-        typer.echo(f"figure: {path}")
-    for path in result.reports:
-        typer.echo(f"report: {path}")
-    err.print(f"{exp.name}: {plural(result.rows, 'row')} ({result.failed_rows} not ok, {result.unmeasured_rows} "
-              f"failed to measure) under {result.folder}", markup=False)
-    if result.rows and result.unmeasured_rows == result.rows:
-        err.print(f"actbench: every point of {exp.name} failed to measure (error or timeout); see the messages above",
-                  markup=False)
-        raise typer.Exit(1)
+    return result
 
 
 def _extension_needs(exp) -> dict[str, tuple[str, ...]]:

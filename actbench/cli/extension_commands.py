@@ -102,25 +102,11 @@ def bench_kernels(
     from actbench.kernels import bench as kernel_bench
     from actbench.store.results import atomic_write_csv
 
-    if repeats < 1:
-        fail(f"--repeats must be >= 1, got {repeats}")
-    device = device.value
-    require_device(device)
-    config = kernel_bench.KernelBenchConfig(
-        device=device,
-        sizes_mib=_parse_sizes(sizes_mib),
-        bits=_parse_bits(bits),
-        repeats=repeats,
-        reference_max_mib=reference_max_mib,
-    )
-    try:
-        kernel_bench.check_sizes_fit(config)
-    except ValueError as err:
-        fail(str(err))
-    run_dir = new_bench_dir(out, f"bench-kernels_{device}", device)
+    config = _kernel_config(device.value, sizes_mib, bits, repeats, reference_max_mib)
+    run_dir = new_bench_dir(out, f"bench-kernels_{config.device}", config.device)
     fields = [f.name for f in dataclasses.fields(kernel_bench.KernelRow)]
     csv_path = run_dir / "kernels.csv"
-    table = Table(title=f"bench-kernels on {device} (GB/s of fp32 input)")
+    table = Table(title=f"bench-kernels on {config.device} (GB/s of fp32 input)")
     for name in ("size", "op", "backend", "bits", "GB/s", "copy GB/s", "of copy", "vs ref", "vs torch"):
         table.add_column(name, justify="right")
     done: list[list] = []
@@ -129,22 +115,40 @@ def bench_kernels(
         done.append([getattr(row, n) for n in fields])
         atomic_write_csv(csv_path, fields, done, "CSV")  # rewritten whole: rows survive an interrupted run
         err_console.print(f"  {row.input_bytes // 2**20} MiB {row.op} {row.backend}: {row.input_gb_per_s:.2f} GB/s")
-        table.add_row(
-            f"{row.input_bytes // 2**20} MiB", row.op, row.backend, str(row.bits or ""),
-            f"{row.input_gb_per_s:.2f}", f"{row.copy_gb_per_s:.2f}",
-            f"{row.fraction_of_copy:.0%}",
-            f"{row.speedup_vs_reference:.1f}x" if row.speedup_vs_reference else "",
-            f"{row.speedup_vs_torch:.2f}x" if row.speedup_vs_torch else "",
-        )
+        table.add_row(*_kernel_cells(row))
 
     try:
         rows = kernel_bench.run(config, on_row=on_row)
     except ValueError as err:  # OutputError too: the rows written so far stay in the CSV
         fail(str(err))
     console.print(table)
-    for text, ok in kernel_bench.verdicts(rows, device):
+    for text, ok in kernel_bench.verdicts(rows, config.device):
         console.print(("[green]met[/]  " if ok else "[red]missed[/] ") + text)
     console.print(f"wrote {csv_path}")
+
+
+def _kernel_config(device: str, sizes_mib: str, bits: str, repeats: int, reference_max_mib: int):
+    """bench-kernels' options checked (sizes that cannot fit refused before anything runs)."""
+    from actbench.kernels import bench as kernel_bench
+
+    if repeats < 1:
+        fail(f"--repeats must be >= 1, got {repeats}")
+    require_device(device)
+    config = kernel_bench.KernelBenchConfig(device=device, sizes_mib=_parse_sizes(sizes_mib), bits=_parse_bits(bits),
+                                            repeats=repeats, reference_max_mib=reference_max_mib)
+    try:
+        kernel_bench.check_sizes_fit(config)
+    except ValueError as err:
+        fail(str(err))
+    return config
+
+
+def _kernel_cells(row) -> tuple[str, ...]:
+    """One bench-kernels row as the table prints it."""
+    return (f"{row.input_bytes // 2**20} MiB", row.op, row.backend, str(row.bits or ""), f"{row.input_gb_per_s:.2f}",
+            f"{row.copy_gb_per_s:.2f}", f"{row.fraction_of_copy:.0%}",
+            f"{row.speedup_vs_reference:.1f}x" if row.speedup_vs_reference else "",
+            f"{row.speedup_vs_torch:.2f}x" if row.speedup_vs_torch else "")
 
 
 @app.command("bench-actnn")

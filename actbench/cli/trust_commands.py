@@ -52,12 +52,24 @@ def trust_command(
       actbench trust --device cuda --batch 16 --image-size 224      # on a GPU
       actbench trust --models resnet18 --strategies fp32,L3,swap --batch 4 --image-size 64 --device-model runs/device_models/cpu.json
     """
-    from actbench.studies.trust import compare, csv_name, write_csv
-    from actbench.training.model_names import ModelSpec, validate_model_spec
-    from actbench.execution.parsing import parse_strategies
-    from actbench.store.results import OutputError, check_writable
+    names, chosen = _checked_points(models, strategies, batch, image_size)
+    require_device(device.value)
+    from actbench.store.results import check_writable
 
-    precision = precision.value
+    try:
+        check_writable(out)
+    except ValueError as exc:
+        fail(str(exc))
+    if device_model is not None:
+        return _speed(device.value, names, chosen, batch, image_size, precision.value, out, device_model)
+    _memory_trust(device.value, names, chosen, batch, image_size, precision.value, out)
+
+
+def _checked_points(models: str, strategies: str, batch: int, image_size: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(model names, strategies) of the points to compare, each refused in one line when out of range."""
+    from actbench.execution.parsing import parse_strategies
+    from actbench.training.model_names import ModelSpec, validate_model_spec
+
     if batch < 2:
         fail(f"--batch must be >= 2 (BatchNorm in train mode needs two samples), got {batch}")
     if image_size < MIN_IMAGE_SIZE:
@@ -73,15 +85,16 @@ def trust_command(
         fail(str(exc))
     if not chosen:
         fail("--strategies is empty: give at least one of fp32, swap, checkpoint, L0..L5")
-    require_device(device.value)
+    return names, chosen
 
-    try:
-        check_writable(out)
-    except ValueError as exc:
-        fail(str(exc))
-    if device_model is not None:
-        return _speed(device.value, names, chosen, batch, image_size, precision, out, device_model)
-    path = out / csv_name(device.value, precision)
+
+def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch: int, image_size: int,
+                  precision: str, out: Path) -> None:
+    """meta ÷ measured bytes per point, printed as each finishes, the CSV kept current; exit 1 if one failed."""
+    from actbench.store.results import OutputError
+    from actbench.studies.trust import compare, csv_name, write_csv
+
+    path = out / csv_name(device, precision)
     tag = "" if precision == DEFAULT_PRECISION else f" {precision}"
     console = Console()
     err = Console(stderr=True, highlight=False)
@@ -96,19 +109,19 @@ def trust_command(
 
     with terminate_like_ctrl_c():
         try:
-            problem = ensure_extension(chosen, device.value, lambda text: err.print(text, markup=False))
+            problem = ensure_extension(chosen, device, lambda text: err.print(text, markup=False))
             if problem is not None:
                 fail(problem, code=1)
             err.print(f"comparing {len(names) * len(chosen)} points, each predicted on meta and measured on "
-                      f"{device.value} ...", markup=False)
-            rows = compare(device.value, names, chosen, batch_size=batch, image_size=image_size, on_point=on_point,
+                      f"{device} ...", markup=False)
+            rows = compare(device, names, chosen, batch_size=batch, image_size=image_size, on_point=on_point,
                            precision=precision)
         except OutputError as exc:  # a full disk: the CSV keeps the points written before
             fail(str(exc))
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP
             err.print(f"{interrupted_by(exc)}: {len(done)} finished points kept in {path}", markup=False)
             raise typer.Exit(interrupted_exit_code(exc))
-    table = Table(title=f"meta ÷ {device.value}, batch {batch}, {image_size}px{tag} -> {path}")
+    table = Table(title=f"meta ÷ {device}, batch {batch}, {image_size}px{tag} -> {path}")
     for col in ("model", "strategy", "activation", "peak", "status (meta/measured)"):
         table.add_column(col)
     for c in rows:

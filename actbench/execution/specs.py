@@ -111,7 +111,18 @@ class CommandSpec:
 
     # --- validation, once for every front end ------------------------------------------------------
     def _validate(self) -> None:
-        from actbench.execution.parsing import parse_bytes, parse_int_range, parse_strategies
+        self._validate_what()
+        searches_a_dim = self._validate_sizes()
+        self._validate_memory()
+        self._validate_steps()
+        self._checked("timed_steps", self.settings)
+        if searches_a_dim:
+            self._checked("dim", self._search_config)
+        self._refuse_what_does_nothing()
+
+    def _validate_what(self) -> None:
+        """The command, model, strategies, precision and device (strategies parsed into their names)."""
+        from actbench.execution.parsing import parse_strategies
 
         if self.command not in MEASURING_COMMANDS:
             raise SpecError("command", f"must be one of {', '.join(MEASURING_COMMANDS)}, got '{self.command}'")
@@ -134,6 +145,9 @@ class CommandSpec:
                 reason = strategies.get(name).not_on_meta
                 if reason is not None:
                     raise SpecError("strategies", f"strategy '{name}' cannot run on {self.device}: {reason}")
+
+    def _validate_sizes(self) -> bool:
+        """Image size, batches and the searched dimension's range; True for a command that searches a dim."""
         if self.image_size < MIN_IMAGE_SIZE:
             raise SpecError("image_size", f"must be >= {MIN_IMAGE_SIZE} pixels, got {self.image_size}")
         batches = self._checked("batch", self.batches)
@@ -156,6 +170,10 @@ class CommandSpec:
                 value = getattr(self, name)
                 if value is not None and value > limit:
                     raise SpecError(name, f"must be at most {limit} for --dim {self.dim}, got {value}")
+        return searches_a_dim
+
+    def _validate_memory(self) -> None:
+        """The device memory (--budget or --gpu, one of them where a search needs it) and the host budget."""
         if self.gpu is not None:
             from actbench.core.gpus import GPU_NAMES
 
@@ -181,6 +199,9 @@ class CommandSpec:
             raise SpecError("budget", f"is required for {self.command} on {self.device}: a prediction never runs out "
                                       "of memory, so without a budget every size fits and a search finds only lower "
                                       "bounds (e.g. --budget 16GiB, or --gpu t4)")
+
+    def _validate_steps(self) -> None:
+        """How a point runs: the scan's stop, the child's timeout, warm-up, timed steps, checkpoint segments."""
         if self.stop_after <= 0:
             raise SpecError("stop_after", f"must be >= 1, got {self.stop_after}")
         _positive_finite("timeout_s", self.timeout_s)
@@ -193,10 +214,6 @@ class CommandSpec:
         if PROFILES[self.device].predicts and self.timed_steps:
             raise SpecError("timed_steps", f"must be 0 on {self.device}: it predicts memory only (no compute to time), "
                                            f"got {self.timed_steps}")
-        self._checked("timed_steps", self.settings)
-        if searches_a_dim:
-            self._checked("dim", self._search_config)
-        self._refuse_what_does_nothing()
 
     def _refuse_what_does_nothing(self) -> None:
         """Options that change nothing in this mode are refused, so a row never records what was not used."""
