@@ -1,29 +1,8 @@
-"""Experiments: one TOML file per paper figure or table, run end to end by ``actbench run``.
+"""Experiments: one TOML file per paper figure or table, checked whole and run end to end by ``actbench run``.
 
-A file describes, and only describes, which commands run with which options::
-
-    name = "max_batch"
-    description = "Maximum batch per strategy ..."      # one line, shown by `actbench run --list`
-    paper = "Table 4 / Figure 7"                       # what it reproduces (optional)
-
-    [[steps]]                                          # one or more; each is one command
-    command = "sweep-batch"                            # sweep-batch | throughput | memory | max-scale | plan | accuracy
-    models = ["resnet50", "resnet152"]
-    strategies = ["fp32", "swap", "L3"]
-    ...
-    [steps.quick]                                      # this step's reduced version (optional)
-
-    [quick]                                            # overrides for every step with --quick
-    image_size = 32
-
-Each step's keys are the fields of :class:`~actbench.execution.specs.CommandSpec` with ``models`` for ``model`` (or
-those of :class:`AccuracyStep`); an unknown key,
-a wrong type or a bad value is a one-line :class:`ExperimentError`. With ``quick``, the file's
-``[quick]`` table and then the step's own ``[steps.quick]`` override the step.
-
-Execution calls the same library functions the commands call (``actbench.planning.search`` configs and
-searches, ``actbench.execution.runner.PointRunner``, ``actbench.studies.accuracy.run_accuracy``); runs land in
-``OUT/<experiment>[-quick]/<run>/`` and the figures and the report are drawn from that folder.
+A file only describes which commands run with which options; its steps run through the same library
+functions the commands call, into ``OUT/<experiment>[-quick]/<run>/``, and the figures and the report
+are drawn from that folder. The file format: docs/design.md §8.
 """
 
 from __future__ import annotations
@@ -251,13 +230,9 @@ def _checked_accuracy(config: Any, where: str) -> Any:
     return config
 
 
-def load_experiment(path: Path, quick: bool = False, device: str | None = None) -> Experiment:
-    """Parse and validate one experiment file; ``quick`` applies its overrides, ``device`` wins over both.
-
-    Raises :class:`ExperimentError` with one line naming the file and the problem.
-    """
-    where = path.name
-    data = _read_toml(path)
+def _checked_top_level(data: dict, where: str) -> tuple[list[dict], dict]:
+    """The file's keys, name, description and paper checked; its [[steps]] (each with a known command)
+    and its [quick] table (each key one that some step has)."""
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
         raise ExperimentError(f"{where}: unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(TOP_KEYS)}")
@@ -282,14 +257,25 @@ def load_experiment(path: Path, quick: bool = False, device: str | None = None) 
     quick_all = data.get("quick", {})
     if not isinstance(quick_all, dict):
         raise ExperimentError(f"{where}: [quick] must be a table")
-    if device is not None and device not in DEVICES:
-        raise ExperimentError(f"device must be one of {', '.join(DEVICES)}, got '{device}'")
     # [quick] applies each key to the steps that have it (device to measuring steps, bits to
     # accuracy steps); a key that no step of the file has is a typo.
     known = set().union(*(_fields_of(s.get("command")) for s in steps))
     stray = sorted(set(quick_all) - known)
     if stray:
         raise ExperimentError(f"{where}: [quick]: unknown key(s) {', '.join(stray)} for the steps of this file")
+    return steps, quick_all
+
+
+def load_experiment(path: Path, quick: bool = False, device: str | None = None) -> Experiment:
+    """Parse and validate one experiment file; ``quick`` applies its overrides, ``device`` wins over both.
+
+    Raises :class:`ExperimentError` with one line naming the file and the problem.
+    """
+    where = path.name
+    data = _read_toml(path)
+    steps, quick_all = _checked_top_level(data, where)
+    if device is not None and device not in DEVICES:
+        raise ExperimentError(f"device must be one of {', '.join(DEVICES)}, got '{device}'")
     built = []
     for i, raw in enumerate(steps):
         here = f"{where}: steps[{i}]"
@@ -368,6 +354,9 @@ def resolve_experiment(name_or_path: str, folder: Path = EXPERIMENTS_DIR) -> Pat
     """A path to a .toml file, or a bare name looked up in ``folder``."""
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
+        if path.exists() and not path.is_file():
+            raise ExperimentError(f"experiment file '{path}' is not a regular file (a folder, device or pipe); "
+                                  "give a .toml file or a name from experiments/")
         if not path.is_file():
             raise ExperimentError(f"experiment file '{path}' does not exist")
         return path
