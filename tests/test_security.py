@@ -118,16 +118,19 @@ def test_slurm_without_srun_is_one_line(tmp_path: Path, monkeypatch) -> None:
     assert not marker.exists() and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("command", ["memory", "run"])
+@pytest.mark.parametrize("command", ["memory", "run", "run-table"])
 def test_slurm_options_without_the_slurm_executor_are_refused(tmp_path: Path, command: str) -> None:
-    if command == "run":
+    """--slurm, or an experiment's [slurm] table, do nothing on the local executor: refused, not ignored."""
+    if command.startswith("run"):
         path = tmp_path / "exp.toml"
-        path.write_text('name = "x"\ndescription = "x"\n[[steps]]\ncommand = "memory"\nmodels = ["resnet18"]\n'
+        table = '[slurm]\npartition = "gpu"\n' if command == "run-table" else ""
+        path.write_text(f'name = "x"\ndescription = "x"\n{table}[[steps]]\ncommand = "memory"\nmodels = ["resnet18"]\n'
                         'strategies = ["fp32"]\ndevice = "meta"\nimage_size = 32\nbatch = "2"\n')
         args = ["run", str(path)]
     else:
         args = MEMORY
-    result = CliRunner().invoke(app, [*args, "--slurm", "partition=gpu", "--out", str(tmp_path / "out")])
+    slurm = [] if command == "run-table" else ["--slurm", "partition=gpu"]
+    result = CliRunner().invoke(app, [*args, *slurm, "--out", str(tmp_path / "out")])
     _one_line_refusal(result, "--executor slurm")
     assert not (tmp_path / "out").exists()
 

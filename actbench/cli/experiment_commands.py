@@ -111,6 +111,9 @@ def _checked_execution(exp, executor, jobs: int, gpus: Optional[str], isolate: b
     from actbench.execution.scaleout import ExecutionOptions, SlurmOptions, parse_gpus
 
     devices = dict.fromkeys(getattr(s, "device", None) for s in exp.steps if hasattr(s, "device"))
+    if exp.slurm is not None and executor.value != "slurm":
+        fail(f"{exp.name}: the file's [slurm] table applies to --executor slurm only, got --executor "
+             f"{executor.value}; add --executor slurm, or run a copy of the file without [slurm]")
     try:
         execution = ExecutionOptions(executor=executor.value, jobs=jobs, gpus=parse_gpus(gpus), isolate=isolate,
                                      slurm=SlurmOptions.parse(slurm, base=exp.slurm if executor.value == "slurm"
