@@ -488,3 +488,19 @@ def test_calibrate_out_with_control_characters_is_refused(tmp_path: Path, monkey
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "got 'cpu\\n.json'" in lines[0], result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["report", "plot"])
+def test_an_output_that_is_a_pipe_or_device_is_refused_not_replaced(tmp_path: Path, command: str) -> None:
+    """Writing goes through a temporary file renamed over the target: over a FIFO or a device node that
+    would replace the node itself (as root, /dev/null). Such a target is refused in one line."""
+    import os
+    import stat
+
+    run_dir = hand_made_run(tmp_path)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    result = CliRunner().invoke(app, [command, str(run_dir.parent), "--out", str(fifo)]
+                                + (["--no-figures"] if command == "report" else []))
+    assert result.exit_code == 2 and "device, pipe or socket" in result.output, result.output
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
