@@ -422,7 +422,8 @@ def run_harness_plan(plan: RunPlan, out: Path, timeout_s: float, on_event: Event
     ``force``/``retry_failed``: as :class:`~actbench.execution.runner.PointRunner`'s; ``execution``: how the
     points run (:class:`actbench.execution.scaleout.ExecutionOptions`: jobs, GPUs, Slurm).
     """
-    from actbench.store.results import RunStore, check_writable
+    from actbench.store.outputs import check_writable
+    from actbench.store.results import RunStore
     from actbench.execution.scaleout import execute
 
     check_writable(out)

@@ -88,7 +88,7 @@ def new_bench_dir(out: Path, name: str, device: str) -> Path:
     import time
 
     from actbench.measure.environment import capture_environment
-    from actbench.store.results import atomic_write_text
+    from actbench.store.outputs import atomic_write_text
 
     base = f"{name}_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     for n in range(1, 1000):

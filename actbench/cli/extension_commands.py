@@ -100,7 +100,7 @@ def bench_kernels(
     Writes kernels.csv and env.json; prints a table.
     """
     from actbench.kernels import bench as kernel_bench
-    from actbench.store.results import atomic_write_csv
+    from actbench.store.outputs import atomic_write_csv
 
     if repeats < 1:
         fail(f"--repeats must be >= 1, got {repeats}")
@@ -165,7 +165,7 @@ def bench_actnn(
       actbench bench-actnn                 # the table, on cpu (minutes on 2 cores)
       actbench bench-actnn --quick         # a check in about a minute
     """
-    from actbench.store.results import OutputError, atomic_write_csv
+    from actbench.store.outputs import OutputError, atomic_write_csv
     from actbench.studies import actnn_cost as actnn_bench
 
     device = device.value

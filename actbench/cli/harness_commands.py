@@ -177,7 +177,8 @@ def _instead(command: str) -> str:
 
 def _open_store(out: Path, plan):
     """Checks that need the machine (not needed for --dry-run), then the run directory."""
-    from actbench.store.results import RunStore, check_writable
+    from actbench.store.outputs import check_writable
+    from actbench.store.results import RunStore
 
     require_device(plan.device, _instead(plan.command))
     _checked(lambda: check_writable(out))
@@ -188,7 +189,8 @@ def _open_store(out: Path, plan):
 
 def _execute(store, plan, force: bool = False, retry_failed: bool = True, execution=None) -> Any:
     """Run the plan's search with progress on stderr; Ctrl-C, SIGTERM and SIGHUP keep every finished row."""
-    from actbench.store.results import OutputError, RunFileError
+    from actbench.store.outputs import OutputError
+    from actbench.store.reading import RunFileError
     from actbench.execution.runner import EnvironmentCaptureError
     from actbench.execution.scaleout import SubmitError, execute
 

@@ -55,7 +55,7 @@ def trust_command(
     from actbench.studies.trust import compare, csv_name, write_csv
     from actbench.training.model_names import ModelSpec, validate_model_spec
     from actbench.execution.parsing import parse_strategies
-    from actbench.store.results import OutputError, check_writable
+    from actbench.store.outputs import OutputError, check_writable
 
     precision = precision.value
     if batch < 2:
