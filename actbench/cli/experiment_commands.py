@@ -78,7 +78,8 @@ def run_command(
                               device=device.value if device is not None else None)
     except ExperimentError as exc:
         fail(str(exc))
-    from actbench.execution.scaleout import ExecutionOptions, SlurmOptions, SubmitError, parse_gpus
+    from actbench.execution.execution_options import ExecutionOptions, SlurmOptions, parse_gpus
+    from actbench.execution.slurm import SubmitError
 
     try:
         execution = ExecutionOptions(executor=executor.value, jobs=jobs, gpus=parse_gpus(gpus), isolate=isolate,

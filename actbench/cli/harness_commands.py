@@ -70,8 +70,8 @@ _GRID_COMMANDS = ("throughput", "memory")
 
 def _execution(jobs: int = 1, gpus: Optional[str] = None, executor: Any = "local", isolate: bool = False,
                slurm: Optional[list[str]] = None):
-    """How the run executes (actbench/execution/scaleout.py): --executor, --jobs, --gpus, --isolate, --slurm."""
-    from actbench.execution.scaleout import ExecutionOptions, SlurmOptions, parse_gpus
+    """How the run executes (actbench/execution/execution_options.py): --executor, --jobs, --gpus, --isolate, --slurm."""
+    from actbench.execution.execution_options import ExecutionOptions, SlurmOptions, parse_gpus
 
     return _checked(lambda: ExecutionOptions(executor=getattr(executor, "value", executor), jobs=jobs,
                                              gpus=parse_gpus(gpus), isolate=isolate, slurm=SlurmOptions.parse(slurm)))
@@ -192,7 +192,8 @@ def _execute(store, plan, force: bool = False, retry_failed: bool = True, execut
     from actbench.store.outputs import OutputError
     from actbench.store.reading import RunFileError
     from actbench.execution.runner import EnvironmentCaptureError
-    from actbench.execution.scaleout import SubmitError, execute
+    from actbench.execution.scaleout import execute
+    from actbench.execution.slurm import SubmitError
 
     settings = plan.config.settings
     err = Console(stderr=True, highlight=False)
