@@ -22,7 +22,7 @@ from actbench.execution.specs import MEASURING_COMMANDS, PLAN_DEVICE, CommandSpe
 from actbench.core.devices import DEVICE_NAMES as DEVICES
 from actbench.core.devices import PROFILES
 from actbench.schema import RETRIED_STATUSES, one_line
-from actbench.execution.scaleout import short_repr
+from actbench.execution.execution_options import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class Experiment:
     steps: tuple[HarnessStep | AccuracyStep, ...]
     path: Path
     quick: bool = False
-    #: the file's ``[slurm]`` table (actbench.execution.scaleout.SlurmOptions): the job array's resources for
+    #: the file's ``[slurm]`` table (actbench.execution.execution_options.SlurmOptions): the job array's resources for
     #: ``actbench run --executor slurm`` (the CLI's ``--slurm`` options win)
     slurm: Any = None
 
@@ -338,7 +338,7 @@ def _slurm_table(table: Any, where: str) -> Any:
         return None
     if not isinstance(table, dict):
         raise ExperimentError(f"{where}: [slurm] must be a table")
-    from actbench.execution.scaleout import SlurmOptions
+    from actbench.execution.execution_options import SlurmOptions
 
     try:
         return SlurmOptions.parse(table, where=f"{where}: [slurm]")
@@ -409,9 +409,10 @@ def run_harness_plan(plan: RunPlan, out: Path, timeout_s: float, on_event: Event
 
     Returns the run directory and its counts of rows, rows not ok, and rows that failed to measure.
     ``force``/``retry_failed``: as :class:`~actbench.execution.runner.PointRunner`'s; ``execution``: how the
-    points run (:class:`actbench.execution.scaleout.ExecutionOptions`: jobs, GPUs, Slurm).
+    points run (:class:`actbench.execution.execution_options.ExecutionOptions`: jobs, GPUs, Slurm).
     """
-    from actbench.store.results import RunStore, check_writable
+    from actbench.store.outputs import check_writable
+    from actbench.store.results import RunStore
     from actbench.execution.scaleout import execute
 
     check_writable(out)

@@ -1,7 +1,7 @@
 """Child-process entry: ``python -m actbench.worker REQUEST.json RESULT.json``, or ``--serve``.
 
 One request: JSON request file in, JSON result file out. ``--serve``: a persistent worker
-(:class:`actbench.execution.executors.WorkerProcess`), one JSON request line in and one reply line
+(:class:`actbench.execution.worker_processes.WorkerProcess`), one JSON request line in and one reply line
 out per point, each point measured exactly as in a fresh child and released afterwards. Also reads
 the test hook ``ACTBENCH_TEST_FAULT``. The protocol, what a worker keeps between points and the
 hook's syntax: docs/design.md §7 ("Executors and isolation") and §8.

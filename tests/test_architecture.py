@@ -26,7 +26,8 @@ def test_reading_and_plotting_results_does_not_import_torch() -> None:
     code = ("import sys\nimport actbench.reporting.report, actbench.reporting.plots, actbench.reporting.analysis, "
             "actbench.reporting.runs, actbench.reporting.scale, actbench.reporting.speed, actbench.reporting.claims, "
             "actbench.reporting.throughput_figure, actbench.reporting.style, actbench.reporting.markdown, actbench.schema, "
-            "actbench.store.results, actbench.strategies, actbench.core.devices\n"
+            "actbench.store.results, actbench.store.reading, actbench.store.outputs, actbench.strategies, "
+            "actbench.core.devices\n"
             "print('torch' in sys.modules)")
     done = _python(code)
     assert done.returncode == 0, done.stderr

@@ -129,7 +129,7 @@ def test_bad_environment_variables_are_one_line_errors(tmp_path: Path, monkeypat
 def test_a_relative_cache_dir_is_made_absolute_for_every_child(tmp_path: Path, monkeypatch) -> None:
     import os
 
-    from actbench.execution.executors import _child_env
+    from actbench.execution.worker_processes import _child_env
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ACTBENCH_CACHE_DIR", "relative-cache")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from actbench.execution.executors import (ChildProcessExecutor, InProcessExecutor, Task, TaskError, WorkerProcess, executor_for,
-                                run_child)
+from actbench.execution.executors import ChildProcessExecutor, InProcessExecutor, Task, TaskError, executor_for
+from actbench.execution.worker_processes import WorkerProcess, run_child
 from actbench.store.results import RunStore
 from actbench.execution.runner import PointRunner
 from actbench.schema import Measurement, ModelSpec, PointConfig
@@ -113,7 +113,7 @@ def test_a_worker_dies_with_its_parent(tmp_path: Path, how: signal.Signals) -> N
         import os, tempfile
         tempfile.tempdir = os.getcwd()  # the worker's request path then names this test's folder
         os.environ["ACTBENCH_TEST_FAULT"] = "hang"
-        from actbench.execution.executors import run_child
+        from actbench.execution.worker_processes import run_child
         from actbench.schema import ModelSpec, PointConfig
         point = PointConfig(ModelSpec("resnet18"), "fp32", 2, 32, "cpu")
         run_child({{"task": "measure", "point": point.to_dict()}}, timeout_s=600)

@@ -797,7 +797,7 @@ def _full_disk_csv(monkeypatch) -> None:
 
 @pytest.mark.parametrize("writer", ["trust", "speed"])
 def test_a_full_disk_keeps_the_previous_trust_csv(tmp_path: Path, monkeypatch, writer: str) -> None:
-    from actbench.store.results import OutputError
+    from actbench.store.outputs import OutputError
     from actbench.studies import trust
 
     row: Any

@@ -30,8 +30,9 @@ from typer.testing import CliRunner
 
 from actbench.execution.executors import ChildProcessExecutor
 from actbench.store.results import RunStore
-from actbench.execution.scaleout import (ExecutionOptions, SlurmOptions, execute, parse_time_minutes, run_local, scan_window,
-                               split)
+from actbench.execution.execution_options import ExecutionOptions, SlurmOptions, parse_time_minutes
+from actbench.execution.local_run import run_local, scan_window, split
+from actbench.execution.scaleout import execute
 from actbench.schema import MEMORY_FAILURES, Measurement, ModelSpec, PointConfig
 from actbench.planning.configs import GridConfig, SweepConfig
 from actbench.planning.search import run_grid, run_sweep
@@ -450,9 +451,9 @@ def invoke(args: list[str]):
     (["--device", "cpu", "--slurm", "time=soon"], "--slurm: time must be minutes"),
 ])
 def test_options_that_do_not_go_together_are_one_line_errors(tmp_path: Path, monkeypatch, extra, message) -> None:
-    import actbench.execution.scaleout
+    import actbench.execution.execution_options
 
-    monkeypatch.setattr(actbench.execution.scaleout.shutil, "which", lambda name: None)
+    monkeypatch.setattr(actbench.execution.execution_options.shutil, "which", lambda name: None)
     result = invoke(["sweep-batch", "resnet18", "--strategies", "fp32", "--batch", "2", "--image-size", "16",
                      "--out", str(tmp_path / "out"), *extra])
     assert result.exit_code == 2, result.output

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from actbench.cli import app
 from actbench.experiments import ExperimentError, load_experiment
-from actbench.execution.scaleout import SlurmOptions
+from actbench.execution.execution_options import SlurmOptions
 
 MEMORY = ["memory", "resnet18", "--device", "meta", "--batch", "2", "--image-size", "32", "--strategies", "fp32",
           "--no-baseline"]
@@ -181,7 +181,7 @@ def test_the_extension_check_child_ignores_the_cwd_and_pythonpath(poisoned: Path
 
 
 def test_slurm_tasks_start_python_with_safe_path(tmp_path: Path, slurm_path: Path) -> None:
-    from actbench.execution.scaleout import _submitit_executor
+    from actbench.execution.slurm import _submitit_executor
 
     executor = _submitit_executor(None, tmp_path / "slurm", SlurmOptions(), 0, "actbench-x")
     command = executor._submitit_command_str
@@ -214,7 +214,7 @@ def test_out_with_control_characters_never_reaches_the_sbatch_script(tmp_path: P
 def test_the_slurm_folder_and_job_name_are_checked_before_the_script_is_written(tmp_path: Path, slurm_path: Path,
                                                                                 folder: str, name: str) -> None:
     """What the edge cannot see (a working directory of any name) is checked where the script is made."""
-    from actbench.execution.scaleout import SubmitError, _submitit_executor
+    from actbench.execution.slurm import SubmitError, _submitit_executor
 
     with pytest.raises(SubmitError, match="control character") as info:
         _submitit_executor(None, tmp_path / folder, SlurmOptions(), 0, name)

@@ -81,7 +81,7 @@ def verify_grads_command(
     """
     from actbench.actnn import level_config
     from actbench.studies.gradients import GradRow, VerifyConfig, write_csv
-    from actbench.store.results import OutputError
+    from actbench.store.outputs import OutputError
     from actbench.execution.executors import InProcessExecutor, Task
     from actbench.training.model_names import ModelSpec, validate_model_spec
 

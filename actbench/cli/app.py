@@ -88,7 +88,7 @@ def new_bench_dir(out: Path, name: str, device: str) -> Path:
     import time
 
     from actbench.measure.environment import capture_environment
-    from actbench.store.results import atomic_write_text
+    from actbench.store.outputs import atomic_write_text
 
     base = f"{name}_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     for n in range(1, 1000):
@@ -156,7 +156,7 @@ def terminate_like_ctrl_c() -> Iterator[None]:
     """While measuring, SIGTERM and SIGHUP raise :class:`Terminated` (a KeyboardInterrupt).
 
     Whatever runs a child kills the child's process group on any exception
-    (``actbench.execution.executors.run_child``), and every ``except KeyboardInterrupt`` that keeps finished
+    (``actbench.execution.worker_processes.run_child``), and every ``except KeyboardInterrupt`` that keeps finished
     rows keeps them here too; :func:`interrupted_exit_code` then gives 128 + the signal's number.
     Outside the main thread (no signal handlers there) this does nothing.
     """

@@ -39,7 +39,7 @@ def bench_harness(
       actbench bench-harness --only plan --jobs 2  # only plan's speed-up from a second job
       actbench bench-harness --quick               # a first look in under a minute
     """
-    from actbench.store.results import OutputError, atomic_write_csv
+    from actbench.store.outputs import OutputError, atomic_write_csv
     from actbench.studies import harness_cost as harness_bench
 
     which = tuple(dict.fromkeys(w.strip() for w in only.split(",") if w.strip()))

@@ -108,7 +108,7 @@ def _loaded(experiment: str, quick: bool, device: Optional[Device]):
 
 def _checked_execution(exp, executor, jobs: int, gpus: Optional[str], isolate: bool, slurm: Optional[list[str]]):
     """How the experiment's steps execute, refused in one line where a step's device cannot take it."""
-    from actbench.execution.scaleout import ExecutionOptions, SlurmOptions, parse_gpus
+    from actbench.execution.execution_options import ExecutionOptions, SlurmOptions, parse_gpus
 
     devices = dict.fromkeys(getattr(s, "device", None) for s in exp.steps if hasattr(s, "device"))
     if exp.slurm is not None and executor.value != "slurm":
@@ -132,7 +132,7 @@ def _checked_execution(exp, executor, jobs: int, gpus: Optional[str], isolate: b
 
 def _run(exp, out: Path, execution, draw: bool, force: bool, retry_failed: bool):
     """Every step, with progress on stderr; Ctrl-C, SIGTERM and SIGHUP keep finished rows."""
-    from actbench.execution.scaleout import SubmitError
+    from actbench.execution.slurm import SubmitError
     from actbench.experiments import run_experiment
 
     printer = _StepPrinter(exp)

@@ -100,7 +100,7 @@ def bench_kernels(
     Writes kernels.csv and env.json; prints a table.
     """
     from actbench.kernels import bench as kernel_bench
-    from actbench.store.results import atomic_write_csv
+    from actbench.store.outputs import atomic_write_csv
 
     config = _kernel_config(device.value, sizes_mib, bits, repeats, reference_max_mib)
     run_dir = new_bench_dir(out, f"bench-kernels_{config.device}", config.device)
@@ -169,7 +169,7 @@ def bench_actnn(
       actbench bench-actnn                 # the table, on cpu (minutes on 2 cores)
       actbench bench-actnn --quick         # a check in about a minute
     """
-    from actbench.store.results import OutputError, atomic_write_csv
+    from actbench.store.outputs import OutputError, atomic_write_csv
     from actbench.studies import actnn_cost as actnn_bench
 
     device = device.value

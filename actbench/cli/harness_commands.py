@@ -69,8 +69,8 @@ _GRID_COMMANDS = ("throughput", "memory")
 
 def _execution(jobs: int = 1, gpus: Optional[str] = None, executor: Any = "local", isolate: bool = False,
                slurm: Optional[list[str]] = None):
-    """How the run executes (actbench/execution/scaleout.py): --executor, --jobs, --gpus, --isolate, --slurm."""
-    from actbench.execution.scaleout import ExecutionOptions, SlurmOptions, parse_gpus
+    """How the run executes (actbench/execution/execution_options.py): --executor, --jobs, --gpus, --isolate, --slurm."""
+    from actbench.execution.execution_options import ExecutionOptions, SlurmOptions, parse_gpus
 
     return _checked(lambda: ExecutionOptions(executor=getattr(executor, "value", executor), jobs=jobs,
                                              gpus=parse_gpus(gpus), isolate=isolate, slurm=SlurmOptions.parse(slurm)))
@@ -176,7 +176,8 @@ def _instead(command: str) -> str:
 
 def _open_store(out: Path, plan):
     """Checks that need the machine (not needed for --dry-run), then the run directory."""
-    from actbench.store.results import RunStore, check_writable
+    from actbench.store.outputs import check_writable
+    from actbench.store.results import RunStore
 
     require_device(plan.device, _instead(plan.command))
     _checked(lambda: check_writable(out))
@@ -187,9 +188,11 @@ def _open_store(out: Path, plan):
 
 def _execute(store, plan, force: bool = False, retry_failed: bool = True, execution=None) -> Any:
     """Run the plan's search with progress on stderr; Ctrl-C, SIGTERM and SIGHUP keep every finished row."""
-    from actbench.store.results import OutputError, RunFileError
+    from actbench.store.outputs import OutputError
+    from actbench.store.reading import RunFileError
     from actbench.execution.runner import EnvironmentCaptureError
-    from actbench.execution.scaleout import SubmitError, execute
+    from actbench.execution.scaleout import execute
+    from actbench.execution.slurm import SubmitError
 
     settings = plan.config.settings
     err = Console(stderr=True, highlight=False)

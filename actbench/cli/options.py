@@ -65,7 +65,7 @@ PrecisionOpt = Annotated[Precision, typer.Option("--precision", help=(
     "fp32, or autocast to bf16 / fp16 (fp16 with a gradient scaler), for every strategy; rows record it."))]
 TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", show_default=False, help=(
     f"Seconds before a point's child is killed (status timeout; default {DEFAULT_TIMEOUT_S:g})."))]
-# How a run executes (actbench/execution/scaleout.py): never part of what it measures, nor of the run's name.
+# How a run executes (actbench/execution/execution_options.py): never part of what it measures, nor of the run's name.
 ExecutorChoice = enum.Enum("ExecutorChoice", {"local": "local", "slurm": "slurm"}, type=str)
 JobsOpt = Annotated[int, typer.Option("--jobs", help=(
     "cpu and meta: points measured at once (strategies side by side; each cpu child gets cores/N threads)."))]

@@ -103,7 +103,7 @@ def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...
 
     from actbench.studies.trust import compare_speed, same_speed_order, speed_csv_name, write_speed_csv
     from actbench.planning.device_models import load_device_model
-    from actbench.store.results import OutputError
+    from actbench.store.outputs import OutputError
 
     try:
         speed_model = load_device_model(model_path)

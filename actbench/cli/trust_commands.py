@@ -54,7 +54,7 @@ def trust_command(
     """
     names, chosen = _checked_points(models, strategies, batch, image_size)
     require_device(device.value)
-    from actbench.store.results import check_writable
+    from actbench.store.outputs import check_writable
 
     try:
         check_writable(out)
@@ -91,7 +91,7 @@ def _checked_points(models: str, strategies: str, batch: int, image_size: int) -
 def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch: int, image_size: int,
                   precision: str, out: Path) -> None:
     """meta ÷ measured bytes per point, printed as each finishes, the CSV kept current; exit 1 if one failed."""
-    from actbench.store.results import OutputError
+    from actbench.store.outputs import OutputError
     from actbench.studies.trust import compare, csv_name, write_csv
 
     path = out / csv_name(device, precision)

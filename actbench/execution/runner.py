@@ -82,7 +82,7 @@ class PointRunner:
         store.refresh()
         check_resume_timing(store, device)
         #: rows of rows.jsonl before this byte offset were there when the run started; several
-        #: runners of one run (actbench/execution/scaleout.py) pass the same ``started_at`` so they agree
+        #: runners of one run (actbench/execution/local_run.py) pass the same ``started_at`` so they agree
         self.started_at = store.end if started_at is None else started_at
 
     def environment_id(self) -> str:

@@ -124,7 +124,7 @@ class DeviceModel:
 
 def save_device_model(model: DeviceModel, path: Path) -> None:
     """Write ``model`` as JSON, atomically (a failed write leaves any earlier file whole)."""
-    from actbench.store.results import atomic_write_text
+    from actbench.store.outputs import atomic_write_text
 
     atomic_write_text(Path(path), json.dumps(model.to_dict(), indent=2, sort_keys=True) + "\n")
 
@@ -132,10 +132,10 @@ def save_device_model(model: DeviceModel, path: Path) -> None:
 def load_device_model(path: Path | str) -> DeviceModel:
     """The model in the JSON file at ``path``; ValueError naming the file and what is wrong.
 
-    Read as run files are (``results.read_json_file``): a regular file only, within limits on size,
+    Read as run files are (``reading.read_json_file``): a regular file only, within limits on size,
     nesting and digits, so a FIFO, a device or a hostile file is one line, never a hang or a traceback.
     """
-    from actbench.store.results import RunFileError, read_json_file
+    from actbench.store.reading import RunFileError, read_json_file
 
     path = Path(path)
     try:

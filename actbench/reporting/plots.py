@@ -31,7 +31,8 @@ from actbench.reporting.scale import ScaleGroup, scale_groups
 from actbench.reporting.style import (FORMATS, PALETTE, PREDICTED_HATCH, bar_style, colour, line_style,  # noqa: F401
                                       memory_unit, new_figure)
 from actbench.reporting.throughput_figure import plot_throughput_vs_batch
-from actbench.store.results import atomic_output, check_kind, check_output
+from actbench.store.outputs import atomic_output, check_output
+from actbench.store.reading import check_kind
 from actbench.strategies import FALLBACK_COLOUR
 
 if TYPE_CHECKING:

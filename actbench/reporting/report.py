@@ -28,7 +28,7 @@ from actbench.reporting.claims import claims_table
 from actbench.reporting.speed import ACTNN_SERIES, actnn_series, device_models, predicted_series, trust_text
 from actbench.schema import MEMORY_FAILURES
 from actbench.core.devices import PROFILES
-from actbench.store.results import atomic_write_text, check_output
+from actbench.store.outputs import atomic_write_text, check_output
 
 GIB = 1 << 30
 MIB = 1 << 20

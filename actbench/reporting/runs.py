@@ -13,7 +13,8 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from actbench.schema import DIMENSIONS, ResultRow
-from actbench.store.results import RunFileError, RunStore, read_json_file, run_files
+from actbench.store.reading import RunFileError, read_json_file
+from actbench.store.results import RunStore, run_files
 
 log = logging.getLogger(__name__)
 

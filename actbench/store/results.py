@@ -20,36 +20,35 @@ Reliability (docs/design.md §9, results/README.md "Guarantees"):
   digits) are skipped with one warning naming the file and line; readers never write and never raise
   on them.
 - A run file that is not what it must be (``rows.jsonl`` or ``rows.jsonl.torn`` a directory, a FIFO
-  or a link to a device, ``.claims`` a file) is a one-line :class:`RunFileError` before it is opened, never a hang.
+  or a link to a device, ``.claims`` a file) is a one-line ``RunFileError`` before it is opened, never a
+  hang (:mod:`actbench.store.reading`: reading within limits).
 - Outputs (tables, reports, figures, JSON) go through a temporary file and a rename
-  (:func:`atomic_output`): a full disk leaves the previous file, and a one-line :class:`OutputError`.
+  (:mod:`actbench.store.outputs`): a full disk leaves the previous file, and a one-line ``OutputError``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
-import dataclasses
 import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
-import stat
-import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Iterator
 
 from actbench.core.devices import DEVICE_NAMES
 from actbench.core.gpus import GPU_NAMES
-from actbench.schema import COLUMNS, STATUSES, ResultRow, one_line, row_value_problem
+from actbench.schema import COLUMNS, STATUSES, ResultRow, row_value_problem
+from actbench.store.outputs import atomic_output, atomic_write_text
+from actbench.store.reading import (MAX_LINE_BYTES, RunFileError, check_kind, load_json, parse_jsonl,
+                                    read_json_file, row_problem, warn_incomplete_tail)
 from actbench.strategies import get as get_strategy
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 #: Where a torn last line of ``rows.jsonl`` is set aside (``<rows file>`` + this suffix).
 TORN_SUFFIX = ".torn"
@@ -68,60 +67,6 @@ def run_name(command: str, model: str, device: str, image_size: int | str, confi
     return f"{command}_{safe_model}_{device}_{image_size}px_{config_hash(config)}"
 
 
-#: Limits a line of ``rows.jsonl`` (or ``accuracy.jsonl``) keeps to be read: far beyond any row written,
-#: small enough that one hostile line costs neither memory nor Python's integer-to-string limit.
-MAX_LINE_BYTES = 1 << 20
-MAX_INT_DIGITS = 40
-MAX_NESTING = 8
-#: Largest ``env.json`` / ``config.json`` (or device model) read, and how deeply it may nest.
-MAX_JSON_FILE_BYTES = 16 << 20
-MAX_JSON_FILE_NESTING = 64
-
-
-class RunFileError(ValueError):
-    """A run file that cannot be used as one (wrong kind of file, unreadable): one line naming it."""
-
-
-class OutputError(ValueError):
-    """An output (table, report, figure) that could not be written: one line naming the file."""
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def check_kind(path: Path, directory: bool = False) -> bool:
-    """Whether ``path`` exists as a regular file (or, ``directory``, a directory); RunFileError (one line)
-    when it exists as anything else: a FIFO, a device or a link to one is never opened."""
-    want = "a directory" if directory else "a regular file"
-    try:
-        st = os.stat(path)  # follows links: a link to /dev/zero is a character device
-    except FileNotFoundError:
-        if os.path.islink(path):
-            raise RunFileError(f"'{path}' is a dangling symbolic link; expected {want}") from None
-        return False
-    except OSError as exc:
-        raise RunFileError(f"'{path}' cannot be inspected: {exc.strerror or exc}; expected {want}") from None
-    if (stat.S_ISDIR if directory else stat.S_ISREG)(st.st_mode):
-        return True
-    raise RunFileError(f"'{path}' is {_kind(st.st_mode)}; expected {want}")
-
-
-def check_writable(out_dir: Path) -> None:
-    """Raise ValueError if ``out_dir`` cannot be created or written (before any work starts)."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".actbench-write-probe-{os.getpid()}-{threading.get_ident()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ValueError(f"output directory '{out_dir}' is not writable: {exc.strerror or exc}") from None
-
-
 #: What a run directory holds that a reader of it uses or a writer of it owns: no output may replace one.
 RUN_FILES: tuple[str, ...] = ("rows.jsonl", "rows.jsonl" + ".torn", "table.csv", "env.json", "config.json",
                               "summary.json", "accuracy.jsonl", "accuracy.csv", LOCK_NAME, CLAIMS_DIR, "logs",
@@ -134,176 +79,6 @@ def run_files(run_dir: Path) -> list[Path]:
     with contextlib.suppress(OSError):
         found += sorted(run_dir.glob("env_*.json"))
     return found
-
-
-def check_output(out: Path, inputs: Iterable[Path], directory: bool = False) -> None:
-    """ValueError (one line) before any work for an output (a file, or a ``directory`` of files) that is,
-    or is inside, one of ``inputs`` (run files, a CSV read), that is a directory where a file belongs,
-    or that cannot be created or written."""
-    target = Path(os.path.abspath(out)).resolve()
-    for path in inputs:
-        source = Path(os.path.abspath(path)).resolve()
-        if target == source or source in target.parents:
-            raise ValueError(f"output '{out}' would overwrite '{path}', which this command reads; "
-                             "choose a path outside the run files")
-    if not directory and os.path.isdir(out):
-        raise ValueError(f"output '{out}' is a directory; expected a file path")
-    check_writable(out if directory else (out.parent if str(out.parent) else Path(".")))
-
-
-def _unique_tmp(path: Path) -> Path:
-    """A temporary name beside ``path`` that no other writer (process or thread) uses at once."""
-    return path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-
-
-@contextlib.contextmanager
-def atomic_output(path: Path, what: str = "file") -> Iterator[Path]:
-    """A per-writer temporary path beside ``path`` to write; renamed onto ``path`` when the block ends
-    without error, removed otherwise. Readers see the old file or the new one, never a part; a failed
-    write (a full disk) is an :class:`OutputError` naming ``path`` (``what``: how to call it)."""
-    tmp = _unique_tmp(path)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise OutputError(f"{what} '{path}' cannot be written: {exc.strerror or exc}") from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-
-
-def atomic_write_text(path: Path, text: str, what: str = "file") -> None:
-    """Write through a per-writer temporary file and rename: readers see the old file or the new one."""
-    with atomic_output(path, what) as tmp:
-        tmp.write_text(text)
-
-
-def atomic_write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]], what: str = "table") -> None:
-    """A CSV written through a per-writer temporary file and renamed: a full disk or a kill mid-write
-    leaves the previous file whole, and an :class:`OutputError` names ``path``."""
-    with atomic_output(path, what) as tmp:
-        with tmp.open("w", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(header)
-            writer.writerows(rows)
-
-
-def new_file(path: Path) -> Path:
-    """``path``, or ``NAME-2.EXT``, ``NAME-3.EXT``, ... when that is taken, created empty and exclusively:
-    two writers started in the same second (a timestamped name) never want the same file."""
-    for n in range(1, 1000):
-        candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
-        try:
-            os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-            return candidate
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise OutputError(f"file '{candidate}' cannot be created: {exc.strerror or exc}") from None
-    raise OutputError(f"file '{path}' cannot be created: 999 files of that name exist")
-
-
-def read_json_file(path: Path) -> Any:
-    """The JSON value of a small run file (``env.json``, ``config.json``), None when it is absent;
-    RunFileError (one line naming it) when it is not a regular file or not JSON within the limits."""
-    if not check_kind(path):
-        return None
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(MAX_JSON_FILE_BYTES + 1)
-    except OSError as exc:
-        raise RunFileError(f"'{path}' cannot be read: {exc.strerror or exc}") from None
-    if len(data) > MAX_JSON_FILE_BYTES:
-        raise RunFileError(f"'{path}' is larger than {MAX_JSON_FILE_BYTES >> 20} MiB; expected a small JSON file")
-    try:
-        return load_json(data.decode("utf-8"), nesting=MAX_JSON_FILE_NESTING)
-    except UnicodeDecodeError as exc:
-        raise RunFileError(f"'{path}' is not UTF-8 (byte {exc.start + 1})") from None
-    except LimitError as exc:
-        raise RunFileError(f"'{path}' is past the limits of a JSON file: {exc}") from None
-    except RecursionError:
-        raise RunFileError(f"'{path}' is past the limits of a JSON file: nested too deeply "
-                           f"(at most {MAX_JSON_FILE_NESTING} levels)") from None
-    except ValueError as exc:
-        raise RunFileError(f"'{path}' is not valid JSON ({one_line(exc, 80)})") from None
-
-
-# --- reading JSONL rows --------------------------------------------------------------------------
-class LimitError(ValueError):
-    """JSON past the limits a row keeps (digits of an integer, nesting)."""
-
-
-def _bounded_int(text: str) -> int:
-    digits = len(text.lstrip("-"))
-    if digits > MAX_INT_DIGITS:
-        raise LimitError(f"an integer of {digits} digits (at most {MAX_INT_DIGITS})")
-    return int(text)
-
-
-def _nesting(obj: Any) -> int:
-    """How deeply arrays and objects nest in ``obj`` (iteratively: no recursion on hostile input)."""
-    deepest, stack = 0, [(obj, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, depth)
-            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return deepest
-
-
-def load_json(text: str, nesting: int = MAX_NESTING) -> Any:
-    """``json.loads`` within the limits: integers of at most :data:`MAX_INT_DIGITS` digits and at most
-    ``nesting`` levels of arrays and objects (LimitError); JSONDecodeError / RecursionError as json's."""
-    obj = json.loads(text, parse_int=_bounded_int)
-    depth = _nesting(obj)
-    if depth > nesting:
-        raise LimitError(f"nested {depth} levels deep (at most {nesting})")
-    return obj
-
-_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,),
-                                       "None": (type(None),)}
-
-
-def _field_rules(cls: type) -> tuple[frozenset[str], dict[str, tuple[type, ...]]]:
-    """Required field names and the JSON types each field accepts (from the dataclass's annotations)."""
-    required, accepted = set(), {}
-    for f in dataclasses.fields(cls):
-        spec = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        types: tuple[type, ...] = ()
-        for part in spec.split("|"):
-            types += _TYPES.get(part.strip().replace("Optional[", "").rstrip("]"), ())
-        if f.default is None:
-            types += (type(None),)
-        no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if no_default:
-            required.add(f.name)
-        if types:
-            accepted[f.name] = types
-    return frozenset(required), accepted
-
-
-_RULES: dict[type, tuple[frozenset[str], dict[str, tuple[type, ...]]]] = {}
-
-
-def row_problem(cls: type, data: Any) -> str | None:
-    """Why ``data`` (parsed JSON) is not a ``cls`` row, or None when it is one."""
-    if not isinstance(data, dict):
-        kind = {list: "a JSON array", str: "a JSON string", bool: "a JSON boolean", type(None): "null"}.get(
-            type(data), "a JSON number")
-        return f"not a row object ({kind})"
-    if cls not in _RULES:
-        _RULES[cls] = _field_rules(cls)
-    required, accepted = _RULES[cls]
-    missing = sorted(required - data.keys())
-    if missing:
-        return "missing field" + ("s " if len(missing) > 1 else " ") + ", ".join(f"'{m}'" for m in missing)
-    for name, value in data.items():
-        types = accepted.get(name)
-        if types is None:
-            continue  # unknown columns (a newer version's) are ignored
-        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-            return f"field '{name}' has the wrong type ({type(value).__name__}: {str(value)[:40]!r})"
-    return None
 
 
 def _result_row_problem(data: Any) -> str | None:
@@ -323,99 +98,6 @@ def _result_row_problem(data: Any) -> str | None:
         return f"unknown strategy {data['strategy'][:40]!r}"
     return None
 
-
-def parse_jsonl(path: Path, data: bytes, first_lineno: int, cls: type[T],
-                problem: Callable[[Any], str | None] | None = None,
-                base_offset: int = 0, quiet_before: int | None = None) -> Iterator[tuple[int, T]]:
-    """Rows of complete lines ``data`` of ``path`` as ``(byte offset, row)``; every unreadable line
-    is skipped with one warning ``PATH:LINE: skipped: WHY``. Never raises on content. Lines starting
-    before byte ``quiet_before`` are skipped silently: another reader of this run has warned of them.
-
-    A line holding a torn row with a complete row glued after it (written by versions that did not
-    repair a torn tail) gives the glued row back, with a warning.
-    """
-    check = problem or (lambda obj: row_problem(cls, obj))
-    offset = base_offset
-    for lineno, raw in enumerate(data.split(b"\n"), start=first_lineno):
-        start, offset = offset, offset + len(raw) + 1
-        if not raw.strip():
-            continue
-        warn = _quiet if quiet_before is not None and start < quiet_before else log.warning
-        if len(raw) > MAX_LINE_BYTES:
-            warn("%s:%d: skipped: a line of %d bytes (at most %d)", path, lineno, len(raw), MAX_LINE_BYTES)
-            continue
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            warn("%s:%d: skipped: not UTF-8 (byte %d)", path, lineno, exc.start + 1)
-            continue
-        try:
-            obj = load_json(text)
-        except LimitError as exc:
-            warn("%s:%d: skipped: %s", path, lineno, exc)
-            continue
-        except (ValueError, RecursionError):
-            salvaged = _salvage(text, check)
-            if salvaged is None:
-                warn("%s:%d: skipped: not valid JSON (%s)", path, lineno, _preview(text))
-            else:
-                warn("%s:%d: recovered a row glued after a torn one; skipped the torn start (%s)",
-                     path, lineno, _preview(text))
-                yield start, cls.from_dict(salvaged)
-            continue
-        why = check(obj)
-        if why is not None:
-            warn("%s:%d: skipped: %s", path, lineno, why)
-            continue
-        try:
-            yield start, cls.from_dict(obj)
-        except (TypeError, ValueError) as exc:  # anything the checks above did not foresee
-            warn("%s:%d: skipped: %s", path, lineno, exc)
-
-
-def _quiet(*args: Any) -> None:
-    """A warning already given by another reader of the same lines."""
-
-
-def _preview(text: str) -> str:
-    return repr(text[:40] + ("…" if len(text) > 40 else ""))
-
-
-def _salvage(text: str, check: Callable[[Any], str | None]) -> dict[str, Any] | None:
-    """The complete row at the end of a line whose start is torn, if there is one."""
-    pos = text.find('{"', 1)
-    while pos > 0:
-        try:
-            obj = load_json(text[pos:])
-        except (ValueError, RecursionError):
-            obj = None
-        if obj is not None and check(obj) is None:
-            return obj
-        pos = text.find('{"', pos + 1)
-    return None
-
-
-def read_jsonl(path: Path, cls: type[T], problem: Callable[[Any], str | None] | None = None) -> list[T]:
-    """Every readable row of a JSONL file; a warning for each line that is not one (an incomplete
-    last line included). Reads only."""
-    if not check_kind(path):
-        return []
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise RunFileError(f"'{path}' cannot be read: {exc.strerror or exc}") from None
-    end = data.rfind(b"\n") + 1
-    rows = [row for _, row in parse_jsonl(path, data[:end], 1, cls, problem)]
-    _warn_tail(path, data[:end].count(b"\n") + 1, data[end:])
-    return rows
-
-
-def _warn_tail(path: Path, lineno: int, tail: bytes) -> None:
-    if tail.strip():
-        log.warning("%s:%d: skipped: incomplete last line (%d bytes, an interrupted write or one in progress)",
-                    path, lineno, len(tail))
 
 
 # --- the run directory ---------------------------------------------------------------------------
@@ -493,7 +175,7 @@ class RunStore:
         if tail.strip() and self._warned_tail != (self._read_pos, len(tail)):
             self._warned_tail = (self._read_pos, len(tail))
             if self.quiet_before is None or self._read_pos > self.quiet_before:
-                _warn_tail(self.rows_path, self._lineno + 1, tail)
+                warn_incomplete_tail(self.rows_path, self._lineno + 1, tail)
 
     def _reset(self) -> None:
         self._rows.clear()

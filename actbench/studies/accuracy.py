@@ -291,7 +291,7 @@ _COUNTS = ("steps", "batch_size", "image_size", "num_classes")
 def accuracy_row_problem(data: Any) -> str | None:
     """Why ``data`` is not an accuracy row: types, then values (fractions within 0..1, counts at least
     1, every other number finite and non-negative, a known status), or None."""
-    from actbench.store.results import row_problem
+    from actbench.store.reading import row_problem
     from actbench.schema import MAX_COLUMN_VALUE, STATUSES, number_problem
 
     problem = row_problem(AccuracyRow, data)
@@ -314,7 +314,7 @@ class AccuracyStore:
         self.table_path = run_dir / TABLE_FILE
 
     def read_rows(self) -> list[AccuracyRow]:
-        from actbench.store.results import read_jsonl
+        from actbench.store.reading import read_jsonl
 
         # unreadable lines (a torn last line, invalid UTF-8 or JSON, not a row, a value out of range, past
         # the limits on size and digits): skipped, one warning each
@@ -328,7 +328,7 @@ class AccuracyStore:
             os.fsync(fh.fileno())
 
     def write_table(self) -> None:
-        from actbench.store.results import atomic_output
+        from actbench.store.outputs import atomic_output
 
         rows = self.read_rows()
         with atomic_output(self.table_path, "table") as tmp, tmp.open("w", newline="") as fh:
@@ -372,7 +372,7 @@ def run_accuracy(cfg: AccuracyConfig, out_dir: Path,
     from actbench.execution.executors import InProcessExecutor
 
     from actbench.measure.environment import capture_environment, environment_id
-    from actbench.store.results import atomic_write_text
+    from actbench.store.outputs import atomic_write_text
 
     run_dir = out_dir / cfg.run_name()
     store = AccuracyStore(run_dir)

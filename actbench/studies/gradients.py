@@ -221,7 +221,7 @@ def verify_task(args: dict, progress: Callable[[int, int], None] | None = None) 
 def write_csv(rows: list[GradRow], path: Path) -> Path:
     """Write rows as CSV (columns = GradRow fields) to ``path``, or ``NAME-2.csv``, ... when that exists
     (two runs in one second), through a temporary file; the path written."""
-    from actbench.store.results import atomic_write_csv, new_file
+    from actbench.store.outputs import atomic_write_csv, new_file
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from actbench.core.devices import PROFILES
 from actbench.execution.executors import InProcessExecutor
 from actbench.schema import DEFAULT_PRECISION, Measurement, ModelSpec, PointConfig, one_line
-from actbench.store.results import atomic_write_csv
+from actbench.store.outputs import atomic_write_csv
 
 if TYPE_CHECKING:
     from actbench.planning.device_models import DeviceModel

@@ -1,0 +1,258 @@
+"""Reading run files within limits: a file of the wrong kind (a FIFO, a device, a directory) is a
+one-line :class:`RunFileError` before it is opened, never a hang; JSON is read within limits on size,
+nesting and digits; each unreadable line of a JSONL file is skipped with one warning naming it.
+
+Torch-free and row-agnostic: :mod:`actbench.store.results` checks what a result row holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import Any, Callable, Iterator, TypeVar
+
+from actbench.schema import one_line
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Limits a line of ``rows.jsonl`` (or ``accuracy.jsonl``) keeps to be read: far beyond any row written,
+#: small enough that one hostile line costs neither memory nor Python's integer-to-string limit.
+MAX_LINE_BYTES = 1 << 20
+MAX_INT_DIGITS = 40
+MAX_NESTING = 8
+#: Largest ``env.json`` / ``config.json`` (or device model) read, and how deeply it may nest.
+MAX_JSON_FILE_BYTES = 16 << 20
+MAX_JSON_FILE_NESTING = 64
+
+
+class RunFileError(ValueError):
+    """A run file that cannot be used as one (wrong kind of file, unreadable): one line naming it."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_kind(path: Path, directory: bool = False) -> bool:
+    """Whether ``path`` exists as a regular file (or, ``directory``, a directory); RunFileError (one line)
+    when it exists as anything else: a FIFO, a device or a link to one is never opened."""
+    want = "a directory" if directory else "a regular file"
+    try:
+        st = os.stat(path)  # follows links: a link to /dev/zero is a character device
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise RunFileError(f"'{path}' is a dangling symbolic link; expected {want}") from None
+        return False
+    except OSError as exc:
+        raise RunFileError(f"'{path}' cannot be inspected: {exc.strerror or exc}; expected {want}") from None
+    if (stat.S_ISDIR if directory else stat.S_ISREG)(st.st_mode):
+        return True
+    raise RunFileError(f"'{path}' is {_kind(st.st_mode)}; expected {want}")
+
+
+def read_json_file(path: Path) -> Any:
+    """The JSON value of a small run file (``env.json``, ``config.json``), None when it is absent;
+    RunFileError (one line naming it) when it is not a regular file or not JSON within the limits."""
+    if not check_kind(path):
+        return None
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(MAX_JSON_FILE_BYTES + 1)
+    except OSError as exc:
+        raise RunFileError(f"'{path}' cannot be read: {exc.strerror or exc}") from None
+    if len(data) > MAX_JSON_FILE_BYTES:
+        raise RunFileError(f"'{path}' is larger than {MAX_JSON_FILE_BYTES >> 20} MiB; expected a small JSON file")
+    try:
+        return load_json(data.decode("utf-8"), nesting=MAX_JSON_FILE_NESTING)
+    except UnicodeDecodeError as exc:
+        raise RunFileError(f"'{path}' is not UTF-8 (byte {exc.start + 1})") from None
+    except LimitError as exc:
+        raise RunFileError(f"'{path}' is past the limits of a JSON file: {exc}") from None
+    except RecursionError:
+        raise RunFileError(f"'{path}' is past the limits of a JSON file: nested too deeply "
+                           f"(at most {MAX_JSON_FILE_NESTING} levels)") from None
+    except ValueError as exc:
+        raise RunFileError(f"'{path}' is not valid JSON ({one_line(exc, 80)})") from None
+
+
+# --- reading JSONL rows --------------------------------------------------------------------------
+class LimitError(ValueError):
+    """JSON past the limits a row keeps (digits of an integer, nesting)."""
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise LimitError(f"an integer of {digits} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _nesting(obj: Any) -> int:
+    """How deeply arrays and objects nest in ``obj`` (iteratively: no recursion on hostile input)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def load_json(text: str, nesting: int = MAX_NESTING) -> Any:
+    """``json.loads`` within the limits: integers of at most :data:`MAX_INT_DIGITS` digits and at most
+    ``nesting`` levels of arrays and objects (LimitError); JSONDecodeError / RecursionError as json's."""
+    obj = json.loads(text, parse_int=_bounded_int)
+    depth = _nesting(obj)
+    if depth > nesting:
+        raise LimitError(f"nested {depth} levels deep (at most {nesting})")
+    return obj
+
+_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,),
+                                       "None": (type(None),)}
+
+
+def _field_rules(cls: type) -> tuple[frozenset[str], dict[str, tuple[type, ...]]]:
+    """Required field names and the JSON types each field accepts (from the dataclass's annotations)."""
+    required, accepted = set(), {}
+    for f in dataclasses.fields(cls):
+        spec = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        types: tuple[type, ...] = ()
+        for part in spec.split("|"):
+            types += _TYPES.get(part.strip().replace("Optional[", "").rstrip("]"), ())
+        if f.default is None:
+            types += (type(None),)
+        no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if no_default:
+            required.add(f.name)
+        if types:
+            accepted[f.name] = types
+    return frozenset(required), accepted
+
+
+_RULES: dict[type, tuple[frozenset[str], dict[str, tuple[type, ...]]]] = {}
+
+
+def row_problem(cls: type, data: Any) -> str | None:
+    """Why ``data`` (parsed JSON) is not a ``cls`` row, or None when it is one."""
+    if not isinstance(data, dict):
+        kind = {list: "a JSON array", str: "a JSON string", bool: "a JSON boolean", type(None): "null"}.get(
+            type(data), "a JSON number")
+        return f"not a row object ({kind})"
+    if cls not in _RULES:
+        _RULES[cls] = _field_rules(cls)
+    required, accepted = _RULES[cls]
+    missing = sorted(required - data.keys())
+    if missing:
+        return "missing field" + ("s " if len(missing) > 1 else " ") + ", ".join(f"'{m}'" for m in missing)
+    for name, value in data.items():
+        types = accepted.get(name)
+        if types is None:
+            continue  # unknown columns (a newer version's) are ignored
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            return f"field '{name}' has the wrong type ({type(value).__name__}: {str(value)[:40]!r})"
+    return None
+
+
+def parse_jsonl(path: Path, data: bytes, first_lineno: int, cls: type[T],
+                problem: Callable[[Any], str | None] | None = None,
+                base_offset: int = 0, quiet_before: int | None = None) -> Iterator[tuple[int, T]]:
+    """Rows of complete lines ``data`` of ``path`` as ``(byte offset, row)``; every unreadable line
+    is skipped with one warning ``PATH:LINE: skipped: WHY``. Never raises on content. Lines starting
+    before byte ``quiet_before`` are skipped silently: another reader of this run has warned of them.
+
+    A line holding a torn row with a complete row glued after it (written by versions that did not
+    repair a torn tail) gives the glued row back, with a warning.
+    """
+    check = problem or (lambda obj: row_problem(cls, obj))
+    offset = base_offset
+    for lineno, raw in enumerate(data.split(b"\n"), start=first_lineno):
+        start, offset = offset, offset + len(raw) + 1
+        if not raw.strip():
+            continue
+        warn = _quiet if quiet_before is not None and start < quiet_before else log.warning
+        if len(raw) > MAX_LINE_BYTES:
+            warn("%s:%d: skipped: a line of %d bytes (at most %d)", path, lineno, len(raw), MAX_LINE_BYTES)
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            warn("%s:%d: skipped: not UTF-8 (byte %d)", path, lineno, exc.start + 1)
+            continue
+        try:
+            obj = load_json(text)
+        except LimitError as exc:
+            warn("%s:%d: skipped: %s", path, lineno, exc)
+            continue
+        except (ValueError, RecursionError):
+            salvaged = _salvage(text, check)
+            if salvaged is None:
+                warn("%s:%d: skipped: not valid JSON (%s)", path, lineno, _preview(text))
+            else:
+                warn("%s:%d: recovered a row glued after a torn one; skipped the torn start (%s)",
+                     path, lineno, _preview(text))
+                yield start, cls.from_dict(salvaged)
+            continue
+        why = check(obj)
+        if why is not None:
+            warn("%s:%d: skipped: %s", path, lineno, why)
+            continue
+        try:
+            yield start, cls.from_dict(obj)
+        except (TypeError, ValueError) as exc:  # anything the checks above did not foresee
+            warn("%s:%d: skipped: %s", path, lineno, exc)
+
+
+def _quiet(*args: Any) -> None:
+    """A warning already given by another reader of the same lines."""
+
+
+def _preview(text: str) -> str:
+    return repr(text[:40] + ("…" if len(text) > 40 else ""))
+
+
+def _salvage(text: str, check: Callable[[Any], str | None]) -> dict[str, Any] | None:
+    """The complete row at the end of a line whose start is torn, if there is one."""
+    pos = text.find('{"', 1)
+    while pos > 0:
+        try:
+            obj = load_json(text[pos:])
+        except (ValueError, RecursionError):
+            obj = None
+        if obj is not None and check(obj) is None:
+            return obj
+        pos = text.find('{"', pos + 1)
+    return None
+
+
+def read_jsonl(path: Path, cls: type[T], problem: Callable[[Any], str | None] | None = None) -> list[T]:
+    """Every readable row of a JSONL file; a warning for each line that is not one (an incomplete
+    last line included). Reads only."""
+    if not check_kind(path):
+        return []
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise RunFileError(f"'{path}' cannot be read: {exc.strerror or exc}") from None
+    end = data.rfind(b"\n") + 1
+    rows = [row for _, row in parse_jsonl(path, data[:end], 1, cls, problem)]
+    warn_incomplete_tail(path, data[:end].count(b"\n") + 1, data[end:])
+    return rows
+
+
+def warn_incomplete_tail(path: Path, lineno: int, tail: bytes) -> None:
+    if tail.strip():
+        log.warning("%s:%d: skipped: incomplete last line (%d bytes, an interrupted write or one in progress)",
+                    path, lineno, len(tail))
+
