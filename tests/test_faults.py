@@ -857,3 +857,25 @@ def test_a_full_disk_while_a_benchmark_writes_its_csv_is_one_line(tmp_path: Path
     assert len(lines) == 1 and "No space left" in lines[-1] and ".csv'" in lines[-1], result.stderr
     (run_dir,) = (tmp_path / "out").iterdir()
     assert sorted(p.name for p in run_dir.iterdir()) == ["env.json"]
+
+
+def test_a_full_disk_when_a_point_is_claimed_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    """The claim of a point (a file in .claims/) cannot be made on a full disk: one line naming it, exit 2."""
+    import errno
+
+    from actbench.cli import app
+    from actbench.store import results
+
+    real_open = os.open
+
+    def full(path, flags, *args):
+        if ".claims" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(results.os, "open", full)
+    result = CliRunner().invoke(app, ["memory", "resnet18", "--strategies", "fp32", "--batch", "2", "--image-size",
+                                      "32", "--device", "meta", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert ".claims" in lines[-1] and "No space left" in lines[-1] and "Traceback" not in result.stderr

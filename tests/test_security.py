@@ -61,6 +61,10 @@ def _one_line_refusal(result, needle: str) -> None:
     ("exclu\x1bsive", "option name"),
     ("output=/tmp/elsewhere", "output"),
     ("gpus-per-job=" + "9" * 5000, "gpus-per-job"),
+    ("qos=a\r", "qos"),  # a trailing control character is refused, not stripped
+    ("partition=gpu\n", "partition"),
+    ("time=10\r", "time"),
+    ("cpus-per-job=2\n", "cpus-per-job"),
 ])
 def test_slurm_options_that_would_inject_lines_are_refused(tmp_path: Path, slurm_path: Path, option: str,
                                                            needle: str) -> None:

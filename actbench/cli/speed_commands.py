@@ -70,11 +70,13 @@ def calibrate_command(
         fail(f"--out: cannot create folder '{path.parent}': {exc.strerror or exc}")
     if path.is_dir():
         fail(f"--out '{path}' is a folder; give a file name, e.g. {path / (device.value + '.json')}")
+    if path.exists() and not path.is_file():
+        fail(f"--out '{path}' is a device, pipe or socket; give a file name, e.g. runs/device_models/{device.value}.json")
     model = _calibrated(device.value, quick, name)
     try:
         save_device_model(model, path)
-    except OSError as exc:
-        fail(f"--out: cannot write '{path}': {exc.strerror or exc}")
+    except (OSError, ValueError) as exc:  # ValueError: the store's OutputError (a full disk, a special file)
+        fail(f"--out: cannot write '{path}': {getattr(exc, 'strerror', None) or exc}")
     _print_model(model, path)
 
 

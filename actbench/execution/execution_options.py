@@ -116,7 +116,15 @@ def _pairs(items: Iterable[str] | Mapping[str, Any] | None, where: str) -> list[
     return pairs
 
 
+def _refuse_control(value: Any, key: str, where: str) -> None:
+    """A control character (a new line, a carriage return) is refused, not stripped: one is never meant."""
+    if isinstance(value, str) and re.search(r"[\x00-\x1f\x7f]", value):
+        raise ValueError(f"{where}: {key} must be printable (no new line, carriage return or other control "
+                         f"character), got {short_repr(value)}")
+
+
 def _key(raw_key: str, where: str) -> str:
+    _refuse_control(raw_key, "an option name", where)
     key = raw_key.strip().lstrip("-").replace("_", "-")
     if not re.fullmatch(r"[a-z][a-z0-9-]{0,63}", key):
         raise ValueError(f"{where}: bad option name {short_repr(raw_key)} (expected KEY=VALUE with a lower-case name, "
@@ -145,6 +153,7 @@ def _scalar(value: Any, key: str, where: str) -> None:
 
 def _text(value: Any, key: str, where: str, pattern: "re.Pattern[str]" = SLURM_VALUE,
           allowed: str = SLURM_VALUE_HELP) -> str:
+    _refuse_control(value, key, where)
     if value is True or not str(value).strip():
         raise ValueError(f"{where}: {key} needs a value ({key}=VALUE)")
     text = "" if isinstance(value, int) and abs(value) > 10 ** 60 else str(value).strip()
@@ -165,6 +174,7 @@ def _number(value: Any, key: str, where: str) -> float:
 
 
 def _count(value: Any, key: str, where: str, minimum: int = 1) -> int:
+    _refuse_control(value, key, where)
     text = str(value).strip() if not isinstance(value, int) or abs(value) < 10 ** 60 else ""
     number = int(text) if re.fullmatch(r"\d{1,7}", text) and not isinstance(value, (bool, float)) else -1
     if number < minimum or number > SLURM_COUNT_MAX:
@@ -176,7 +186,7 @@ def _count(value: Any, key: str, where: str, minimum: int = 1) -> int:
 def parse_time_minutes(value: Any, where: str = "--slurm") -> int:
     """Slurm's time formats -> whole minutes (rounded up): ``90``, ``1:30:00``, ``2-00:00:00``, ``45:00``."""
     text = "" if isinstance(value, (bool, float)) or (isinstance(value, int) and abs(value) > 10 ** 60) else str(value)
-    match = re.fullmatch(r"(?:(\d{1,3})-)?(\d{1,7})(?::(\d{1,2}))?(?::(\d{1,2}))?", text.strip())
+    match = re.fullmatch(r"(?:(\d{1,3})-)?(\d{1,7})(?::(\d{1,2}))?(?::(\d{1,2}))?", text.strip(" "))
     if not match:
         raise ValueError(f"{where}: time must be minutes or [D-]HH:MM:SS, got {short_repr(value)}")
     days, a, b, c = match.groups()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -40,7 +41,20 @@ def check_output(out: Path, inputs: Iterable[Path], directory: bool = False) -> 
                              "choose a path outside the run files")
     if not directory and os.path.isdir(out):
         raise ValueError(f"output '{out}' is a directory; expected a file path")
+    if not directory and os.path.exists(out) and not os.path.isfile(out):
+        raise ValueError(f"output '{out}' is a device, pipe or socket; expected a file path")
     check_writable(out if directory else (out.parent if str(out.parent) else Path(".")))
+
+
+def _refuse_special(path: Path, what: str) -> None:
+    """OutputError for a target that is a device, pipe or socket: renaming a file onto it would replace
+    the node itself (as root, ``/dev/null``)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)):
+        raise OutputError(f"{what} '{path}' is a device, pipe or socket, not a file to replace; choose a file path")
 
 
 def _unique_tmp(path: Path) -> Path:
@@ -53,6 +67,7 @@ def atomic_output(path: Path, what: str = "file") -> Iterator[Path]:
     """A per-writer temporary path beside ``path`` to write; renamed onto ``path`` when the block ends
     without error, removed otherwise. Readers see the old file or the new one, never a part; a failed
     write (a full disk) is an :class:`OutputError` naming ``path`` (``what``: how to call it)."""
+    _refuse_special(path, what)
     tmp = _unique_tmp(path)
     try:
         yield tmp

@@ -43,7 +43,7 @@ from typing import Any, Iterator
 from actbench.core.devices import DEVICE_NAMES
 from actbench.core.gpus import GPU_NAMES
 from actbench.schema import COLUMNS, STATUSES, ResultRow, row_value_problem
-from actbench.store.outputs import atomic_output, atomic_write_text
+from actbench.store.outputs import OutputError, atomic_output, atomic_write_text
 from actbench.store.reading import (MAX_LINE_BYTES, RunFileError, check_kind, load_json, parse_jsonl,
                                     read_json_file, row_problem, warn_incomplete_tail)
 from actbench.strategies import get as get_strategy
@@ -309,10 +309,13 @@ class RunStore:
         """Under the lock: claim ``key`` for measuring (a file descriptor to :meth:`release_claim`),
         or None when another writer holds it. A claim dies with its process."""
         assert self._lock_depth > 0, "try_claim needs the run lock"
-        if not check_kind(self.claims_dir, directory=True):
-            self.claims_dir.mkdir(parents=True, exist_ok=True)
-        check_kind(self.claims_dir / key)
-        fd = os.open(self.claims_dir / key, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if not check_kind(self.claims_dir, directory=True):
+                self.claims_dir.mkdir(parents=True, exist_ok=True)
+            check_kind(self.claims_dir / key)
+            fd = os.open(self.claims_dir / key, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # a full disk or a read-only folder: one line, finished rows kept
+            raise OutputError(f"claim '{self.claims_dir / key}' cannot be made: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -321,8 +324,9 @@ class RunStore:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        with contextlib.suppress(OSError):  # who holds the claim, for messages; the lock is the claim
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
         return fd
 
     def release_claim(self, key: str, fd: int) -> None:
