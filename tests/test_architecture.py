@@ -421,3 +421,36 @@ def test_prose_speaks_of_the_project_not_of_how_work_was_filed() -> None:
     found = [f"{p.relative_to(root)}:{n}: {line.strip()[:80]}" for p in files if p.is_file()
              for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if words.search(line)]
     assert not found, "\n".join(found)
+
+
+#: what a module and a function may grow to before they are split (docs/design.md §7)
+MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_TOP_LEVEL_MODULES = 500, 60, 5
+
+
+def _long_functions(tree: ast.AST, limit: int) -> list[tuple[int, str, int]]:
+    """(line, name, length) of every function or method longer than ``limit`` lines, nested ones too."""
+    return [(node.lineno, node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_long_function_finder_measures_nested_functions() -> None:
+    body = "\n".join(f"        x{i} = {i}" for i in range(60))
+    code = f"class A:\n    def f(self):\n{body}\n        return 1\n\ndef g():\n    return 2\n"
+    assert [(line, name) for line, name, _ in _long_functions(ast.parse(code), 60)] == [(2, "f")]
+
+
+def test_modules_and_functions_stay_small_and_the_package_top_shows_only_entry_points() -> None:
+    """Modules of at most 500 lines, functions of at most 60, and at most five modules at the top of
+    actbench/ (entry points and the torch-free schema): a layer's parts each do one thing."""
+    big, long = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        lines = text.count("\n")
+        if lines > MAX_MODULE_LINES:
+            big.append(f"{path.relative_to(PACKAGE.parent)}: {lines} lines")
+        long += [f"{path.relative_to(PACKAGE.parent)}:{line}: {name} ({n} lines)"
+                 for line, name, n in _long_functions(ast.parse(text), MAX_FUNCTION_LINES)]
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert not big, "modules over 500 lines:\n" + "\n".join(big)
+    assert not long, "functions over 60 lines:\n" + "\n".join(long)
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
