@@ -363,11 +363,7 @@ class RunStore:
         """Append under the lock onto a clean line, flush and fsync at once, so an interrupted sweep
         keeps every finished row and a torn line never swallows the next one."""
         with self.locked():
-            line = (json.dumps(asdict(row), sort_keys=False) + "\n").encode()
-            with self.rows_path.open("ab") as fh:
-                fh.write(line)
-                fh.flush()
-                os.fsync(fh.fileno())
+            append_record(self.rows_path, asdict(row))
             self.refresh()
 
     def write_table(self) -> None:
@@ -404,3 +400,13 @@ class RunStore:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+
+
+def append_record(path: Path, record: dict[str, Any]) -> None:
+    """One JSON line appended to ``path`` in one write, flushed and fsynced before returning: a finished
+    record survives a kill or a power cut (the run directory's rows, the accuracy study's rows)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("ab") as fh:
+        fh.write((json.dumps(record) + "\n").encode())
+        fh.flush()
+        os.fsync(fh.fileno())

@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -321,11 +320,9 @@ class AccuracyStore:
         return read_jsonl(self.rows_path, AccuracyRow, accuracy_row_problem)
 
     def append(self, row: AccuracyRow) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with self.rows_path.open("a") as fh:
-            fh.write(json.dumps(asdict(row)) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        from actbench.store.results import append_record
+
+        append_record(self.rows_path, asdict(row))
 
     def write_table(self) -> None:
         from actbench.store.outputs import atomic_output
