@@ -23,10 +23,7 @@ def _path(option: str, value: Optional[str]) -> Optional[Path]:
     refuse_control_characters(option, value)
     if not value.strip():
         fail(f"{option} must not be empty (a path, e.g. {option} report/)")
-    path = Path(value)
-    if path.exists() and not (path.is_file() or path.is_dir()):
-        fail(f"{option} must be a file or folder to write, got '{path}': it is a device, pipe or socket")
-    return path
+    return Path(value)
 
 
 ResultsDirArg = Annotated[Path, typer.Argument(help="A results folder (every run below it) or one run directory.")]

@@ -39,10 +39,10 @@ def check_output(out: Path, inputs: Iterable[Path], directory: bool = False) -> 
         if target == source or source in target.parents:
             raise ValueError(f"output '{out}' would overwrite '{path}', which this command reads; "
                              "choose a path outside the run files")
+    if os.path.exists(out) and not (os.path.isfile(out) or os.path.isdir(out)):
+        raise ValueError(f"output '{out}' is a device, pipe or socket; expected a {'folder' if directory else 'file'} path")
     if not directory and os.path.isdir(out):
         raise ValueError(f"output '{out}' is a directory; expected a file path")
-    if not directory and os.path.exists(out) and not os.path.isfile(out):
-        raise ValueError(f"output '{out}' is a device, pipe or socket; expected a file path")
     check_writable(out if directory else (out.parent if str(out.parent) else Path(".")))
 
 
