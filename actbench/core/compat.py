@@ -8,15 +8,14 @@ checkpoint) are imported where they are used.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
-if TYPE_CHECKING:
-    import torch
-
+import torch
 # TorchDispatchMode sees every ATen op with its real output tensors: the live-storage tracker builds
 # on it because it counts real storages (views dedup to their base) rather than estimating.
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
+from torch._ops import _len_torch_dispatch_stack_pre_dispatch
 
 from actbench.core.devices import holds_data
 
@@ -37,8 +36,6 @@ def torch_function_disabled() -> "contextlib.AbstractContextManager":
     (``torch._C.DisableTorchFunction``); dispatch modes (fake tensors, FLOP counting) still apply.
     Entered and left by separate calls (a module's pre- and post-forward hooks), so it is returned
     as an object, not a generator."""
-    import torch
-
     return torch._C.DisableTorchFunction()
 
 
@@ -46,9 +43,6 @@ def dispatch_modes_disabled() -> "contextlib.AbstractContextManager":
     """Run a block with every active dispatch mode switched off (bookkeeping inside a mode). With no
     mode active (every real step) nothing needs switching off, and the switch costs tens of
     microseconds: ActNN draws a seed per quantized tensor through this."""
-    import torch
-    from torch._ops import _len_torch_dispatch_stack_pre_dispatch
-
     if torch._C._len_torch_dispatch_stack() == 0 and _len_torch_dispatch_stack_pre_dispatch() == 0:
         return contextlib.nullcontext()
     return _disable_current_modes()
@@ -282,6 +276,4 @@ _INTERNAL_COMPUTE_OPS = ("_convolution", "_scaled_dot_product_flash_attention",
 def internal_compute_ops() -> list:
     """The op packets of :data:`_INTERNAL_COMPUTE_OPS` this torch build has: what a recompute policy
     sees when a model calls a convolution or fused attention."""
-    import torch
-
     return [getattr(torch.ops.aten, n) for n in _INTERNAL_COMPUTE_OPS if hasattr(torch.ops.aten, n)]
