@@ -172,6 +172,25 @@ class Measurement:
 MESSAGE_LIMIT = 300
 
 
+#: Binary units, largest first: what :func:`format_bytes` writes.
+BYTE_UNITS: tuple[tuple[str, int], ...] = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
+def format_bytes(n: int | None, decimals: int | None = 2, sep: str = " ", missing: str = "-") -> str:
+    """Bytes for people, in the largest binary unit they reach: ``14.50 GiB``, ``292.48 MiB``, ``512 B``.
+
+    ``decimals=None``: three significant digits, for labels and folder names (``16 GiB``, ``14.5 GiB``);
+    ``missing``: what None reads as (tables write a dash).
+    """
+    if n is None:
+        return missing
+    for unit, size in BYTE_UNITS:
+        if abs(n) >= size:
+            number = f"{n / size:.3g}" if decimals is None else f"{n / size:.{decimals}f}"
+            return f"{number}{sep}{unit}"
+    return f"{n}{sep}B"
+
+
 def one_line(text: object, limit: int = MESSAGE_LIMIT) -> str:
     """``text`` with its whitespace collapsed to single spaces, cut to ``limit`` characters (ending in …)."""
     text = " ".join(str(text).split())

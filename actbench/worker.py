@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from actbench.schema import error_line
 
 if TYPE_CHECKING:
-    from actbench.schema import Measurement, PointConfig
+    from actbench.planning.point import Point
+    from actbench.schema import Measurement
 
 FAULT_ENV = "ACTBENCH_TEST_FAULT"
 #: Set for a spare worker (actbench/execution/executors.py): one started before it is needed, which does its
@@ -62,12 +63,12 @@ def fault_applies(cond: str, batch_size: int, image_size: int, extra_blocks: int
     return actual > int(value) if op == ">" else actual == int(value)
 
 
-def fault_action(spec: str | None, point: "PointConfig") -> Callable[[], None] | None:
+def fault_action(spec: str | None, point: "Point") -> Callable[[], None] | None:
     """The injected failure for this point, or None. Only tests set the variable."""
     if not spec:
         return None
     kind, _, cond = spec.partition("@")
-    if not fault_applies(cond, point.batch_size, point.image_size, point.model.extra_blocks, point.strategy):
+    if not fault_applies(cond, point.batch_size, point.image_size, point.model.extra_blocks, point.strategy.name):
         return None
 
     def act() -> None:
@@ -108,18 +109,19 @@ def run_request(request: dict[str, Any], fault_spec: str | None) -> dict[str, An
     task = request["task"]
     alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
     if task == "environment":
+        from actbench.core.devices import profile
         from actbench.measure.environment import capture_environment
 
-        return {"environment": capture_environment(request["device"], alloc_conf)}
+        return {"environment": capture_environment(profile(request["device"]), alloc_conf)}
     if task == "measure":
-        from actbench.core.devices import profile
         from actbench.measure.point import measure_point
+        from actbench.planning.point import Point
         from actbench.schema import PointConfig
 
-        point = PointConfig.from_dict(request["point"])
         try:
+            point = Point.resolve(PointConfig.from_dict(request["point"]))  # names become objects once, here
             fault = fault_action(fault_spec, point)
-            if profile(point.device).predicts:  # meta with --jobs: predictions in worker children
+            if point.device.predicts:  # meta with --jobs: predictions in worker children
                 measurement = _meta_sessions().measure_point(point, fault)
             else:
                 measurement = measure_point(point, alloc_conf=alloc_conf, fault=fault)

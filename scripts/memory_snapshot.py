@@ -33,6 +33,7 @@ def main(argv: list[str]) -> int:
     from actbench.measure.meta import MetaSessions
     from actbench.measure.point import measure_point
     from actbench.schema import ModelSpec, PointConfig
+    from actbench.planning.point import Point
 
     if not torch.cuda.is_available():
         print("memory_snapshot: torch sees no CUDA GPU here; nothing to record", file=sys.stderr)
@@ -42,12 +43,13 @@ def main(argv: list[str]) -> int:
     context = total - free  # nothing allocated yet: the context and the driver's share
     out.mkdir(parents=True, exist_ok=True)
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=200_000)
-    point = PointConfig(ModelSpec("resnet50"), strategy, batch, 224, "cuda", warmup_steps=3, timed_steps=0)
+    point = Point.resolve(PointConfig(ModelSpec("resnet50"), strategy, batch, 224, "cuda", warmup_steps=3,
+                                      timed_steps=0))
     measured = measure_point(point, conf)
     torch.cuda.memory._dump_snapshot(str(out / "memory_snapshot.pickle"))
     torch.cuda.memory._record_memory_history(enabled=None)
-    predicted = MetaSessions().measure_point(PointConfig(ModelSpec("resnet50"), strategy, batch, 224, "meta",
-                                                         warmup_steps=1, timed_steps=0))
+    predicted = MetaSessions().measure_point(Point.resolve(PointConfig(ModelSpec("resnet50"), strategy, batch, 224,
+                                                                       "meta", warmup_steps=1, timed_steps=0)))
     summary = {
         "point": point.describe(), "alloc_conf": conf, "gpu": torch.cuda.get_device_name(),
         "total_bytes": total, "context_bytes_before_first_allocation": context,

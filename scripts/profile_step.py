@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from actbench import strategies
 from actbench.training.models import build_model
 from actbench.schema import ModelSpec
 from actbench.training.step import build_training_step, synthetic_batch
@@ -39,7 +40,7 @@ def profile_strategy(model_name: str, strategy: str, batch: int, image_size: int
     """Wall time (ms) of one profiled step and its ops, sorted by the larger of host and device self time."""
     torch.manual_seed(0)
     spec = ModelSpec(model_name)
-    step, _ = build_training_step(strategy, build_model(spec, image_size).to(device), device)
+    step, _ = build_training_step(strategies.get(strategy), build_model(spec, image_size).to(device), device)
     images, targets = synthetic_batch(batch, image_size, spec.num_classes, device, 1)
     for _ in range(warmup):
         step(images, targets)

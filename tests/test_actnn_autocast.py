@@ -111,11 +111,13 @@ def test_meta_bf16_l0_keeps_half_of_fp32_l0() -> None:
     """At L0 the twins keep their inputs uncompressed, so bf16 halves them as it halves torch's; with the
     conv twin convolving in fp32 on meta the ratio was about 1 (cpu autocast, which fake tensors use)."""
     from actbench.measure.meta import MetaSessions
+    from actbench.planning.point import Point
     from actbench.schema import ModelSpec, PointConfig
 
     sessions = MetaSessions()
-    act = {p: sessions.measure_point(PointConfig(ModelSpec("resnet18"), "L0", 8, 64, "meta", warmup_steps=1,
-                                                 timed_steps=0, precision=p)).activation_bytes
+    act = {p: sessions.measure_point(Point.resolve(PointConfig(ModelSpec("resnet18"), "L0", 8, 64, "meta",
+                                                               warmup_steps=1, timed_steps=0,
+                                                               precision=p))).activation_bytes
            for p in ("fp32", "bf16")}
     assert 0.45 <= act["bf16"] / act["fp32"] <= 0.55, act
 

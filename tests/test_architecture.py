@@ -124,6 +124,50 @@ def test_no_device_name_branching_outside_the_device_profiles() -> None:
     assert not offenders, "device branching outside actbench/core/devices.py:\n" + "\n".join(offenders)
 
 
+#: What turns a strategy, device or GPU name into its object (registries' own helpers included).
+LOOKUPS = {"profile", "PROFILES", "gpu_profile", "GPU_PROFILES", "gpu_speed_model",
+           "selected_device_model", "get", "get_strategy", "cuda_alloc_conf", "is_actnn_level", "canonical"}
+#: The edges, where names come in: the command line, experiment files, a spec and its parser, the
+#: worker (a point arrives there as JSON), the one resolution of a point, the registries themselves,
+#: and what reads names back from result files or runs commands of its own (kernels, calibration).
+EDGES = ("cli/", "experiments.py", "execution/specs.py", "execution/parsing.py", "worker.py", "planning/point.py",
+         "core/devices.py", "core/gpus.py", "strategies/", "planning/device_models.py", "store/", "reporting/",
+         "kernels/bench.py", "measure/calibrate.py", "studies/")
+
+
+def _name_lookups(tree: ast.AST) -> list[tuple[int, str]]:
+    """Calls and subscripts of a lookup: ``profile(name)``, ``strategies.get(name)``, ``PROFILES[name]``."""
+    found = []
+    for node in ast.walk(tree):
+        target = node.func if isinstance(node, ast.Call) else node.value if isinstance(node, ast.Subscript) else None
+        if target is None:
+            continue
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
+        receiver = ast.unparse(target.value) if isinstance(target, ast.Attribute) else ""
+        if name in LOOKUPS and (name != "get" or receiver in ("strategies", "registry")):
+            found.append((node.lineno, ast.unparse(node)[:100]))
+    return sorted(found)
+
+
+def test_name_lookup_finder_sees_calls_and_tables() -> None:
+    code = ("a = profile(point.device)\nb = strategies.get(name).order\nc = PROFILES[d].predicts\n"
+            "d = options.get('x')\ne = point.device.predicts\nf = gpu_profile(g)\n")
+    assert [line for line, _ in _name_lookups(ast.parse(code))] == [1, 2, 3, 6]
+
+
+def test_below_the_edge_nothing_looks_a_strategy_device_or_gpu_up_by_name() -> None:
+    """A point is resolved once (planning/point.py, or a command's spec); every layer below receives
+    the objects, so no module between the edge and the training step parses a name again."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith(EDGES):
+            continue
+        for lineno, code in _name_lookups(ast.parse(path.read_text())):
+            offenders.append(f"actbench/{rel}:{lineno}: {code}")
+    assert not offenders, "names looked up below the edge:\n" + "\n".join(offenders)
+
+
 def _modules() -> dict[str, Path]:
     modules = {}
     for path in PACKAGE.rglob("*.py"):

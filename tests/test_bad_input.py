@@ -314,7 +314,7 @@ def test_two_benchmark_folders_started_in_one_second_differ(tmp_path: Path, monk
     from actbench.cli.app import new_bench_dir
 
     monkeypatch.setattr(clock, "gmtime", lambda *_: clock.struct_time((2026, 1, 2, 3, 4, 5, 4, 2, 0)))
-    monkeypatch.setattr("actbench.measure.environment.capture_environment", lambda device: {"device": device})
+    monkeypatch.setattr("actbench.measure.environment.capture_environment", lambda device: {"device": device.name})
     first = new_bench_dir(tmp_path, "bench-kernels", "cpu")
     second = new_bench_dir(tmp_path, "bench-kernels", "cpu")
     assert first != second and first.is_dir() and second.is_dir()

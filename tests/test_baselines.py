@@ -17,6 +17,7 @@ from actbench import strategies
 from actbench.execution.specs import CommandSpec, SpecError
 from actbench.training.models import build_model
 from actbench.execution.parsing import parse_strategies
+from actbench.planning.point import Point
 from actbench.schema import Measurement, ModelSpec, PointConfig, ResultRow
 from actbench.strategies import StrategyOptions
 from actbench.training.step import build_training_step, synthetic_batch
@@ -111,7 +112,7 @@ def _grads(strategy: str, seed: int = 0) -> tuple[float, dict[str, torch.Tensor]
     (a reordered sum moves them by 20%)."""
     torch.manual_seed(seed)
     model = build_model(ModelSpec("resnet18"), 64)
-    step, _ = build_training_step(strategy, model, CPU)
+    step, _ = build_training_step(strategies.get(strategy), model, CPU)
     images, targets = synthetic_batch(8, 64, 1000, CPU, seed + 1)
     step.zero_grad()
     loss = step.forward_loss(images, targets)
@@ -166,7 +167,7 @@ def test_every_strategy_trains_at_every_precision(strategy: str, precision: str)
     activations past 65504 (NaN) and SGD oscillates."""
     torch.manual_seed(0)
     model = build_model(ModelSpec("resnet18"), 32)
-    step, _ = build_training_step(strategy, model, CPU, StrategyOptions(lr=0.01), precision=precision)
+    step, _ = build_training_step(strategies.get(strategy), model, CPU, StrategyOptions(lr=0.01), precision=precision)
     images, targets = synthetic_batch(2, 32, 1000, CPU, 1)
     assert (step.scaler is not None) == (precision == "fp16")
     first = step.forward_loss(images, targets).item()
@@ -183,9 +184,9 @@ def test_every_strategy_trains_at_every_precision(strategy: str, precision: str)
 
 # --- memory: ordering on cpu, meta agreeing with cpu, the bf16 targets on meta -------------------------
 def _point(strategy: str, device: str, precision: str = "fp32", model: str = "resnet18", batch: int = 2,
-           image_size: int = 32) -> PointConfig:
-    return PointConfig(ModelSpec(model), strategy, batch, image_size, device, warmup_steps=1, timed_steps=0,
-                       precision=precision)
+           image_size: int = 32) -> Point:
+    return Point.resolve(PointConfig(ModelSpec(model), strategy, batch, image_size, device, warmup_steps=1,
+                                     timed_steps=0, precision=precision))
 
 
 @pytest.fixture(scope="module")

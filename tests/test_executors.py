@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from actbench.core.devices import profile
 from actbench.execution.executors import ChildProcessExecutor, InProcessExecutor, Task, TaskError, executor_for
 from actbench.execution.worker_processes import WorkerProcess, run_child
 from actbench.store.results import RunStore
 from actbench.execution.runner import PointRunner
+from actbench.planning.point import Point
 from actbench.schema import Measurement, ModelSpec, PointConfig
 from workers import live_workers
 
@@ -29,15 +31,15 @@ class RecordingExecutor:
     """An executor that measures nothing: it answers each point with a made-up peak."""
 
     def __init__(self) -> None:
-        self.seen: list[PointConfig] = []
+        self.seen: list[Point] = []
 
     def measure(self, points):
         for point in points:
             self.seen.append(point)
             yield Measurement("ok", peak_alloc_bytes=1000 * point.batch_size)
 
-    def environment(self, device: str) -> dict:
-        return {"device": device, "fake": True}
+    def environment(self, device) -> dict:
+        return {"device": device.name, "fake": True}
 
     def call(self, task: Task) -> dict:
         raise AssertionError("the runner runs no tasks")
@@ -45,8 +47,8 @@ class RecordingExecutor:
 
 def test_runner_sees_only_the_executor_interface(tmp_path: Path) -> None:
     executor = RecordingExecutor()
-    runner = PointRunner(RunStore(tmp_path / "run"), "cpu", executor=executor)
-    points = [PointConfig(ModelSpec("resnet18"), "fp32", b, 32, "cpu") for b in (2, 4)]
+    runner = PointRunner(RunStore(tmp_path / "run"), profile("cpu"), executor=executor)
+    points = [Point.resolve(PointConfig(ModelSpec("resnet18"), "fp32", b, 32, "cpu")) for b in (2, 4)]
     rows = [runner.run(p) for p in points]
     assert [r.peak_alloc_bytes for r in rows] == [2000, 4000] and executor.seen == points
     assert runner.run(points[0]).peak_alloc_bytes == 2000 and len(executor.seen) == 2  # resumed, not re-measured
@@ -54,9 +56,9 @@ def test_runner_sees_only_the_executor_interface(tmp_path: Path) -> None:
 
 
 def test_the_device_profile_chooses_the_executor() -> None:
-    assert isinstance(executor_for("meta"), InProcessExecutor)
-    assert isinstance(executor_for("cpu"), ChildProcessExecutor)
-    assert isinstance(executor_for("cuda"), ChildProcessExecutor)
+    assert isinstance(executor_for(profile("meta")), InProcessExecutor)
+    assert isinstance(executor_for(profile("cpu")), ChildProcessExecutor)
+    assert isinstance(executor_for(profile("cuda")), ChildProcessExecutor)
 
 
 VERIFY_ARGS = dict(model="resnet18", level="L3", batch=2, seeds=2, image_size=32, device="cpu")

@@ -29,8 +29,10 @@ from typing import Any, Iterable, Iterator
 import pytest
 from typer.testing import CliRunner
 
+from actbench.core.devices import profile
 from actbench.store.results import RunStore
 from actbench.execution.runner import PointRunner
+from actbench.planning.point import Point
 from actbench.schema import Measurement, ModelSpec, PointConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,9 +40,9 @@ FAULT_ENV = "ACTBENCH_TEST_FAULT"
 
 
 # --- helpers -------------------------------------------------------------------------------------
-def point(batch: int, device: str = "meta", **kw: Any) -> PointConfig:
-    return PointConfig(model=ModelSpec("resnet18"), strategy="fp32", batch_size=batch, image_size=16,
-                       device=device, warmup_steps=1, timed_steps=1, **kw)
+def point(batch: int, device: str = "meta", **kw: Any) -> Point:
+    return Point.resolve(PointConfig(model=ModelSpec("resnet18"), strategy="fp32", batch_size=batch, image_size=16,
+                                     device=device, warmup_steps=1, timed_steps=1, **kw))
 
 
 class Scripted:
@@ -51,7 +53,7 @@ class Scripted:
         self.delay_s = delay_s
         self.calls: list[int] = []
 
-    def measure(self, points: Iterable[PointConfig]) -> Iterator[Measurement]:
+    def measure(self, points: Iterable[Point]) -> Iterator[Measurement]:
         for p in points:
             self.calls.append(p.batch_size)
             time.sleep(self.delay_s)
@@ -59,12 +61,12 @@ class Scripted:
             yield Measurement(status=status, message="" if status == "ok" else f"scripted {status}",
                               activation_bytes=1000 * p.batch_size if status == "ok" else None)
 
-    def environment(self, device: str) -> dict[str, Any]:
-        return {"device": device, "scripted": True}
+    def environment(self, device) -> dict[str, Any]:
+        return {"device": device.name, "scripted": True}
 
 
 def runner(run_dir: Path, executor: Scripted, **kw: Any) -> PointRunner:
-    return PointRunner(RunStore(run_dir), "meta", executor=executor, **kw)
+    return PointRunner(RunStore(run_dir), profile("meta"), executor=executor, **kw)
 
 
 def lines(run_dir: Path) -> list[dict]:
@@ -86,13 +88,14 @@ def test_error_rows_from_the_fault_hook_are_measured_again(tmp_path: Path, monke
     run_dir = tmp_path / "run"
     points = [point(2), point(3)]  # (batch 1 at 16 px is an error of its own: one value per BatchNorm channel)
     monkeypatch.setenv(FAULT_ENV, "error@batch=3")
-    first = [PointRunner(RunStore(run_dir), "meta").run(p) for p in points]
+    first = [PointRunner(RunStore(run_dir), profile("meta")).run(p) for p in points]
     assert [r.status for r in first] == ["ok", "error"]
     assert "injected error" in first[1].message
 
     monkeypatch.delenv(FAULT_ENV)
     events: list[tuple[str, int]] = []
-    again = PointRunner(RunStore(run_dir), "meta", on_event=lambda kind, p, _: events.append((kind, p.batch_size)))
+    again = PointRunner(RunStore(run_dir), profile("meta"),
+                        on_event=lambda kind, p, _: events.append((kind, p.batch_size)))
     second = [again.run(p) for p in points]
     assert [r.status for r in second] == ["ok", "ok"]
     assert ("cached", 2) in events and ("start", 3) in events and ("start", 2) not in events
@@ -162,9 +165,9 @@ def test_timeout_from_a_real_child_is_retried(tmp_path: Path, monkeypatch) -> No
     run_dir = tmp_path / "run"
     p = point(2, device="cpu")
     monkeypatch.setenv(FAULT_ENV, "hang")
-    assert PointRunner(RunStore(run_dir), "cpu", timeout_s=2).run(p).status == "timeout"
+    assert PointRunner(RunStore(run_dir), profile("cpu"), timeout_s=2).run(p).status == "timeout"
     monkeypatch.delenv(FAULT_ENV)
-    assert PointRunner(RunStore(run_dir), "cpu", timeout_s=600).run(p).status == "ok"
+    assert PointRunner(RunStore(run_dir), profile("cpu"), timeout_s=600).run(p).status == "ok"
     assert [r["status"] for r in lines(run_dir)] == ["timeout", "ok"]
 
 
@@ -263,7 +266,7 @@ def test_unreadable_line_is_one_warning_in_runstore(tmp_path: Path, caplog, kind
     assert len(found) == 1, caplog.text
     # a writer appends after it and the table holds the good rows only
     ex = Scripted()
-    PointRunner(store, "meta", executor=ex).run(point(2))
+    PointRunner(store, profile("meta"), executor=ex).run(point(2))
     assert ex.calls == [2]
     assert [r["batch_size"] for r in table(run_dir)] == ["1", "2"]
     assert json.loads(rows_path.read_bytes().splitlines()[-1])["batch_size"] == 2
@@ -346,8 +349,10 @@ def test_bad_lines_warn_in_resume_plot_and_report(meta_run, tmp_path: Path, capl
 WRITER = """
 import sys, time
 from pathlib import Path
+from actbench.core.devices import profile
 from actbench.store.results import RunStore
 from actbench.execution.runner import PointRunner
+from actbench.planning.point import Point
 from actbench.schema import Measurement, ModelSpec, PointConfig
 
 class Slow:
@@ -358,12 +363,12 @@ class Slow:
             time.sleep(0.01)
             yield Measurement(status="ok", activation_bytes=p.batch_size)
     def environment(self, device):
-        return {"device": device}
+        return {"device": device.name}
 
 run_dir, n = Path(sys.argv[1]), int(sys.argv[2])
-r = PointRunner(RunStore(run_dir), "meta", executor=Slow())
+r = PointRunner(RunStore(run_dir), profile("meta"), executor=Slow())
 for b in range(1, n + 1):
-    r.run(PointConfig(ModelSpec("resnet18"), "fp32", b, 16, "meta"))
+    r.run(Point.resolve(PointConfig(ModelSpec("resnet18"), "fp32", b, 16, "meta")))
 print(Slow.calls)
 """
 
@@ -508,7 +513,7 @@ def test_sigterm_during_the_first_build_kills_the_compilers(tmp_path: Path, args
 class Captured(Scripted):
     """A scripted executor that records this process's real environment (its timing included)."""
 
-    def environment(self, device: str) -> dict[str, Any]:
+    def environment(self, device) -> dict[str, Any]:
         from actbench.measure.environment import capture_environment
 
         return capture_environment(device)
@@ -520,7 +525,7 @@ def test_resume_refuses_to_mix_exact_step_timings(tmp_path: Path, monkeypatch, r
 
     run_dir = tmp_path / "run"
     monkeypatch.setenv(EXACT_STEPS_ENV, "1" if recorded else "")
-    first = PointRunner(RunStore(run_dir), "cpu", executor=Captured())
+    first = PointRunner(RunStore(run_dir), profile("cpu"), executor=Captured())
     first.run(point(2, device="cpu"))
     env = json.loads((run_dir / "env.json").read_text())
     assert ("timing" in env) is recorded
@@ -528,7 +533,7 @@ def test_resume_refuses_to_mix_exact_step_timings(tmp_path: Path, monkeypatch, r
     monkeypatch.setenv(EXACT_STEPS_ENV, now)
     executor = Captured()
     with pytest.raises(ValueError) as info:
-        PointRunner(RunStore(run_dir), "cpu", executor=executor).run(point(4, device="cpu"))
+        PointRunner(RunStore(run_dir), profile("cpu"), executor=executor).run(point(4, device="cpu"))
     message = str(info.value)
     assert "\n" not in message and EXACT_STEPS_ENV in message and "=1" in message and "unset" in message
     assert executor.calls == [] and (run_dir / "rows.jsonl").read_text() == rows_before
@@ -568,7 +573,7 @@ def test_a_line_past_the_limits_is_skipped_in_reading_repair_and_resume(tmp_path
     # the same line as a torn tail (no newline): the repair sets it aside instead of crashing
     rows_path.write_bytes(rows_path.read_bytes().rstrip(b"\n"))
     ex = Scripted()
-    PointRunner(RunStore(run_dir), "meta", executor=ex).run(point(2))
+    PointRunner(RunStore(run_dir), profile("meta"), executor=ex).run(point(2))
     assert ex.calls == [2]
     assert [json.loads(line)["batch_size"] for line in rows_path.read_bytes().splitlines()] == [1, 2]
     assert (run_dir / "rows.jsonl.torn").read_bytes() == hostile + b"\n"
@@ -834,7 +839,7 @@ def test_a_full_disk_while_a_benchmark_writes_its_csv_is_one_line(tmp_path: Path
     from actbench.kernels import bench as kernel_bench
     from actbench.studies import actnn_cost, harness_cost
 
-    monkeypatch.setattr("actbench.measure.environment.capture_environment", lambda device: {"device": device})
+    monkeypatch.setattr("actbench.measure.environment.capture_environment", lambda device: {"device": device.name})
 
     def fake(cls: type) -> Any:
         return cls(**{name: 1 for name in cls.__dataclass_fields__})

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from actbench import strategies
 from actbench.cli import app
 from actbench.execution.specs import CommandSpec, SpecError
 from actbench.core.gpus import MIB, gpu_profile
 from actbench.measure.accounting import OverBudget
+from actbench.planning.point import Point
 from actbench.schema import MEMORY_FAILURES, STATUSES, Measurement, ModelSpec, PointConfig, ResultRow
 
 SMALL = ["resnet18", "--image-size", "32", "--batch", "4", "--device", "meta"]
@@ -46,16 +48,17 @@ def test_gpu_sets_the_budget_to_what_the_profile_leaves_and_budget_alone_keeps_o
     spec = CommandSpec(command="plan", model="resnet50", strategies=("fp32", "L5"), device="meta", dim="batch",
                        gpu="t4", host_budget="64GiB")
     settings = spec.settings()
-    assert settings.budget_bytes == gpu_profile("t4").usable_bytes and settings.gpu == "t4"
+    assert settings.budget_bytes == gpu_profile("t4").usable_bytes and settings.gpu.name == "t4"
     assert settings.host_budget_bytes == 64 << 30
-    point = settings.point(ModelSpec("resnet50"), "L5", 64, 224)
-    assert (point.gpu, point.host_budget_bytes) == ("t4", 64 << 30)
+    point = settings.point(ModelSpec("resnet50"), strategies.get("L5"), 64, 224)
+    assert (point.gpu.name, point.config.gpu, point.host_budget_bytes) == ("t4", "t4", 64 << 30)
     # without --gpu and --host-budget nothing changes: the committed run's directory and keys
     plain = CommandSpec(command="plan", model="resnet50", device="meta", dim="batch", budget="16GiB",
                         strategies=("fp32", "swap", "checkpoint", "L0", "L1", "L2", "L3", "L4", "L5"))
     assert plain.plan().name == "plan-batch_resnet50_meta_224px_fc3bfbdc"  # results/meta/planned_max_batch
-    assert plain.settings().point(ModelSpec("resnet50"), "fp32", 64, 224).key() == "cffb3fecd7ab80ac"  # its first row
-    assert spec.plan().name != plain.plan().name and point.key() != dataclasses.replace(point, gpu=None).key()
+    first = plain.settings().point(ModelSpec("resnet50"), strategies.get("fp32"), 64, 224)
+    assert first.key() == "cffb3fecd7ab80ac"  # its first row
+    assert spec.plan().name != plain.plan().name and point.key() != dataclasses.replace(point.config, gpu=None).key()
 
 
 def test_experiment_files_and_the_cli_share_the_check() -> None:
@@ -89,13 +92,13 @@ def test_reserved_bytes_decide_a_gpu_point_and_l5_can_differ_from_l4() -> None:
     budget = 110 * MIB
     l4 = PointConfig(ModelSpec("resnet18"), "L4", 4, 32, "meta", budget_bytes=budget, gpu="t4")
     with pytest.raises(OverBudget, match="predicted reserved .* usable on t4"):
-        predict_reserved(l4, Measurement("ok"), trace)
+        predict_reserved(Point.resolve(l4), Measurement("ok"), trace)
     l5 = Measurement("ok")
-    predict_reserved(dataclasses.replace(l4, strategy="L5"), l5, trace)
+    predict_reserved(Point.resolve(dataclasses.replace(l4, strategy="L5")), l5, trace)
     assert l5.reserved_bytes == 5 * 20 * MIB + 2 * MIB
     # with --budget alone the same trace only fills reserved_bytes (decided on the peak, as before)
     plain = Measurement("ok")
-    predict_reserved(dataclasses.replace(l4, gpu=None), plain, trace)
+    predict_reserved(Point.resolve(dataclasses.replace(l4, gpu=None)), plain, trace)
     assert plain.reserved_bytes == 30 * MIB + 30 * MIB + 40 * MIB  # no workspaces without a GPU profile
 
 

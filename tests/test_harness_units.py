@@ -10,8 +10,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from actbench import strategies
 from actbench.measure.environment import GIT_COMMIT_VAR, _git_commit
-from actbench.core.devices import pinned_host_bytes
+from actbench.core.devices import PROFILES, pinned_host_bytes
 from actbench.measure.accounting import count_flops
 from actbench.measure.point import measure_point
 from actbench.measure.tracker import LiveStorageTracker, unique_storage_bytes
@@ -21,6 +22,7 @@ from actbench.execution.parsing import combine_strategies, parse_bytes, parse_in
 from actbench.schema import COLUMNS, Measurement, ModelSpec, PointConfig, ResultRow
 from actbench.planning.configs import multiples_of
 from actbench.planning.guided import binary_search_largest
+from actbench.planning.point import Point
 from actbench.planning.search import linear_scan, SearchOutcome
 from actbench.planning.settings import MeasureSettings
 from actbench.strategies import ALL_STRATEGIES, LEVEL_NAMES
@@ -30,9 +32,9 @@ from actbench.training.step import build_training_step, synthetic_batch
 TINY = dict(batch_size=4, image_size=32, device="cpu", warmup_steps=1, timed_steps=1)
 
 
-def _point(strategy: str, **kw) -> PointConfig:
+def _point(strategy: str, **kw) -> Point:
     args = {**TINY, **kw}
-    return PointConfig(model=ModelSpec("resnet18"), strategy=strategy, **args)
+    return Point.resolve(PointConfig(model=ModelSpec("resnet18"), strategy=strategy, **args))
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,7 @@ def fp32_measurement():
 # --- result rows -------------------------------------------------------------------------------
 def test_result_row_carries_every_measurement_field_and_the_point(fp32_measurement) -> None:
     point = _point("fp32", timed_steps=3)
-    row = ResultRow.build(point, fp32_measurement, run_id="r1", env_id="e1")
+    row = ResultRow.build(point.config, fp32_measurement, run_id="r1", env_id="e1")
     for f in fields(Measurement):
         assert getattr(row, f.name) == getattr(fp32_measurement, f.name), f.name
     assert (row.key, row.model, row.batch_size, row.timed_steps) == (point.key(), "resnet18", 4, 3)
@@ -56,15 +58,15 @@ def test_result_row_carries_every_measurement_field_and_the_point(fp32_measureme
     ("cuda", "sweep-batch", (3, 10)), ("cpu", "sweep-batch", (1, 3)), ("cuda", "memory", (3, 0)),
     ("cpu", "memory", (1, 0)), ("meta", "sweep-batch", (1, 0)), ("meta", "plan", (1, 0))])
 def test_measure_settings_defaults_per_device(device: str, command: str, expected: tuple[int, int]) -> None:
-    s = MeasureSettings.resolve(device, command)
+    s = MeasureSettings.resolve(PROFILES[device], command)
     assert (s.warmup_steps, s.timed_steps) == expected
-    given = MeasureSettings.resolve(device, command, warmup_steps=5, timed_steps=0)
+    given = MeasureSettings.resolve(PROFILES[device], command, warmup_steps=5, timed_steps=0)
     assert (given.warmup_steps, given.timed_steps) == ((1, 0) if device == "meta" else (5, 0))
 
 
 def test_measure_settings_meta_refuses_timed_steps() -> None:
     with pytest.raises(ValueError, match="meta predicts memory only.*got 4"):
-        MeasureSettings.resolve("meta", "sweep-batch", timed_steps=4)
+        MeasureSettings.resolve(PROFILES["meta"], "sweep-batch", timed_steps=4)
 
 
 def test_git_commit_from_the_checkout_else_from_the_variable(tmp_path, monkeypatch) -> None:
@@ -225,7 +227,7 @@ def _grads_after_step(strategy: str) -> list[torch.Tensor]:
     torch.manual_seed(0)
     model = build_model(ModelSpec("resnet18"), 32)
     images, targets = synthetic_batch(4, 32, 1000, torch.device("cpu"), seed=1)
-    step, _ = build_training_step(strategy, model, torch.device("cpu"))
+    step, _ = build_training_step(strategies.get(strategy), model, torch.device("cpu"))
     step.zero_grad()
     step.forward_loss(images, targets).backward()
     return [p.grad.clone() for p in step.model.parameters()]
@@ -440,6 +442,6 @@ def test_actnn_strategies_convert_the_handed_model_in_place(strategy: str) -> No
     torch.manual_seed(0)
     model = build_model(ModelSpec("resnet18"), 32)
     params = {id(p) for p in model.parameters()}
-    step, _ = build_training_step(strategy, model, torch.device("cpu"))
+    step, _ = build_training_step(strategies.get(strategy), model, torch.device("cpu"))
     assert {id(p) for p in step.model.parameters()} == params
     assert any(type(m).__name__ == "QConv2d" for m in model.modules())  # converted where it was handed over

@@ -120,7 +120,7 @@ def test_trust_command_keeps_finished_points_and_exits_1_on_a_failed_one(tmp_pat
     real = point_module.measure_point
 
     def flaky(point, **kwargs):
-        if point.device == "cpu" and point.strategy == "L3":
+        if point.device.name == "cpu" and point.strategy.name == "L3":
             raise RuntimeError("boom in the measurement")
         return real(point, **kwargs)
 
@@ -225,9 +225,10 @@ def test_meta_warm_up_gives_wrapped_parameters_their_momentum(model, strategy, s
     GoogLeNet's auxiliary heads are outside the loss: they get none, on cpu as on meta."""
     from actbench.measure.meta import MetaSessions
     from actbench.measure.point import measure_point
+    from actbench.planning.point import Point
     from actbench.schema import ModelSpec, PointConfig
 
-    meta = MetaSessions().measure_point(PointConfig(ModelSpec(model), strategy, 2, size, "meta"))
-    cpu = measure_point(PointConfig(ModelSpec(model), strategy, 2, size, "cpu", timed_steps=0))
+    meta = MetaSessions().measure_point(Point.resolve(PointConfig(ModelSpec(model), strategy, 2, size, "meta")))
+    cpu = measure_point(Point.resolve(PointConfig(ModelSpec(model), strategy, 2, size, "cpu", timed_steps=0)))
     assert meta.status == cpu.status == "ok"
     assert meta.peak_alloc_bytes == cpu.peak_alloc_bytes

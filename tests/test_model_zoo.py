@@ -16,6 +16,7 @@ import torch
 
 from actbench.core import compat
 from actbench.measure.meta import MetaSessions
+from actbench.planning.point import Point
 from actbench.training.model_names import list_model_names
 from actbench.training.models import FAMILY_REPRESENTATIVES, build_model, model_family
 from actbench.schema import LEVEL_NAMES, ModelSpec, PointConfig
@@ -28,9 +29,9 @@ def small_size(name: str) -> int:
     return SMALL_SIZE.get(name, 32)
 
 
-def meta_point(name: str, strategy: str, batch: int = 2, size: int | None = None) -> PointConfig:
-    return PointConfig(ModelSpec(name), strategy, batch, size or small_size(name), "meta", warmup_steps=1,
-                       timed_steps=0)
+def meta_point(name: str, strategy: str, batch: int = 2, size: int | None = None) -> Point:
+    return Point.resolve(PointConfig(ModelSpec(name), strategy, batch, size or small_size(name), "meta",
+                                     warmup_steps=1, timed_steps=0))
 
 
 def test_family_representatives_cover_every_family():
@@ -206,7 +207,7 @@ def test_cpu_memory_row_carries_the_census_meta_predicts():
     from actbench.measure.point import measure_point
 
     point = meta_point("mobilenet_v3_large", "L3", size=64)
-    cpu = measure_point(dataclasses.replace(point, device="cpu"))
+    cpu = measure_point(Point.resolve(dataclasses.replace(point.config, device="cpu")))
     meta = MetaSessions().measure_point(point)
     assert cpu.status == "ok", cpu.message
     assert "uncompressed " in cpu.strategy_note and "% of " in cpu.strategy_note, cpu.strategy_note

@@ -308,7 +308,7 @@ def test_report_tables_and_paper_ratios(results: Path, tmp_path: Path) -> None:
     assert "| swap | 480 | 3.00 | 28.0 | 480–511 | 0.94–1.00 | 3.00 |" in text
     assert "all multiples of 32: each is a lower bound" in text
     # activation reduction at L3 beside the paper's 12x
-    assert "| L3 | 1.172 GiB |" in text and "| 12.00× | 12× | 1.00 |" in text
+    assert "| L3 | 1.17 GiB |" in text and "| 12.00× | 12× | 1.00 |" in text
     # throughput: the paper's nearest point within ±4 batch and the ratio
     assert "| L3 | 608 | ok | 85.0 | 1.7 | 86.1 (608) | 0.99 |" in text
     assert "| fp32 | 192 | oom: oom at batch 192 |" in text
@@ -333,8 +333,8 @@ def test_report_memory_host_copies_and_no_predicted_throughput(results: Path, tm
     write_run(tmp_path / "h", "sweep-batch_resnet18_cpu_32px_ffff", rows, config={"command": "sweep-batch"})
     text = build_report(find_runs(tmp_path / "h"), tmp_path / "h", tmp_path, ())
     assert "| strategy | activation | peak allocated | model (params+grads+optimizer) | host copies |" in text
-    assert "| swap | 0.0 MiB | 10.0 MiB | 300.0 MiB | 64.0 MiB | >1000× |" in text  # not 16777216.00×
-    assert "| L3 | 5.0 MiB | 12.0 MiB | 300.0 MiB | – | 12.80× |" in text
+    assert "| swap | 4 B | 10.00 MiB | 300.00 MiB | 64.00 MiB | >1000× |" in text  # not 16777216.00×
+    assert "| L3 | 5.00 MiB | 12.00 MiB | 300.00 MiB | – | 12.80× |" in text
 
 
 def test_report_links_figures_relatively(results: Path, tmp_path: Path) -> None:
@@ -544,3 +544,13 @@ def test_report_averages_runs_that_differ_only_in_their_seed(tmp_path: Path) -> 
     assert "| fp32 | 3 | 0.640 | 0.600 / 0.620 / 0.700 | – | – |" in text
     # 2 bits: mean 0.640 against fp32's 0.640 -> +0.0 (never -0.0); worst seed 0.69 - 0.70 -> -1.0
     assert "| 2 bits | 3 | 0.640 | 0.590 / 0.640 / 0.690 | +0.0 | -1.0 |" in text
+
+
+def test_one_byte_formatter_serves_tables_labels_and_folder_names() -> None:
+    from actbench.schema import format_bytes
+
+    assert format_bytes(int(1.172 * GIB)) == "1.17 GiB" and format_bytes(300 * MIB) == "300.00 MiB"
+    assert format_bytes(3 * 1024) == "3.00 KiB" and format_bytes(4) == "4 B" and format_bytes(0) == "0 B"
+    assert format_bytes(None) == "-" and format_bytes(None, missing="–") == "–"
+    assert format_bytes(16 * GIB, decimals=None) == "16 GiB" and format_bytes(int(14.5 * GIB), decimals=None) == "14.5 GiB"
+    assert format_bytes(136 * MIB, decimals=None, sep="") == "136MiB"

@@ -28,6 +28,8 @@ from typing import Any, Iterable, Iterator
 import pytest
 from typer.testing import CliRunner
 
+from actbench import strategies as registry
+from actbench.core.devices import PROFILES
 from actbench.execution.executors import ChildProcessExecutor
 from actbench.store.results import RunStore
 from actbench.execution.execution_options import ExecutionOptions, SlurmOptions, parse_time_minutes
@@ -35,6 +37,7 @@ from actbench.execution.local_run import run_local, scan_window, split
 from actbench.execution.scaleout import execute
 from actbench.schema import MEMORY_FAILURES, Measurement, ModelSpec, PointConfig
 from actbench.planning.configs import GridConfig, SweepConfig
+from actbench.planning.point import Point
 from actbench.planning.search import run_grid, run_sweep
 from actbench.planning.settings import MeasureSettings
 from workers import live_workers
@@ -61,25 +64,25 @@ class Scripted:
         self.most = 0
         self._lock = threading.Lock()
 
-    def measure(self, points: Iterable[PointConfig]) -> Iterator[Measurement]:
+    def measure(self, points: Iterable[Point]) -> Iterator[Measurement]:
         for p in points:
             with self._lock:
-                self.calls.append((p.strategy, p.batch_size))
+                self.calls.append((p.strategy.name, p.batch_size))
                 self.running += 1
                 self.most = max(self.most, self.running)
             time.sleep(self.delay_s)
             with self._lock:
                 self.running -= 1
             peak = 1000 * p.batch_size
-            status = self.statuses.get((p.strategy, p.batch_size), "ok")
+            status = self.statuses.get((p.strategy.name, p.batch_size), "ok")
             if status == "ok" and self.budget is not None and peak > self.budget:
                 status = "over_budget"
             yield Measurement(status=status, message="" if status == "ok" else f"scripted {status}",
                               peak_alloc_bytes=peak if status in ("ok", "over_budget") else None,
                               activation_bytes=peak)
 
-    def environment(self, device: str) -> dict[str, Any]:
-        return {"device": device, "scripted": True}
+    def environment(self, device) -> dict[str, Any]:
+        return {"device": device.name, "scripted": True}
 
 
 def lines(run_dir: Path) -> list[dict]:
@@ -91,10 +94,19 @@ def table(run_dir: Path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
+def resolved(*names: str) -> tuple:
+    """The strategies called ``names``, as search configs hold them."""
+    return tuple(registry.get(n) for n in names)
+
+
+def names(strategies) -> tuple[str, ...]:
+    return tuple(s.name for s in strategies)
+
+
 def sweep(strategies=("fp32", "L3"), batches=tuple(range(2, 18, 2)), stop_after=2, find_max=False,
           budget=None, device="meta") -> SweepConfig:
-    settings = MeasureSettings(device=device, budget_bytes=budget, warmup_steps=1, timed_steps=0)
-    return SweepConfig(ModelSpec("resnet18"), strategies, batches, 16, settings, stop_after, find_max)
+    settings = MeasureSettings(device=PROFILES[device], budget_bytes=budget, warmup_steps=1, timed_steps=0)
+    return SweepConfig(ModelSpec("resnet18"), resolved(*strategies), batches, 16, settings, stop_after, find_max)
 
 
 def shape(outcome) -> list[tuple[str, int, str]]:
@@ -149,8 +161,8 @@ def test_guided_searches_and_grids_in_parallel_give_the_serial_answers(tmp_path:
     assert shape(parallel) == shape(serial) and parallel.summary() == serial.summary()
     assert serial.maxima["fp32"] == 148
 
-    grid = GridConfig("memory", ModelSpec("resnet18"), ("fp32", "L3"), (2, 4, 6), 16,
-                      MeasureSettings(device="meta", timed_steps=0))
+    grid = GridConfig("memory", ModelSpec("resnet18"), resolved("fp32", "L3"), (2, 4, 6), 16,
+                      MeasureSettings(device=PROFILES["meta"], timed_steps=0))
     assert len(split(grid)) == 6  # all points at once
     ex = Scripted({("L3", 4): "oom"}, 0.1)
     parallel = run_local(run_grid, grid, tmp_path / "g", options=ExecutionOptions(jobs=6), executor=ex)
@@ -164,13 +176,13 @@ def test_a_strategy_predicted_as_another_searches_in_that_strategys_part() -> No
     from actbench.planning.configs import ScaleConfig
 
     def plan(device: str) -> ScaleConfig:
-        return ScaleConfig("batch", "resnet50", ("fp32", "L4", "L3", "L5"), 64, 224, 4, 64, 4,
-                           MeasureSettings(device=device, budget_bytes=2**34), command="plan")
+        return ScaleConfig("batch", "resnet50", resolved("fp32", "L4", "L3", "L5"), 64, 224, 4, 64, 4,
+                           MeasureSettings(device=PROFILES[device], budget_bytes=2**34), command="plan")
 
-    assert [p.strategies for p in split(plan("meta"))] == [("fp32",), ("L4", "L5"), ("L3",)]
-    assert [p.strategies for p in split(plan("cpu"))] == [("fp32",), ("L4",), ("L3",), ("L5",)]
-    only_l5 = dataclasses.replace(plan("meta"), strategies=("fp32", "L5"))
-    assert [p.strategies for p in split(only_l5)] == [("fp32",), ("L5",)]
+    assert [names(p.strategies) for p in split(plan("meta"))] == [("fp32",), ("L4", "L5"), ("L3",)]
+    assert [names(p.strategies) for p in split(plan("cpu"))] == [("fp32",), ("L4",), ("L3",), ("L5",)]
+    only_l5 = dataclasses.replace(plan("meta"), strategies=resolved("fp32", "L5"))
+    assert [names(p.strategies) for p in split(only_l5)] == [("fp32",), ("L5",)]
 
 
 def test_several_writers_keep_the_run_directory_consistent(tmp_path: Path) -> None:
@@ -243,8 +255,9 @@ def test_a_plan_with_a_spare_slot_certifies_side_by_side_and_finds_the_same_maxi
 
 
 # --- persistent workers -----------------------------------------------------------------------------
-def cpu_point(batch: int, strategy: str = "fp32") -> PointConfig:
-    return PointConfig(ModelSpec("resnet18"), strategy, batch, 16, "cpu", warmup_steps=1, timed_steps=0)
+def cpu_point(batch: int, strategy: str = "fp32") -> Point:
+    return Point.resolve(PointConfig(ModelSpec("resnet18"), strategy, batch, 16, "cpu", warmup_steps=1,
+                                     timed_steps=0))
 
 
 MEMORY = ("status", "activation_bytes", "peak_alloc_bytes", "model_bytes", "host_bytes")
@@ -331,8 +344,9 @@ def test_a_persistent_worker_dies_with_its_parent(tmp_path: Path) -> None:
         import os, threading
         os.environ["ACTBENCH_TEST_FAULT"] = "hang"
         from actbench.execution.executors import ChildProcessExecutor
+        from actbench.planning.point import Point
         from actbench.schema import ModelSpec, PointConfig
-        point = PointConfig(ModelSpec("resnet18"), "fp32", 2, 16, "cpu", timed_steps=0)
+        point = Point.resolve(PointConfig(ModelSpec("resnet18"), "fp32", 2, 16, "cpu", timed_steps=0))
         executor = ChildProcessExecutor(timeout_s=600, persistent=True)
         thread = threading.Thread(target=lambda: list(executor.measure([point])))
         thread.start()

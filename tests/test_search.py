@@ -15,8 +15,11 @@ from typing import Callable
 
 import pytest
 
-from actbench.schema import MEMORY_FAILURES, Measurement, ModelSpec, PointConfig, ResultRow
+from actbench import strategies
+from actbench.core.devices import PROFILES
+from actbench.schema import MEMORY_FAILURES, Measurement, ModelSpec, ResultRow
 from actbench.planning.configs import multiples_of, ScaleConfig, SweepConfig
+from actbench.planning.point import Point
 from actbench.planning.guided import (binary_search_largest, GROWTH, guided_search_largest, MAX_GUIDED_PROBES,
                                       predictive_search_largest, search_probes)
 from actbench.planning.search import run_max_scale, run_plan, run_sweep
@@ -268,22 +271,27 @@ def test_edges_no_budget_nothing_fits_everything_fits() -> None:
 # --- the searches the commands run, on synthetic rows ------------------------------------------------------
 
 
-def _row(point: PointConfig, peak: int, budget: int | None, peaks_on_failure: bool) -> ResultRow:
+def _row(point: Point, peak: int, budget: int | None, peaks_on_failure: bool) -> ResultRow:
     fits = budget is None or peak <= budget
     status = "ok" if fits else ("over_budget" if peaks_on_failure else "oom")
     depth = 152 + 3 * point.model.extra_blocks
     m = Measurement(status=status, peak_alloc_bytes=peak if fits or peaks_on_failure else None,
                     param_bytes=100_000_000, grad_bytes=100_000_000, depth=depth)
-    return ResultRow.build(point, m, "run", "env")
+    return ResultRow.build(point.config, m, "run", "env")
 
 
-def _synthetic(point: PointConfig) -> int:
+def _synthetic(point: Point) -> int:
     """Peak of a point, growing like the real thing in each dimension (L3 a fifth of fp32's activations)."""
-    per = 1.0 if point.strategy == "fp32" else 0.2
+    per = 1.0 if point.strategy.name == "fp32" else 0.2
     width = point.model.width_per_group or 64
     activations = per * 40_000 * point.batch_size * point.image_size ** 2 / 224 ** 2 * 2_000
     activations *= (152 + 3 * point.model.extra_blocks) / 152 * (0.5 + 0.5 * width / 64)
     return int(200_000_000 + 30_000 * width ** 2 + activations)
+
+
+def _strategies(*names: str) -> tuple:
+    """The strategies called ``names``, as search configs hold them."""
+    return tuple(strategies.get(n) for n in names)
 
 
 class FakeRunner:
@@ -292,7 +300,7 @@ class FakeRunner:
     def __init__(self, budget: int | None, peaks_on_failure: bool = True) -> None:
         self.budget, self.peaks_on_failure, self.asked = budget, peaks_on_failure, []
 
-    def __call__(self, point: PointConfig) -> ResultRow:
+    def __call__(self, point: Point) -> ResultRow:
         self.asked.append(point)
         return _row(point, _synthetic(point), self.budget, self.peaks_on_failure)
 
@@ -301,8 +309,8 @@ class FakeRunner:
                                                ("resolution", 224, 768, 32)])
 def test_run_plan_summary_says_how_each_maximum_was_reached(dim: str, low: int, high: int, step: int) -> None:
     budget = 16 * GiB
-    settings = MeasureSettings(device="meta", budget_bytes=budget, warmup_steps=1, timed_steps=0)
-    cfg = ScaleConfig(dim, "resnet152", ("fp32", "L3"), 64, 224, low, high, step, settings, command="plan")
+    settings = MeasureSettings(device=PROFILES["meta"], budget_bytes=budget, warmup_steps=1, timed_steps=0)
+    cfg = ScaleConfig(dim, "resnet152", _strategies("fp32", "L3"), 64, 224, low, high, step, settings, command="plan")
     runner = FakeRunner(budget)
     outcome = run_plan(cfg, runner)
     summary = outcome.summary()
@@ -310,7 +318,7 @@ def test_run_plan_summary_says_how_each_maximum_was_reached(dim: str, low: int, 
     for strategy, entry in summary.items():
         assert set(entry) == {"max", "bounded", "key", "method", "probes", "fit", "fallback"}
         expected = binary_search_largest(cfg.candidates(),
-                                         lambda v, s=strategy: _synthetic(cfg.point(s, v)) <= budget)
+                                         lambda v, s=strategy: _synthetic(cfg.point(strategies.get(s), v)) <= budget)
         assert entry["max"] == expected and entry["bounded"] is (expected < high), (dim, strategy, entry)
         assert entry["method"] == "model-guided" and entry["fallback"] is None
         assert entry["fit"] == GROWTH[dim].fit and entry["probes"] <= 5, entry
@@ -321,35 +329,35 @@ def test_run_plan_summary_says_how_each_maximum_was_reached(dim: str, low: int, 
 def test_max_scale_and_find_max_on_cuda_like_rows() -> None:
     """Out-of-memory rows carry no peak: the line is fitted to rows that fit; few of them run out."""
     budget = 16 * GiB
-    settings = MeasureSettings(device="cuda", budget_bytes=budget)
-    cfg = ScaleConfig("depth", "resnet152", ("fp32", "L3"), 64, 224, 0, 4096, 1, settings)
+    settings = MeasureSettings(device=PROFILES["cuda"], budget_bytes=budget)
+    cfg = ScaleConfig("depth", "resnet152", _strategies("fp32", "L3"), 64, 224, 0, 4096, 1, settings)
     runner = FakeRunner(budget, peaks_on_failure=False)
     outcome = run_max_scale(cfg, runner)
     for strategy, entry in outcome.summary().items():
         expected = binary_search_largest(cfg.candidates(),
-                                         lambda v, s=strategy: _synthetic(cfg.point(s, v)) <= budget)
+                                         lambda v, s=strategy: _synthetic(cfg.point(strategies.get(s), v)) <= budget)
         assert entry["max"] == expected and entry["method"] == "model-guided" and entry["probes"] <= 5
     assert sum(r.status == "oom" for r in outcome.rows) <= 3
 
-    sweep = SweepConfig(ModelSpec("resnet50"), ("fp32", "L3"), (16, 4096), 224, settings, find_max=True)
+    sweep = SweepConfig(ModelSpec("resnet50"), _strategies("fp32", "L3"), (16, 4096), 224, settings, find_max=True)
     runner = FakeRunner(budget, peaks_on_failure=False)
     outcome = run_sweep(sweep, runner)
     for strategy, entry in outcome.summary().items():
         expected = binary_search_largest(sweep.candidates(), lambda v, s=strategy: _synthetic(
-            settings.point(ModelSpec("resnet50"), s, v, 224)) <= budget)
+            settings.point(ModelSpec("resnet50"), strategies.get(s), v, 224)) <= budget)
         assert entry["max"] == expected and entry["method"] == "model-guided" and entry["fit"] == "a + b·batch"
         assert entry["probes"] <= 5 and entry["bounded"]
     # Without a budget (cpu or cuda without --budget) there is no line to aim: plain bisection, as before.
-    plain = SweepConfig(ModelSpec("resnet50"), ("fp32",), (16, 4096), 224, MeasureSettings(device="cpu"),
-                        find_max=True)
+    plain = SweepConfig(ModelSpec("resnet50"), _strategies("fp32"), (16, 4096), 224,
+                        MeasureSettings(device=PROFILES["cpu"]), find_max=True)
     outcome = run_sweep(plain, FakeRunner(None))
     assert outcome.summary()["fp32"]["method"] == "bisection" and outcome.summary()["fp32"]["max"] == 4096
     assert outcome.summary()["fp32"]["fallback"] == "no budget to aim at" and outcome.summary()["fp32"]["fit"] is None
 
 
 def test_scan_summary_counts_its_points() -> None:
-    settings = MeasureSettings(device="cpu", budget_bytes=2 * GiB)
-    cfg = SweepConfig(ModelSpec("resnet50"), ("fp32",), (4, 8, 400, 800, 1600), 224, settings, stop_after=2)
+    settings = MeasureSettings(device=PROFILES["cpu"], budget_bytes=2 * GiB)
+    cfg = SweepConfig(ModelSpec("resnet50"), _strategies("fp32"), (4, 8, 400, 800, 1600), 224, settings, stop_after=2)
     outcome = run_sweep(cfg, FakeRunner(2 * GiB))
     entry = outcome.summary()["fp32"]
     assert entry["method"] == "scan" and entry["probes"] == len(outcome.rows) == 4 and entry["max"] == 8
@@ -357,12 +365,12 @@ def test_scan_summary_counts_its_points() -> None:
 
 def test_a_probe_that_errs_ends_a_plan_without_a_maximum() -> None:
     budget = 16 * GiB
-    settings = MeasureSettings(device="meta", budget_bytes=budget, warmup_steps=1, timed_steps=0)
-    cfg = ScaleConfig("batch", "resnet50", ("fp32",), 64, 224, 4, 16384, 4, settings, command="plan")
+    settings = MeasureSettings(device=PROFILES["meta"], budget_bytes=budget, warmup_steps=1, timed_steps=0)
+    cfg = ScaleConfig("batch", "resnet50", _strategies("fp32"), 64, 224, 4, 16384, 4, settings, command="plan")
 
-    def run(point: PointConfig) -> ResultRow:
+    def run(point: Point) -> ResultRow:
         if point.batch_size > 64:
-            return ResultRow.build(point, Measurement(status="error", message="boom"), "run", "env")
+            return ResultRow.build(point.config, Measurement(status="error", message="boom"), "run", "env")
         return _row(point, _synthetic(point), budget, True)
 
     outcome = run_plan(cfg, run)

@@ -169,6 +169,13 @@ def test_prediction_columns_are_their_own_and_old_rows_load_without_them() -> No
     assert loaded.predicted_step_s is None and loaded.device_model is None
 
 
+def _resnet18_on_meta(strategy: str, **kw):
+    """ResNet-18 at batch 32, 160 px, predicted on meta: the point resolved, as measure_point takes it."""
+    from actbench.planning.point import Point
+
+    return Point.resolve(PointConfig(ModelSpec("resnet18"), strategy, 32, 160, "meta", **kw))
+
+
 def test_meta_rows_with_a_gpu_carry_its_predicted_speed(monkeypatch) -> None:
     from actbench.measure.meta import MetaSessions
     from actbench.planning.device_models import DEVICE_MODEL_ENV
@@ -176,18 +183,18 @@ def test_meta_rows_with_a_gpu_carry_its_predicted_speed(monkeypatch) -> None:
     monkeypatch.delenv(DEVICE_MODEL_ENV, raising=False)
     sessions = MetaSessions()
     # 160 px, batch 32: large enough that the device, not the host's dispatch, bounds a T4's step
-    rows = {s: sessions.measure_point(PointConfig(ModelSpec("resnet18"), s, 32, 160, "meta", gpu="t4", timed_steps=0))
+    rows = {s: sessions.measure_point(_resnet18_on_meta(s, gpu="t4", timed_steps=0))
             for s in ("fp32", "swap")}
     for m in rows.values():
         assert m.status == "ok" and m.device_model == "t4" and m.samples_per_s_median is None  # never measured
         assert m.predicted_samples_per_s == pytest.approx(32 / m.predicted_step_s)
     assert rows["swap"].predicted_step_s > rows["fp32"].predicted_step_s  # its copies cross PCIe, serially
-    a100 = sessions.measure_point(PointConfig(ModelSpec("resnet18"), "fp32", 32, 160, "meta", gpu="a100-80gb"))
+    a100 = sessions.measure_point(_resnet18_on_meta("fp32", gpu="a100-80gb"))
     assert a100.device_model == "a100-80gb" and a100.predicted_step_s < rows["fp32"].predicted_step_s
-    plain = sessions.measure_point(PointConfig(ModelSpec("resnet18"), "fp32", 32, 160, "meta"))
+    plain = sessions.measure_point(_resnet18_on_meta("fp32"))
     assert plain.predicted_step_s is None and plain.device_model is None  # an idealised device has no speed
-    first_plain = sessions.measure_point(PointConfig(ModelSpec("resnet18"), "L3", 32, 160, "meta"))
-    then_gpu = sessions.measure_point(PointConfig(ModelSpec("resnet18"), "L3", 32, 160, "meta", gpu="t4"))
+    first_plain = sessions.measure_point(_resnet18_on_meta("L3"))
+    then_gpu = sessions.measure_point(_resnet18_on_meta("L3", gpu="t4"))
     assert first_plain.predicted_step_s is None and then_gpu.predicted_step_s > 0  # stepped again, with its ops
     assert then_gpu.peak_alloc_bytes == first_plain.peak_alloc_bytes
 

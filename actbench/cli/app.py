@@ -102,7 +102,7 @@ def new_bench_dir(out: Path, name: str, device: str) -> Path:
             fail(f"cannot create output directory {run_dir}: {err.strerror or err}")
     else:
         fail(f"cannot create output directory {out / base}: 999 folders of that second exist")
-    atomic_write_text(run_dir / "env.json", json.dumps(capture_environment(device), indent=2, default=str))
+    atomic_write_text(run_dir / "env.json", json.dumps(capture_environment(profile(device)), indent=2, default=str))
     return run_dir
 
 

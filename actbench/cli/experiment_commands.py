@@ -119,7 +119,7 @@ def _checked_execution(exp, executor, jobs: int, gpus: Optional[str], isolate: b
                                      slurm=SlurmOptions.parse(slurm, base=exp.slurm if executor.value == "slurm"
                                                               else None))
         for device_name in devices:
-            execution.check(device_name)
+            execution.check(profile(device_name))
     except ValueError as exc:
         fail(str(exc))
     for device_name in devices:

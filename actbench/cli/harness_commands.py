@@ -179,7 +179,7 @@ def _open_store(out: Path, plan):
     from actbench.store.outputs import check_writable
     from actbench.store.results import RunStore
 
-    require_device(plan.device, _instead(plan.command))
+    require_device(plan.device.name, _instead(plan.command))
     _checked(lambda: check_writable(out))
     store = RunStore(out / plan.name)
     _checked(lambda: store.write_config(plan.config.identity()))
@@ -198,10 +198,11 @@ def _execute(store, plan, force: bool = False, retry_failed: bool = True, execut
     err = Console(stderr=True, highlight=False)
     with terminate_like_ctrl_c():
         progress = PointProgress(plan.points, exact=plan.command in _GRID_COMMANDS,
-                                 predicts=profile(plan.device).predicts)
+                                 predicts=plan.device.predicts)
         try:
             with progress:
-                problem = ensure_extension(plan.config.strategies, plan.device, progress.say)
+                problem = ensure_extension((s.name for s in plan.config.strategies), plan.device.name,
+                                           progress.say)
                 if problem is not None:
                     progress.close()
                     fail(f"{problem} (strategies without ActNN levels need no extension, e.g. --strategies "
@@ -326,7 +327,7 @@ def max_scale(
       actbench max-scale --dim depth --device meta --budget 16GiB         # predicted, no GPU
       actbench max-scale --dim resolution resnet50 --levels L2,L3 --batch 32 --budget 16GiB
     """
-    spec, ran = _launch("max-scale", shared, model=model, dim=dim, batch=str(batch), image_size=image_size, low=low,
+    spec, ran = _launch("max-scale", shared, model=model, dim=dim, batch=batch, image_size=image_size, low=low,
                         high=high, step=step)
     if ran is not None:
         store, outcome = ran
@@ -417,11 +418,11 @@ def plan(
       actbench plan resnet152 --budget 16GiB --dim depth --levels L3 --batch 64
     """
     shared = dataclasses.replace(shared, jobs=plan_jobs(shared.jobs, shared.gpus, shared.executor))
-    spec, ran = _launch("plan", shared, model=model, dim=dim, batch=str(batch), image_size=image_size, low=low, high=high,
+    spec, ran = _launch("plan", shared, model=model, dim=dim, batch=batch, image_size=image_size, low=low, high=high,
                         step=step, device=PLAN_DEVICE)
     if ran is None:
         return
-    from actbench.execution.parsing import format_bytes
+    from actbench.schema import format_bytes
 
     store, outcome = ran
     title = (f"plan {model} {image_size}px{precision_suffix(outcome.rows)} under "

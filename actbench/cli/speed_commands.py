@@ -197,6 +197,7 @@ def fastest_command(
 def _choices(model: str, gpu, batch: int, image_size: int, chosen: tuple[str, ...]) -> list:
     from actbench.measure.meta import MetaSessions
     from actbench.planning.device_models import gpu_speed_model
+    from actbench.planning.point import Point
     from actbench.planning.step_time import StrategyChoice
     from actbench.schema import ModelSpec, PointConfig
 
@@ -204,8 +205,9 @@ def _choices(model: str, gpu, batch: int, image_size: int, chosen: tuple[str, ..
     out = []
     for strategy in chosen:
         typer.echo(f"predicting {model} {strategy} b{batch} {image_size}px on {gpu.name} ...", err=True)
-        m = sessions.measure_point(PointConfig(ModelSpec(model), strategy, batch, image_size, "meta",
-                                               budget_bytes=gpu.usable_bytes, timed_steps=0, gpu=gpu.name))
+        m = sessions.measure_point(Point.resolve(PointConfig(ModelSpec(model), strategy, batch, image_size, "meta",
+                                                             budget_bytes=gpu.usable_bytes, timed_steps=0,
+                                                             gpu=gpu.name)))
         out.append(StrategyChoice(strategy, m.status, m.peak_alloc_bytes, m.reserved_bytes,
                                   m.predicted_samples_per_s, m.message))
     return out
@@ -215,7 +217,7 @@ def _print_choices(model: str, gpu, batch: int, image_size: int, choices: list) 
     from rich.console import Console
     from rich.table import Table
 
-    from actbench.execution.parsing import format_bytes
+    from actbench.schema import format_bytes
     from actbench.planning.step_time import fastest_first
 
     table = Table(title=f"{model} batch {batch}, {image_size}px on {gpu.describe()} (predicted on meta)")

@@ -45,7 +45,7 @@ def precision_suffix(rows) -> str:
 
 
 def render_rows(rows, title: str) -> None:
-    from actbench.execution.parsing import format_bytes
+    from actbench.schema import format_bytes
 
     table = Table(title=cell(title))
     for col in ("strategy", "model", "depth", "batch", "px", "status", "activation", "peak alloc",
@@ -133,7 +133,7 @@ def print_plan(run_dir: Path, lines: list[str]) -> None:
 
 def render_memory(rows, title: str) -> None:
     """``memory``'s table: each point's bytes by what holds them."""
-    from actbench.execution.parsing import format_bytes
+    from actbench.schema import format_bytes
 
     table = Table(title=cell(title))
     for col in ("strategy", "batch", "status", "activation", "peak alloc", "reserved", "params", "grads",
@@ -148,7 +148,7 @@ def render_memory(rows, title: str) -> None:
 
 def render_plan(outcome, title: str, dim: str, counted_host: bool) -> None:
     """``plan``'s table: per strategy the predicted maximum, × fp32, the bytes at it and its probes."""
-    from actbench.execution.parsing import format_bytes
+    from actbench.schema import format_bytes
 
     table = Table(title=cell(title))
     for col in ("strategy", f"max {dim}", "× fp32", "peak alloc", "reserved", "activation", "model bytes",

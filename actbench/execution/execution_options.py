@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from actbench.core.devices import profile
+from actbench.core.devices import DeviceProfile
 
 EXECUTORS = ("local", "slurm")
 
@@ -240,7 +240,7 @@ class ExecutionOptions:
         """Points that may run at once here."""
         return len(self.gpus) or self.jobs
 
-    def check(self, device: str, executor_class: Any = None) -> None:
+    def check(self, device: DeviceProfile, executor_class: Any = None) -> None:
         """One-line ValueError for options that do not go together (before anything is written).
 
         A device whose profile captures its environment in a child is one the parent must not
@@ -250,11 +250,11 @@ class ExecutionOptions:
             raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got '{self.executor}'")
         if self.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
-        on_gpus = profile(device).environment_in_child
+        on_gpus = device.environment_in_child
         if self.gpus and self.jobs > 1:
             raise ValueError("--jobs and --gpus do not go together: --gpus runs one point per GPU at a time")
         if self.gpus and not on_gpus:
-            raise ValueError(f"--gpus pins points to GPUs; on {device} use --jobs N (points at once)")
+            raise ValueError(f"--gpus pins points to GPUs; on {device.name} use --jobs N (points at once)")
         if self.jobs > 1 and on_gpus:
             raise ValueError(f"--jobs {self.jobs} would put {self.jobs} points on one GPU at once (their memory "
                              f"figures would mix); use --gpus 0,1,... for one point per GPU")

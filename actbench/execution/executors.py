@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
-from actbench.core.devices import profile
+from actbench.core.devices import DeviceProfile
 from actbench.execution.worker_processes import (WorkerProcess, last_line, outcome_to_measurement, run_child,
                                                  worker_key)
-from actbench.schema import DEFAULT_TIMEOUT_S, Measurement, PointConfig
+from actbench.planning.point import Point
+from actbench.schema import DEFAULT_TIMEOUT_S, Measurement
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +78,9 @@ class Task:
 class Executor(Protocol):
     """Measures points (one measurement per point, in the order given) and runs tasks."""
 
-    def measure(self, points: Iterable[PointConfig]) -> Iterator[Measurement]: ...
+    def measure(self, points: Iterable[Point]) -> Iterator[Measurement]: ...
 
-    def environment(self, device: str) -> dict[str, Any]: ...
+    def environment(self, device: DeviceProfile) -> dict[str, Any]: ...
 
     def call(self, task: Task) -> dict[str, Any]: ...
 
@@ -205,24 +206,19 @@ class ChildProcessExecutor:
                 _kill_quietly(proc)
 
     # --- the executor interface ---------------------------------------------------------------------
-    def measure(self, points: Iterable[PointConfig]) -> Iterator[Measurement]:
+    def measure(self, points: Iterable[Point]) -> Iterator[Measurement]:
         for point in points:
             yield self._measure_one(point)
 
-    def _measure_one(self, point: PointConfig) -> Measurement:
-        from actbench import strategies
-
-        try:
-            alloc_conf = strategies.cuda_alloc_conf(point.strategy)
-        except ValueError as exc:  # an unknown strategy: a row, not a dead sweep
-            return Measurement.failure("error", f"{type(exc).__name__}: {exc}")
+    def _measure_one(self, point: Point) -> Measurement:
+        alloc_conf = point.strategy.cuda_alloc_conf
         log_path = None if self.log_dir is None else self.log_dir / f"{point.key()}.log"
         key = worker_key(point, alloc_conf)
         state = self._acquire(key)
         try:
             if not self.persistent:
                 holder: list = []
-                outcome = run_child({"task": "measure", "point": point.to_dict()}, self.timeout_s, alloc_conf,
+                outcome = run_child({"task": "measure", "point": point.config.to_dict()}, self.timeout_s, alloc_conf,
                                     log_path, state.slot.env_dict(), lambda p: self._track(p, holder))
                 measurement = outcome_to_measurement(outcome, self.timeout_s)
             else:
@@ -291,21 +287,21 @@ class ChildProcessExecutor:
             raise TaskError(outcome.result["error"])
         raise TaskError(outcome_to_measurement(outcome, self.timeout_s).message)
 
-    def environment(self, device: str) -> dict[str, Any]:
+    def environment(self, device: DeviceProfile) -> dict[str, Any]:
         """The environment the points run in (captured once per device; in a child pinned like the
         first slot where the device needs it), plus the parallelism when points share the machine."""
         with self._cond:
-            if device in self._environments:
-                return dict(self._environments[device])
+            if device.name in self._environments:
+                return dict(self._environments[device.name])
         first = self.slots[0].env_dict()
-        if not profile(device).environment_in_child:
+        if not device.environment_in_child:
             from actbench.measure.environment import capture_environment
 
             env = capture_environment(device)
         else:
-            outcome = run_child({"task": "environment", "device": device}, timeout_s=300, extra_env=first)
+            outcome = run_child({"task": "environment", "device": device.name}, timeout_s=300, extra_env=first)
             if outcome.result is None:
-                raise EnvironmentCaptureError(f"environment capture failed on {device}: "
+                raise EnvironmentCaptureError(f"environment capture failed on {device.name}: "
                                               f"{last_line(outcome.stderr_tail)}")
             env = outcome.result["environment"]
         if len(self.slots) > 1:
@@ -316,7 +312,7 @@ class ChildProcessExecutor:
             elif first.get(THREAD_VARS[0]):
                 env["torch_num_threads"] = int(first[THREAD_VARS[0]])
         with self._cond:
-            self._environments[device] = env
+            self._environments[device.name] = env
         return dict(env)
 
     # --- ending -----------------------------------------------------------------------------------
@@ -367,11 +363,11 @@ class InProcessExecutor:
     def __init__(self) -> None:
         self._sessions: Any = None
 
-    def measure(self, points: Iterable[PointConfig]) -> Iterator[Measurement]:
+    def measure(self, points: Iterable[Point]) -> Iterator[Measurement]:
         for point in points:
             yield self._measure_one(point)
 
-    def _measure_one(self, point: PointConfig) -> Measurement:
+    def _measure_one(self, point: Point) -> Measurement:
         import time
 
         from actbench.worker import FAULT_ENV, error_measurement, fault_action
@@ -382,7 +378,7 @@ class InProcessExecutor:
             spec = None
         try:
             fault = fault_action(spec, point)
-            if profile(point.device).predicts:
+            if point.device.predicts:
                 if self._sessions is None:
                     from actbench.measure.meta import MetaSessions
 
@@ -396,7 +392,7 @@ class InProcessExecutor:
             measurement.elapsed_s = round(time.perf_counter() - started, 3)
             return measurement
 
-    def environment(self, device: str) -> dict[str, Any]:
+    def environment(self, device: DeviceProfile) -> dict[str, Any]:
         from actbench.measure.environment import capture_environment
 
         return capture_environment(device)
@@ -408,7 +404,7 @@ class InProcessExecutor:
         return task.function()(task.args)
 
 
-def executor_for(device: str, timeout_s: float = DEFAULT_TIMEOUT_S, log_dir: Path | None = None,
+def executor_for(device: DeviceProfile, timeout_s: float = DEFAULT_TIMEOUT_S, log_dir: Path | None = None,
                  jobs: int = 1, gpus: Sequence[int] | None = None, isolate: bool = False,
                  worker_keys: int = 1) -> Executor:
     """The executor a device's profile asks for, with the parallelism asked for.
@@ -418,11 +414,11 @@ def executor_for(device: str, timeout_s: float = DEFAULT_TIMEOUT_S, log_dir: Pat
     one interpreter lock). Devices that compute get children: a persistent worker per slot, or a
     fresh child per point with ``isolate``.
     """
-    if profile(device).in_process and jobs <= 1 and not gpus:
+    if device.in_process and jobs <= 1 and not gpus:
         return InProcessExecutor()
     slots = local_slots(jobs, gpus)
     # ``worker_keys``: how many keys (strategies) the run will need; each slot's first worker is
     # started when needed, and the workers for the other keys ahead of need. Meta's workers take
     # any of its points, so they need no spares.
-    spares = 0 if profile(device).in_process else max(0, worker_keys - len(slots))
+    spares = 0 if device.in_process else max(0, worker_keys - len(slots))
     return ChildProcessExecutor(timeout_s, log_dir, slots=slots, persistent=not isolate, spares=spares)

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from actbench.execution.execution_options import ExecutionOptions
-from actbench.schema import DEFAULT_TIMEOUT_S, PointConfig, ResultRow
+from actbench.planning.point import Point
+from actbench.schema import DEFAULT_TIMEOUT_S, ResultRow
 
 Event = Callable[[str, Any, Any], None]  # (kind, point, row): the runner's on_event
 
@@ -29,7 +30,6 @@ def split(config: Any) -> list[Any]:
     strategy's part, so one worker predicts both and the second reuses the first's step instead of
     stepping it again. Anything else: itself.
     """
-    from actbench.core.devices import profile
     from actbench.planning.configs import GridConfig
 
     strategies = getattr(config, "strategies", None)
@@ -38,22 +38,13 @@ def split(config: Any) -> list[Any]:
                 for s in config.strategies for b in config.batches]
     if not dataclasses.is_dataclass(config) or not strategies or len(strategies) == 1:
         return [config]
-    groups: dict[str, list[str]] = {}
-    predicts = profile(config.settings.device).predicts
+    groups: dict[str, list[Any]] = {}
+    predicts = config.settings.device.predicts
+    names = [s.name for s in strategies]
     for strategy in strategies:
-        twin = _meta_twin(strategy) if predicts else strategy
-        groups.setdefault(twin if twin in strategies else strategy, []).append(strategy)
+        twin = (strategy.same_on_meta_as or strategy.name) if predicts else strategy.name
+        groups.setdefault(twin if twin in names else strategy.name, []).append(strategy)
     return [dataclasses.replace(config, strategies=tuple(group)) for group in groups.values()]
-
-
-def _meta_twin(strategy: str) -> str:
-    """The strategy whose step ``strategy``'s is on a predicting device (itself when none, or unknown)."""
-    from actbench import strategies
-
-    try:
-        return strategies.get(strategy).same_on_meta_as or strategy
-    except ValueError:
-        return strategy
 
 
 def merge(outcomes: Sequence[Any]) -> Any:
@@ -90,7 +81,7 @@ def scan_window(stop_after: int, failures: int, width: int, left: int) -> int:
 
 
 # --- runners: one per thread ------------------------------------------------------------------------
-def make_runner(run_dir: Path, device: str, executor: Any, on_event: Event | None, retry_failed: bool,
+def make_runner(run_dir: Path, device: Any, executor: Any, on_event: Event | None, retry_failed: bool,
                 force: bool, since: int):
     """A :class:`~actbench.execution.runner.PointRunner` on its own handle of the run directory, treating rows
     recorded before byte ``since`` of ``rows.jsonl`` as recorded before the run started (and already
@@ -105,7 +96,7 @@ def make_runner(run_dir: Path, device: str, executor: Any, on_event: Event | Non
 class _Runners:
     """A pool of runners sharing one executor: a thread takes one, uses it alone, gives it back."""
 
-    def __init__(self, run_dir: Path, device: str, executor: Any, on_event: Event | None, retry_failed: bool,
+    def __init__(self, run_dir: Path, device: Any, executor: Any, on_event: Event | None, retry_failed: bool,
                  force: bool, since: int) -> None:
         self._args = (run_dir, device, executor, on_event, retry_failed, force, since)
         self._free: list[Any] = []
@@ -238,22 +229,22 @@ class _PartRun:
     def __init__(self, runner: Any, runners: _Runners, share: Callable[[], int]) -> None:
         self.runner, self.runners, self.share = runner, runners, share
 
-    def __call__(self, point: PointConfig) -> ResultRow:
+    def __call__(self, point: Point) -> ResultRow:
         return self.runner.run(point)
 
-    def together(self, points: Sequence[PointConfig]) -> list[ResultRow] | None:
+    def together(self, points: Sequence[Point]) -> list[ResultRow] | None:
         """Rows of ``points`` measured side by side; None (nothing measured) without the slots."""
         if self.share() < len(points):
             return None
         return _run_together(points, self.runner, self.runners)
 
 
-def _run_together(points: Sequence[PointConfig], runner: Any, runners: _Runners) -> list[ResultRow]:
+def _run_together(points: Sequence[Point], runner: Any, runners: _Runners) -> list[ResultRow]:
     """Rows of ``points``, the first measured in this thread, the others in threads of their own."""
     if len(points) == 1:
         return [runner.run(points[0])]
 
-    def run_other(point: PointConfig) -> ResultRow:
+    def run_other(point: Point) -> ResultRow:
         other = runners.take()
         try:
             return other.run(point)

@@ -35,15 +35,6 @@ def parse_bytes(text: str, what: str = "budget") -> int:
     return int(value)
 
 
-def format_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
-
-
 def parse_levels(text: str | None) -> tuple[str, ...]:
     """'L1..L5', 'L1,L3', 'all' (or empty) -> level names in order."""
     if text is None or not text.strip():
@@ -93,6 +84,13 @@ def combine_strategies(strategies: tuple[str, ...], levels: tuple[str, ...], bas
     if not combined:
         raise ValueError("no strategies to run: give --strategies or --levels, or drop --no-baseline")
     return tuple(dict.fromkeys(combined))
+
+
+def check_int(value: int, what: str = "batch", largest: int = LIMITS["batch"]) -> int:
+    """``value`` itself when it is a size from 1 to ``largest``; ValueError naming it and the range."""
+    if not 1 <= value <= largest:
+        raise ValueError(f"{what} size must be between 1 and {largest}, got {value}")
+    return value
 
 
 def parse_int_range(text: str, what: str = "batch", largest: int = LIMITS["batch"],

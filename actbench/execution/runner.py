@@ -14,11 +14,12 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-from actbench.core.devices import EXACT_STEPS_ENV, exact_steps, profile
+from actbench.core.devices import EXACT_STEPS_ENV, DeviceProfile, exact_steps
 from actbench.execution.executors import EnvironmentCaptureError, Executor, InProcessExecutor, executor_for
 from actbench.measure.environment import environment_id
+from actbench.planning.point import Point
 from actbench.store.results import RunStore
-from actbench.schema import DEFAULT_TIMEOUT_S, RETRIED_STATUSES, PointConfig, ResultRow
+from actbench.schema import DEFAULT_TIMEOUT_S, RETRIED_STATUSES, ResultRow
 from actbench.worker import lowest_priority_for_this_thread
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ class TimingMismatch(EnvironmentCaptureError, ValueError):
     """A resume would time its points otherwise than the run's recorded rows were timed."""
 
 
-def check_resume_timing(store: RunStore, device: str) -> None:
+def check_resume_timing(store: RunStore, device: DeviceProfile) -> None:
     """Refuse to add timed rows to a run whose ``env.json`` says they were timed the other way.
 
     ``ACTBENCH_EXACT_STEPS=1`` times exactly the steps asked for; without it timing goes on to a
@@ -38,7 +39,7 @@ def check_resume_timing(store: RunStore, device: str) -> None:
     resume must be started as the run was. Devices that predict (meta) time nothing.
     """
     path = store.run_dir / "env.json"
-    if profile(device).predicts or not path.is_file():
+    if device.predicts or not path.is_file():
         return
     try:
         recorded = json.loads(path.read_text())
@@ -66,8 +67,8 @@ class PointRunner:
     again every point recorded before this runner started, whatever its status (``--force``).
     """
 
-    def __init__(self, store: RunStore, device: str, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 on_event: Callable[[str, PointConfig, ResultRow | None], None] | None = None,
+    def __init__(self, store: RunStore, device: DeviceProfile, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 on_event: Callable[[str, Point, ResultRow | None], None] | None = None,
                  executor: Executor | None = None, retry_failed: bool = True, force: bool = False,
                  started_at: int | None = None) -> None:
         self.store = store
@@ -105,7 +106,7 @@ class PointRunner:
         this interpreter. So do devices captured in a child of their own (cuda): that child's device
         context must not hold device memory while a point is measured.
         """
-        if isinstance(self.executor, InProcessExecutor) or profile(self.device).environment_in_child:
+        if isinstance(self.executor, InProcessExecutor) or self.device.environment_in_child:
             self.environment_id()
             return
         with self._env_lock:
@@ -121,14 +122,14 @@ class PointRunner:
         offset = self.store.offset(key)
         return offset is not None and offset >= self.started_at
 
-    def recorded(self, point: PointConfig) -> ResultRow | None:
+    def recorded(self, point: Point) -> ResultRow | None:
         """The row that stands for ``point`` (resume, retry and force rules), or None: still to measure."""
         key = point.key()
         self.store.refresh()
         row = self.store.get(key)
         return row if row is not None and self.is_final(key, row) else None
 
-    def run(self, point: PointConfig) -> ResultRow:
+    def run(self, point: Point) -> ResultRow:
         key = point.key()
         store = self.store
         while True:
@@ -150,7 +151,7 @@ class PointRunner:
             self.on_event("start", point, None)
             measurement = next(iter(self.executor.measure([point])))
             env_id = self.environment_id()
-            row = ResultRow.build(point, measurement, store.run_id, env_id)
+            row = ResultRow.build(point.config, measurement, store.run_id, env_id)
             store.append(row)
         finally:
             store.release_claim(key, claim)

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from actbench.core.devices import profile
+from actbench.core.devices import DeviceProfile
 from actbench.execution.execution_options import ExecutionOptions, SlurmOptions
 from actbench.execution.local_run import Event, make_runner, merge, run_local, serialized, split, store_end
-from actbench.schema import DEFAULT_TIMEOUT_S, Measurement, PointConfig, ResultRow, error_line, one_line
+from actbench.planning.point import Point
+from actbench.schema import DEFAULT_TIMEOUT_S, Measurement, ResultRow, error_line, one_line
 
 log = logging.getLogger(__name__)
 
@@ -61,18 +62,18 @@ class Shard:
 class _Unrecorded(Exception):
     """A replayed search asked for a point that has no standing row yet."""
 
-    def __init__(self, point: PointConfig) -> None:
+    def __init__(self, point: Point) -> None:
         super().__init__(point.describe())
         self.point = point
 
 
 def replay(search: Callable, config: Any, runner: Any, seen: set[str] | None = None,
-           on_event: Event | None = None) -> tuple[Any, PointConfig | None]:
+           on_event: Event | None = None) -> tuple[Any, Point | None]:
     """Run a search over recorded rows only: (its outcome, None) when every point it asks for has a
     standing row, else (None, the first point that has none). Rows found are announced once each
     (``cached``)."""
 
-    def run(point: PointConfig) -> ResultRow:
+    def run(point: Point) -> ResultRow:
         row = runner.recorded(point)
         if row is None:
             raise _Unrecorded(point)
@@ -123,7 +124,7 @@ def _job_fault_hook() -> Event | None:
 
     def hook(kind_of_event: str, point: Any, row: Any) -> None:
         if kind_of_event == "start" and kind == "kill" and fault_applies(
-                cond, point.batch_size, point.image_size, point.model.extra_blocks, point.strategy):
+                cond, point.batch_size, point.image_size, point.model.extra_blocks, point.strategy.name):
             os.kill(os.getpid(), signal.SIGKILL)
 
     return hook
@@ -229,11 +230,11 @@ def run_slurm(search: Callable, config: Any, store: Any, *, on_event: Event | No
     return _outcome(search, parts, runner)
 
 
-def _gpus_per_job(options: SlurmOptions, device: str) -> int:
+def _gpus_per_job(options: SlurmOptions, device: DeviceProfile) -> int:
     """GPUs each array task asks for: as given, else one on a device that needs a GPU, none otherwise."""
     if options.gpus_per_job is not None:
         return options.gpus_per_job
-    return 1 if profile(device).environment_in_child else 0
+    return 1 if device.environment_in_child else 0
 
 
 class _RowAnnouncer:
@@ -278,7 +279,7 @@ def _record_dead_tasks(search: Callable, parts: list[Any], jobs: list[Any], runn
             continue  # the part finished (a task that died after its last row lost nothing)
         if failure is None:
             failure = f"job {job.job_id} ended without measuring this point; log {job.paths.stderr}"
-        row = ResultRow.build(point, Measurement.failure("error", failure), store.run_id, _env_id(store))
+        row = ResultRow.build(point.config, Measurement.failure("error", failure), store.run_id, _env_id(store))
         store.append(row)
         announce()
     store.write_table()

@@ -70,7 +70,8 @@ class RunPlan:
     summary: Callable[[Any], dict[str, Any]] | None
 
     @property
-    def device(self) -> str:
+    def device(self):
+        """The device profile the run measures (or predicts) on."""
         return self.config.settings.device
 
 
@@ -78,7 +79,8 @@ class RunPlan:
 class CommandSpec:
     """A measuring command's options, with the CLI's defaults. ``strategies`` is the final list.
 
-    ``batch``: "START:STOP:STEP", "N" or "N,M,..." (max-scale and plan: one batch size). ``budget``:
+    ``batch``: "START:STOP:STEP", "N" or "N,M,..."; max-scale and plan: one batch size, which the CLI
+    gives as a number and an experiment file may give as text. ``budget``:
     e.g. "16GiB" (plan: required). ``warmup_steps``/``timed_steps``: None = the device's default.
     ``dim``/``low``/``high``/``step``: max-scale and plan only (None = the dimension's default range).
     """
@@ -86,7 +88,7 @@ class CommandSpec:
     command: str
     model: str
     strategies: tuple[str, ...]
-    batch: str = "64"
+    batch: str | int = "64"
     image_size: int = 224
     device: str = "cuda"
     budget: str | None = None
@@ -291,8 +293,10 @@ class CommandSpec:
 
     def batches(self) -> tuple[int, ...]:
         """The batch sizes given (with --find-max, a search range: only its ends matter, any length)."""
-        from actbench.execution.parsing import parse_int_range
+        from actbench.execution.parsing import check_int, parse_int_range
 
+        if isinstance(self.batch, int):
+            return (check_int(self.batch, "batch"),)
         return parse_int_range(self.batch, "batch", max_values=None if self.find_max else MAX_LIST_VALUES)
 
     def budget_bytes(self) -> int | None:
@@ -311,12 +315,22 @@ class CommandSpec:
         return None if self.host_budget is None else parse_bytes(self.host_budget)
 
     def settings(self):
-        """How each point is measured: step counts resolved by the device profile."""
+        """How each point is measured: the device's profile and the GPU, resolved here once; step counts
+        filled in by the device profile."""
+        from actbench.core.gpus import gpu_profile
+        from actbench.planning.device_models import selected_device_model
         from actbench.planning.settings import MeasureSettings
 
-        return MeasureSettings.resolve(self.device, self.command, self.budget_bytes(), self.warmup_steps,
+        gpu = None if self.gpu is None else gpu_profile(self.gpu)
+        return MeasureSettings.resolve(PROFILES[self.device], self.command, self.budget_bytes(), self.warmup_steps,
                                        self.timed_steps, self.checkpoint_segments, self.timeout_s, self.precision,
-                                       self.gpu, self.host_budget_bytes())
+                                       gpu, self.host_budget_bytes(), selected_device_model(self.gpu))
+
+    def resolved_strategies(self):
+        """The strategies the spec names, as the objects every layer below receives."""
+        from actbench import strategies
+
+        return tuple(strategies.get(name) for name in self.strategies)
 
     def gpu_tag(self) -> str:
         """`` (t4: reserved bytes, caching-allocator model)`` after a budget planned for a GPU profile."""
@@ -333,8 +347,8 @@ class CommandSpec:
         defaults, validate = (plan_defaults, validate_plan) if self.command == "plan" else (with_defaults,
                                                                                              validate_max_scale)
         lo, hi, st = defaults(self.dim, self.low, self.high, self.step)
-        cfg = ScaleConfig(self.dim, self.model, self.strategies, batch, self.image_size, lo, hi, st, self.settings(),
-                          command=self.command)
+        cfg = ScaleConfig(self.dim, self.model, self.resolved_strategies(), batch, self.image_size, lo, hi, st,
+                          self.settings(), command=self.command)
         validate(cfg)
         return cfg
 
@@ -348,15 +362,16 @@ class CommandSpec:
         settings = self.settings()
         spec = self.model_spec()
         if self.command == "sweep-batch":
-            cfg = SweepConfig(spec, self.strategies, self.batches(), self.image_size, settings, self.stop_after,
-                              self.find_max)
+            cfg = SweepConfig(spec, self.resolved_strategies(), self.batches(), self.image_size, settings,
+                              self.stop_after, self.find_max)
             cands = cfg.candidates()
             per = search_probes(len(cands)) if self.find_max else len(cands)
             how = (f"model-guided search over {len(cands)} batch sizes {cands[0]}..{cands[-1]} (multiples of 4), "
                    f"usually <= {search_probes(len(cands))} points" if self.find_max
                    else f"batches {', '.join(map(str, cands))}")
-            preview = tuple(f"{s}{self.precision_tag()}: {spec.label()} {self.image_size}px {settings.device}: {how}" for s in self.strategies)
-            name = run_name("sweep-batch", spec.label(), settings.device, self.image_size, cfg.identity())
+            preview = tuple(f"{s}{self.precision_tag()}: {spec.label()} {self.image_size}px {self.device}: {how}"
+                            for s in self.strategies)
+            name = run_name("sweep-batch", spec.label(), self.device, self.image_size, cfg.identity())
             return RunPlan(name, self.command, cfg, run_sweep, per * len(self.strategies), preview,
                            self._summary("max_batch"))
         if self.command == "max-scale":
@@ -365,11 +380,11 @@ class CommandSpec:
             preview = tuple(f"{s}{self.precision_tag()}: {self.model} batch {cfg.batch}: model-guided search of {self.dim} over {cfg.low}..{cfg.high} "
                             f"step {cfg.step} ({len(cands)} candidates, usually <= {search_probes(len(cands))} points)"
                             for s in self.strategies)
-            name = run_name(f"max-scale-{self.dim}", self.model, settings.device, self.image_size, cfg.identity())
+            name = run_name(f"max-scale-{self.dim}", self.model, self.device, self.image_size, cfg.identity())
             return RunPlan(name, self.command, cfg, run_max_scale, search_probes(len(cands)) * len(self.strategies),
                            preview, self._summary("max", dim=self.dim))
         if self.command == "plan":
-            from actbench.execution.parsing import format_bytes
+            from actbench.schema import format_bytes
 
             cfg = self._search_config()
             cands = cfg.candidates()
@@ -379,8 +394,8 @@ class CommandSpec:
             name = run_name(f"plan-{self.dim}", self.model, PLAN_DEVICE, self.image_size, cfg.identity())
             return RunPlan(name, self.command, cfg, run_plan, 4 * len(self.strategies), preview,
                            self._summary("max", dim=self.dim, budget_bytes=settings.budget_bytes))
-        cfg = GridConfig(self.command, spec, self.strategies, self.batches(), self.image_size, settings)
-        name = run_name(self.command, spec.label(), settings.device, self.image_size, cfg.identity())
+        cfg = GridConfig(self.command, spec, self.resolved_strategies(), self.batches(), self.image_size, settings)
+        name = run_name(self.command, spec.label(), self.device, self.image_size, cfg.identity())
         return RunPlan(name, self.command, cfg, run_grid, len(cfg.points()), tuple(p.describe() for p in cfg.points()),
                        None)
 

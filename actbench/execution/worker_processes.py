@@ -21,12 +21,14 @@ import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from actbench.core.child_env import python_child_env
-from actbench.core.devices import profile
-from actbench.schema import Measurement, PointConfig, one_line
+from actbench.schema import Measurement, one_line
 from actbench.worker import SPARE_ENV
+
+if TYPE_CHECKING:
+    from actbench.planning.point import Point
 
 #: The worker reads this to die with its parent (see actbench.worker).
 PARENT_PID_ENV = "ACTBENCH_PARENT_PID"
@@ -240,11 +242,11 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def measure(self, point: PointConfig, timeout_s: float, log_path: Path | None) -> tuple[Measurement, bool]:
+    def measure(self, point: "Point", timeout_s: float, log_path: Path | None) -> tuple[Measurement, bool]:
         """(measurement, whether this worker may take the next point). A crash or a timeout kills it."""
         self.points += 1
         point_log = self._dir / f"point-{self.points}.txt"
-        request = {"task": "measure", "point": point.to_dict(), "log": str(point_log)}
+        request = {"task": "measure", "point": point.config.to_dict(), "log": str(point_log)}
         reply: dict[str, Any] | None = None
         timed_out = False
         try:
@@ -319,16 +321,16 @@ def _reap(proc: subprocess.Popen, folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def worker_key(point: PointConfig, alloc_conf: str | None) -> tuple:
+def worker_key(point: "Point", alloc_conf: str | None) -> tuple:
     """What consecutive points of one worker share: strategy, device, budget (a cuda memory cap stays
     set in the process), allocator configuration (read once, when CUDA starts) and precision.
 
     A device whose points may run in the parent process (meta: fake tensors, nothing to leak) needs
     only the device: one worker may take any of its points, as the in-process executor does.
     """
-    if profile(point.device).in_process:
-        return (point.device,)
-    return (point.strategy, point.device, point.budget_bytes, alloc_conf, getattr(point, "precision", None))
+    if point.device.in_process:
+        return (point.device.name,)
+    return (point.strategy.name, point.device.name, point.budget_bytes, alloc_conf, point.precision)
 
 
 #: Statuses after which a worker takes the next point: results of a process that is fine (an

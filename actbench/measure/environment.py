@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from actbench.core.devices import EXACT_STEPS_ENV, exact_steps, profile
+from actbench.core.devices import EXACT_STEPS_ENV, DeviceProfile, exact_steps
 
 
 def _cpu_model() -> str:
@@ -39,14 +39,14 @@ def _git_commit(repo_dir: Path) -> str | None:
     return os.environ.get(GIT_COMMIT_VAR) or None
 
 
-def capture_environment(device: str, alloc_conf: str | None = None) -> dict[str, Any]:
+def capture_environment(device: DeviceProfile, alloc_conf: str | None = None) -> dict[str, Any]:
     """Versions, hardware and allocator settings. On ``cuda`` this initialises CUDA: call it in a child."""
     import torch
 
     import actbench
 
     env: dict[str, Any] = {
-        "device": device,
+        "device": device.name,
         "actbench_version": actbench.__version__,
         "git_commit": _git_commit(Path(actbench.__file__).resolve().parent.parent),
         "python": platform.python_version(),
@@ -62,7 +62,7 @@ def capture_environment(device: str, alloc_conf: str | None = None) -> dict[str,
         "cuda_runtime": None,
         "cudnn": None,
     }
-    env.update(profile(device).hardware())
+    env.update(device.hardware())
     if exact_steps():  # only when set, so the environments of runs timed as usual keep their ids
         env["timing"] = f"exactly the timed steps asked for ({EXACT_STEPS_ENV}=1)"
     return env

@@ -14,15 +14,13 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from actbench import strategies
-
 from actbench.core import compat
-from actbench.core.devices import profile
 from actbench.measure.accounting import (OverBudget, check_budget, check_host_budget, classified, count_flops,
                                          file_offloads_as_host, model_breakdown, tracked_memory_step, with_census)
 from actbench.planning.allocator_model import AllocatorConfig, pinned_host_peak, replay_steps
 from actbench.measure.tracker import LiveStorageTracker
-from actbench.planning.device_models import DeviceModel, selected_device_model
+from actbench.planning.device_models import DeviceModel
+from actbench.planning.point import Point
 from actbench.planning.step_time import OpCost, OpRecorder, fill_prediction
 from actbench.training.models import build_model, grown_resnet152_layers, real_depth
 from actbench.schema import GROWABLE_MODEL, Measurement, PointConfig
@@ -85,7 +83,7 @@ class MetaSessions:
     """Measures ``meta`` points, reusing the last built model when only the batch size changes."""
 
     def __init__(self, speed_model: DeviceModel | None = None) -> None:
-        #: the device model every point's step time is priced on (None: the point's, ``selected_device_model``)
+        #: the device model every point's step time is priced on (None: the point's own)
         self.speed_model = speed_model
         self._key: PointConfig | None = None
         self._session: _Session | None = None
@@ -94,21 +92,22 @@ class MetaSessions:
         self._done: dict[PointConfig, Measurement] = {}  # sizes of points already stepped
         self._traces: dict[PointConfig, StepTrace] = {}  # their allocation traces, the latest few
 
-    def measure_point(self, point: PointConfig, fault: Callable[[], None] | None = None) -> Measurement:
+    def measure_point(self, point: Point, fault: Callable[[], None] | None = None) -> Measurement:
         """Predict ``point``; over-budget (and an out-of-memory raised by a fault) become statuses."""
         return classified(lambda result: self.measure(point, result, fault))
 
-    def measure(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None = None) -> None:
+    def measure(self, point: Point, result: Measurement, fault: Callable[[], None] | None = None) -> None:
         """Fill ``result`` for ``point``; raises OverBudget, or whatever the fake step raised.
 
         A strategy whose step is another's on meta (``Strategy.same_on_meta_as``: L5 is L4 with an
         allocator setting meta does not model) reuses that strategy's sizes.
         """
-        if not profile(point.device).predicts:
-            raise ValueError(f"MetaSessions predicts points of a predicting device, got device '{point.device}'")
-        twin_name = strategies.get(point.strategy).same_on_meta_as or point.strategy
-        twin = dataclasses.replace(point, strategy=twin_name, budget_bytes=None, gpu=None, host_budget_bytes=None)
-        speed_model = self.speed_model or selected_device_model(point.gpu)
+        if not point.device.predicts:
+            raise ValueError(f"MetaSessions predicts points of a predicting device, got device '{point.device.name}'")
+        twin_name = point.strategy.same_on_meta_as or point.strategy.name
+        twin = dataclasses.replace(point.config, strategy=twin_name, budget_bytes=None, gpu=None,
+                                   host_budget_bytes=None)
+        speed_model = self.speed_model or point.speed_model
         # the op record is made only when a device model will price it (docs/design.md §11)
         priced = speed_model is None or (twin in self._traces and bool(self._traces[twin].ops))
         if twin in self._done and fault is None and twin in self._traces and priced:
@@ -128,9 +127,9 @@ class MetaSessions:
         check_host_budget(pinned_host_peak(self._traces[twin].host), point.host_budget_bytes,
                           "predicted: power-of-two pinned blocks, cached per size")
 
-    def _measure(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None,
+    def _measure(self, point: Point, result: Measurement, fault: Callable[[], None] | None,
                  record_ops: bool = False) -> StepTrace:
-        key = dataclasses.replace(point, batch_size=0, budget_bytes=None, warmup_steps=0, timed_steps=0, gpu=None,
+        key = dataclasses.replace(point.config, batch_size=0, budget_bytes=None, warmup_steps=0, timed_steps=0, gpu=None,
                                   host_budget_bytes=None)
         torch.manual_seed(point.seed)
         session = self._session if key == self._key else None
@@ -141,13 +140,13 @@ class MetaSessions:
             fault()
         result.num_params, result.depth, result.strategy_note = session.num_params, session.depth, session.note
         with session.mode, META_FAKE_DEVICE:
-            result.forward_flops_per_sample, result.flops_per_sample = self._count_flops(point, session.mode)
+            result.forward_flops_per_sample, result.flops_per_sample = self._count_flops(point.config, session.mode)
             images, targets = synthetic_batch(point.batch_size, point.image_size, point.model.num_classes,
                                               META_FAKE_DEVICE, point.seed + 1)
             if key != self._key:
                 _warm_optimizer_state(session.step, session.trained)
             session.step.zero_grad()
-            recorder = OpRecorder(overlaps_copies=strategies.get(point.strategy).overlaps_host_copies)
+            recorder = OpRecorder(overlaps_copies=point.strategy.overlaps_host_copies)
             tracker = LiveStorageTracker(record=True, observer=recorder if record_ops else None)
             session.host_scope.tracker = tracker
             file_offloads_as_host(session.step.model, tracker)
@@ -159,7 +158,7 @@ class MetaSessions:
         self._key, self._session = key, session
         return StepTrace.of(tracker)
 
-    def _build(self, point: PointConfig, result: Measurement, fault: Callable[[], None] | None) -> _Session:
+    def _build(self, point: Point, result: Measurement, fault: Callable[[], None] | None) -> _Session:
         mode = compat.fake_tensor_mode()
         model = _build_fake_model(point, mode)
         with mode, META_FAKE_DEVICE:
@@ -167,7 +166,7 @@ class MetaSessions:
             depth = real_depth(model)
             if fault is not None:
                 fault()
-            self._count_flops(point, mode, model)
+            self._count_flops(point.config, mode, model)
             names = self._trained[(point.model, point.image_size, point.seed)]
             trained = None if names is None else tuple(p for n, p in model.named_parameters() if n in names)
             options = StrategyOptions(checkpoint_segments=point.checkpoint_segments)
@@ -240,7 +239,7 @@ def grown_flops(extra_blocks: int, basis_counts: list[tuple[float, float]]) -> t
     return result[0], result[1]
 
 
-def predict_reserved(point: PointConfig, result: Measurement, trace: StepTrace) -> None:
+def predict_reserved(point: Point, result: Measurement, trace: StepTrace) -> None:
     """Fill ``reserved_bytes`` from the caching-allocator model; with a GPU profile, decide on it.
 
     The trace is replayed as a training run does it (persistent state, a warm-up step, the measured
@@ -251,10 +250,8 @@ def predict_reserved(point: PointConfig, result: Measurement, trace: StepTrace) 
     (``point.gpu``) the replay also holds cuBLAS's and cuBLASLt's workspaces, and a request it cannot
     reserve is a predicted out-of-memory: ``over_budget``.
     """
-    from actbench.core.gpus import gpu_profile
-
-    config = AllocatorConfig.parse(strategies.cuda_alloc_conf(point.strategy))
-    gpu = None if point.gpu is None else gpu_profile(point.gpu)
+    config = AllocatorConfig.parse(point.strategy.cuda_alloc_conf)
+    gpu = point.gpu
     persistent = trace.persistent
     if gpu is not None:
         persistent = tuple((-1 - i, n) for i, n in enumerate(gpu.workspace_allocations())) + persistent
@@ -269,7 +266,7 @@ def predict_reserved(point: PointConfig, result: Measurement, trace: StepTrace) 
                          f"request ({bounded.reserved_at_oom} B reserved)")
 
 
-def _build_fake_model(point: PointConfig, mode: Any) -> torch.nn.Module:
+def _build_fake_model(point: Point | PointConfig, mode: Any) -> torch.nn.Module:
     """``point``'s model with fake parameters and buffers on :data:`META_FAKE_DEVICE`.
 
     The constructor runs outside fake mode with its parameters on the ``meta`` device

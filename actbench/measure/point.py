@@ -16,27 +16,26 @@ from typing import Callable, Iterator
 
 import torch
 
-from actbench import strategies
-from actbench.core.devices import DeviceProfile, exact_steps, profile
+from actbench.core.devices import DeviceProfile, exact_steps
 from actbench.measure.accounting import (check_budget, check_host_budget, classified, count_flops, file_offloads_as_host,
                                          model_breakdown, tracked_memory_step, with_census)
 from actbench.measure.tracker import LiveStorageTracker, OpObserver
 from actbench.training.models import build_model, real_depth
-from actbench.planning.device_models import selected_device_model
+from actbench.planning.point import Point
 from actbench.planning.step_time import OpRecorder, fill_prediction
-from actbench.schema import Measurement, PointConfig
+from actbench.schema import Measurement
 from actbench.strategies import StrategyOptions
 from actbench.training.step import TrainingStep, build_training_step, synthetic_batch
 
 log = logging.getLogger(__name__)
 
 
-def measure_point(point: PointConfig, alloc_conf: str | None = None,
+def measure_point(point: Point, alloc_conf: str | None = None,
                   fault: Callable[[], None] | None = None) -> Measurement:
     """Measure ``point`` in this process; OOM and over-budget become statuses, other errors raise."""
-    prof = profile(point.device)
+    prof = point.device
     if prof.predicts:
-        raise ValueError(f"device {point.device} predicts; its points are measured by actbench.measure.meta")
+        raise ValueError(f"device {prof.name} predicts; its points are measured by actbench.measure.meta")
     return classified(lambda result: _measure_into(point, prof, result, fault), alloc_conf)
 
 
@@ -118,14 +117,14 @@ class StepClock:
         result.steps_run, result.steps_s = self.count, round(self.seconds, 3)
 
 
-def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
+def _measure_into(point: Point, prof: DeviceProfile, result: Measurement,
                   fault: Callable[[], None] | None) -> None:
     device = prof.torch_device()
     torch.manual_seed(point.seed)
     prof.prepare(device, point.budget_bytes)
     model = _built_and_counted(point, device, result, fault)
-    speed_model = selected_device_model(point.gpu)
-    recorder = OpRecorder(overlaps_copies=strategies.get(point.strategy).overlaps_host_copies)
+    speed_model = point.speed_model
+    recorder = OpRecorder(overlaps_copies=point.strategy.overlaps_host_copies)
     tracker = None if prof.has_caching_allocator else LiveStorageTracker(
         observer=recorder if speed_model is not None else None)
     host_scope = tracker.host_allocations if tracker is not None else contextlib.nullcontext
@@ -162,7 +161,7 @@ def _measure_into(point: PointConfig, prof: DeviceProfile, result: Measurement,
         _time_into(point, prof, step, images, targets, max(0, point.warmup_steps - warmup_before), clock, result)
 
 
-def _built_and_counted(point: PointConfig, device: torch.device, result: Measurement,
+def _built_and_counted(point: Point, device: torch.device, result: Measurement,
                        fault: Callable[[], None] | None) -> torch.nn.Module:
     """The point's model on ``device``, with its size, depth and FLOPs per sample recorded in ``result``."""
     with device:  # parameters are created (and initialised) on the device: fast for grown ResNets
@@ -189,7 +188,7 @@ def _describe_memory_step(step, note: str | None, result: Measurement) -> None:
         setattr(result, name, value)
 
 
-def _time_into(point: PointConfig, prof: DeviceProfile, step, images: torch.Tensor, targets: torch.Tensor,
+def _time_into(point: Point, prof: DeviceProfile, step, images: torch.Tensor, targets: torch.Tensor,
                warmup: int, clock: StepClock, result: Measurement) -> None:
     """Timed steps after ``warmup`` more: samples/s median and IQR, step time, a noisy-spread message."""
     device = prof.torch_device()

@@ -6,8 +6,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from actbench.planning.point import Point
 from actbench.planning.settings import MeasureSettings
-from actbench.schema import DIMENSIONS, GROWABLE_MODEL, PLAN_DIMENSIONS, ModelSpec, PointConfig
+from actbench.schema import DIMENSIONS, GROWABLE_MODEL, PLAN_DIMENSIONS, ModelSpec
+from actbench.strategies import Strategy
 
 
 #: (low, high, step) per dimension: depth = extra bottleneck blocks, width = width_per_group, resolution = pixels
@@ -18,10 +20,15 @@ DEFAULT_RANGES: dict[str, tuple[int, int, int]] = {
 }
 
 
+def names(strategies: tuple[Strategy, ...]) -> tuple[str, ...]:
+    """The strategies' names: what a config's identity (and so its run directory's name) records."""
+    return tuple(s.name for s in strategies)
+
+
 @dataclass(frozen=True)
 class SweepConfig:
     model: ModelSpec
-    strategies: tuple[str, ...]
+    strategies: tuple[Strategy, ...]
     batches: tuple[int, ...]
     image_size: int
     settings: MeasureSettings
@@ -29,7 +36,7 @@ class SweepConfig:
     find_max: bool = False
 
     def identity(self) -> dict[str, Any]:
-        return {"command": "sweep-batch", "model": asdict(self.model), "strategies": self.strategies,
+        return {"command": "sweep-batch", "model": asdict(self.model), "strategies": names(self.strategies),
                 "batches": self.batches, "image_size": self.image_size, "stop_after": self.stop_after,
                 "find_max": self.find_max, **self.settings.identity()}
 
@@ -45,16 +52,16 @@ class GridConfig:
 
     command: str
     model: ModelSpec
-    strategies: tuple[str, ...]
+    strategies: tuple[Strategy, ...]
     batches: tuple[int, ...]
     image_size: int
     settings: MeasureSettings
 
     def identity(self) -> dict[str, Any]:
-        return {"command": self.command, "model": asdict(self.model), "strategies": self.strategies,
+        return {"command": self.command, "model": asdict(self.model), "strategies": names(self.strategies),
                 "batches": self.batches, "image_size": self.image_size, **self.settings.identity()}
 
-    def points(self) -> list[PointConfig]:
+    def points(self) -> list[Point]:
         return [self.settings.point(self.model, s, b, self.image_size) for s in self.strategies for b in self.batches]
 
 
@@ -71,7 +78,7 @@ class ScaleConfig:
 
     dim: str
     model_name: str
-    strategies: tuple[str, ...]
+    strategies: tuple[Strategy, ...]
     batch: int
     image_size: int
     low: int
@@ -87,13 +94,14 @@ class ScaleConfig:
             raise ValueError("plan needs a memory budget (--budget, e.g. 16GiB)")
 
     def identity(self) -> dict[str, Any]:
-        fields = {k: v for k, v in asdict(self).items() if k not in ("settings", "command")}
-        return {"command": self.command, **fields, **self.settings.identity()}
+        return {"command": self.command, "dim": self.dim, "model_name": self.model_name,
+                "strategies": names(self.strategies), "batch": self.batch, "image_size": self.image_size,
+                "low": self.low, "high": self.high, "step": self.step, **self.settings.identity()}
 
     def candidates(self) -> tuple[int, ...]:
         return tuple(range(self.low, self.high + 1, self.step))
 
-    def point(self, strategy: str, value: int) -> PointConfig:
+    def point(self, strategy: Strategy, value: int) -> Point:
         if self.dim == "batch":
             return self.settings.point(ModelSpec(self.model_name), strategy, value, self.image_size)
         if self.dim == "depth":

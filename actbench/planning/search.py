@@ -8,9 +8,11 @@ from typing import Any, Callable, Sequence
 
 from actbench.planning.configs import GridConfig, ScaleConfig, SweepConfig
 from actbench.planning.guided import GROWTH, SearchTrace, guided_search_largest
-from actbench.schema import MEMORY_FAILURES, PointConfig, ResultRow
+from actbench.planning.point import Point
+from actbench.schema import MEMORY_FAILURES, ResultRow
+from actbench.strategies import Strategy
 
-RunPoint = Callable[[PointConfig], ResultRow]
+RunPoint = Callable[[Point], ResultRow]
 
 
 class _SearchFailed(Exception):
@@ -62,7 +64,7 @@ class SearchOutcome:
                 for s, v in self.maxima.items()}
 
 
-def linear_scan(points: Sequence[PointConfig], run: RunPoint, stop_after: int) -> list[ResultRow]:
+def linear_scan(points: Sequence[Point], run: RunPoint, stop_after: int) -> list[ResultRow]:
     """Measure points in order, stopping after ``stop_after`` consecutive failures."""
     rows: list[ResultRow] = []
     failures = 0
@@ -78,7 +80,7 @@ def linear_scan(points: Sequence[PointConfig], run: RunPoint, stop_after: int) -
 def run_sweep(cfg: SweepConfig, run: RunPoint) -> SearchOutcome:
     outcome = SearchOutcome()
     for strategy in cfg.strategies:
-        def point_for(batch: int, s: str = strategy) -> PointConfig:
+        def point_for(batch: int, s: Strategy = strategy) -> Point:
             return cfg.settings.point(cfg.model, s, batch, cfg.image_size)
 
         if cfg.find_max:
@@ -88,9 +90,9 @@ def run_sweep(cfg: SweepConfig, run: RunPoint) -> SearchOutcome:
         outcome.rows.extend(rows)
         ok = [r for r in rows if r.ok]
         best = max(ok, key=lambda r: r.batch_size) if ok else None
-        outcome.best_rows[strategy] = best
-        outcome.maxima[strategy] = best.batch_size if best else None
-        outcome.traces[strategy] = SearchTrace("scan", len(rows))
+        outcome.best_rows[strategy.name] = best
+        outcome.maxima[strategy.name] = best.batch_size if best else None
+        outcome.traces[strategy.name] = SearchTrace("scan", len(rows))
     return outcome
 
 
@@ -106,8 +108,8 @@ def run_grid(cfg: GridConfig, run: RunPoint) -> SearchOutcome:
     return SearchOutcome(rows=[run(p) for p in cfg.points()])
 
 
-def _search_strategy(outcome: SearchOutcome, strategy: str, candidates: Sequence[int],
-                     point_for: Callable[[int], PointConfig], run: RunPoint, budget: int | None,
+def _search_strategy(outcome: SearchOutcome, strategy: Strategy, candidates: Sequence[int],
+                     point_for: Callable[[int], Point], run: RunPoint, budget: int | None,
                      first: int | None = None, stop_on_error: bool = False) -> None:
     """One strategy's largest fitting value into ``outcome`` (maximum, best row, trace; every probe a row).
 
@@ -155,9 +157,9 @@ def _search_strategy(outcome: SearchOutcome, strategy: str, candidates: Sequence
     except _SearchFailed:
         best, trace = None, SearchTrace("model-guided", len(found), growth.fit)
     row = found.get(best) if best is not None else None
-    outcome.best_rows[strategy] = row
-    outcome.maxima[strategy] = None if row is None else outcome.value_of(row)
-    outcome.traces[strategy] = trace
+    outcome.best_rows[strategy.name] = row
+    outcome.maxima[strategy.name] = None if row is None else outcome.value_of(row)
+    outcome.traces[strategy.name] = trace
 
 
 def deciding_bytes(row: ResultRow) -> int | None:

@@ -2,51 +2,62 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from actbench.core.devices import profile
+from actbench.core.devices import DeviceProfile
+from actbench.core.gpus import GpuProfile
+from actbench.planning.device_models import DeviceModel
+from actbench.planning.point import Point
 from actbench.schema import DEFAULT_PRECISION, DEFAULT_TIMEOUT_S, ModelSpec, PointConfig
+from actbench.strategies import Strategy
 
 
 @dataclass(frozen=True)
 class MeasureSettings:
-    """How each point is measured (shared by every command)."""
+    """How each point is measured (shared by every command): the device's profile, not its name."""
 
-    device: str = "cpu"
+    device: DeviceProfile
     budget_bytes: int | None = None
     warmup_steps: int = 1
     timed_steps: int = 3
     checkpoint_segments: int | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     precision: str = DEFAULT_PRECISION
-    #: GPU profile planned for (actbench/core/gpus.py; budget_bytes is then its usable memory), None: none
-    gpu: str | None = None
+    #: the GPU planned for (budget_bytes is then its usable memory), None: none
+    gpu: GpuProfile | None = None
     host_budget_bytes: int | None = None
+    #: the device model step times are priced on (None: not priced); not part of what is measured
+    speed_model: DeviceModel | None = None
 
-    def point(self, model: ModelSpec, strategy: str, batch: int, image_size: int) -> PointConfig:
-        return PointConfig(model=model, strategy=strategy, batch_size=batch, image_size=image_size,
-                           device=self.device, budget_bytes=self.budget_bytes, warmup_steps=self.warmup_steps,
-                           timed_steps=self.timed_steps, checkpoint_segments=self.checkpoint_segments,
-                           precision=self.precision, gpu=self.gpu, host_budget_bytes=self.host_budget_bytes)
+    def point(self, model: ModelSpec, strategy: Strategy, batch: int, image_size: int) -> Point:
+        config = PointConfig(model=model, strategy=strategy.name, batch_size=batch, image_size=image_size,
+                             device=self.device.name, budget_bytes=self.budget_bytes, warmup_steps=self.warmup_steps,
+                             timed_steps=self.timed_steps, checkpoint_segments=self.checkpoint_segments,
+                             precision=self.precision, gpu=None if self.gpu is None else self.gpu.name,
+                             host_budget_bytes=self.host_budget_bytes)
+        return Point(config, strategy, self.device, self.gpu, self.speed_model)
 
     def identity(self) -> dict[str, Any]:
-        """What makes results differ (the timeout does not). fp32, and a GPU profile or host budget not
+        """What makes results differ (the timeout does not), by name. fp32, and a GPU or host budget not
         given, are left out, so the run directories named before they existed keep their names."""
-        data = asdict(self)
-        data.pop("timeout_s")
-        if data["precision"] == DEFAULT_PRECISION:
-            data.pop("precision")
-        for name in ("gpu", "host_budget_bytes"):
-            if data[name] is None:
-                data.pop(name)
+        data: dict[str, Any] = {"device": self.device.name, "budget_bytes": self.budget_bytes,
+                                "warmup_steps": self.warmup_steps, "timed_steps": self.timed_steps,
+                                "checkpoint_segments": self.checkpoint_segments}
+        if self.precision != DEFAULT_PRECISION:
+            data["precision"] = self.precision
+        if self.gpu is not None:
+            data["gpu"] = self.gpu.name
+        if self.host_budget_bytes is not None:
+            data["host_budget_bytes"] = self.host_budget_bytes
         return data
 
     @classmethod
-    def resolve(cls, device: str, command: str, budget_bytes: int | None = None, warmup_steps: int | None = None,
-                timed_steps: int | None = None, checkpoint_segments: int | None = None,
-                timeout_s: float = DEFAULT_TIMEOUT_S, precision: str = DEFAULT_PRECISION, gpu: str | None = None,
-                host_budget_bytes: int | None = None) -> "MeasureSettings":
+    def resolve(cls, device: DeviceProfile, command: str, budget_bytes: int | None = None,
+                warmup_steps: int | None = None, timed_steps: int | None = None,
+                checkpoint_segments: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                precision: str = DEFAULT_PRECISION, gpu: GpuProfile | None = None,
+                host_budget_bytes: int | None = None, speed_model: DeviceModel | None = None) -> "MeasureSettings":
         """Settings with each step count left as None filled with the device's default.
 
         The defaults are the device profile's (cuda warms up 3 steps and times 10: kernels autotune
@@ -54,7 +65,7 @@ class MeasureSettings:
         compute); ``memory`` times nothing. The CLI and experiment files both come through here, so
         the same options name the same run.
         """
-        warmup_steps, timed_steps = profile(device).resolve_steps(command, warmup_steps, timed_steps)
+        warmup_steps, timed_steps = device.resolve_steps(command, warmup_steps, timed_steps)
         return cls(device=device, budget_bytes=budget_bytes, warmup_steps=warmup_steps, timed_steps=timed_steps,
                    checkpoint_segments=checkpoint_segments, timeout_s=timeout_s, precision=precision, gpu=gpu,
-                   host_budget_bytes=host_budget_bytes)
+                   host_budget_bytes=host_budget_bytes, speed_model=speed_model)

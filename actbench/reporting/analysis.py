@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 
 from actbench.core.devices import is_prediction
 from actbench.reporting.runs import Run
-from actbench.schema import DEFAULT_PRECISION, MEMORY_FAILURES, PRECISIONS, ModelSpec, ResultRow
+from actbench.schema import DEFAULT_PRECISION, MEMORY_FAILURES, PRECISIONS, ModelSpec, ResultRow, format_bytes
 from actbench.strategies import rank as strategy_rank
 
 
@@ -28,15 +28,8 @@ def model_label(row: ResultRow) -> str:
     return ModelSpec(row.model, extra_blocks=row.extra_blocks, width_per_group=row.width_per_group).label()
 
 
-def size_text(n_bytes: int, sep: str = " ") -> str:
-    """``16 GiB`` / ``136 MiB``: GiB from 1 GiB up, so small cpu budgets stay readable."""
-    if n_bytes >= 1 << 30:
-        return f"{n_bytes / (1 << 30):.3g}{sep}GiB"
-    return f"{n_bytes / (1 << 20):.3g}{sep}MiB"
-
-
 def format_budget(budget_bytes: int | None) -> str:
-    return "no budget" if budget_bytes is None else f"budget {size_text(budget_bytes)}"
+    return "no budget" if budget_bytes is None else f"budget {format_bytes(budget_bytes, decimals=None)}"
 
 
 def slug(*parts: object) -> str:
@@ -122,7 +115,7 @@ class BatchGroup:
                f"{self.image_size}×{self.image_size} px"
 
     def slug(self) -> str:
-        budget = "nobudget" if self.budget_bytes is None else size_text(self.budget_bytes, sep="")
+        budget = "nobudget" if self.budget_bytes is None else format_bytes(self.budget_bytes, decimals=None, sep="")
         return slug(self.model, f"{self.image_size}px", budget, self.gpu)
 
     def series(self) -> tuple[Series, ...]:

@@ -26,24 +26,15 @@ from actbench.reporting.runs import Run, find_result_runs, read_json
 from actbench.reporting.scale import ScaleGroup, scale_groups
 from actbench.reporting.claims import claims_table
 from actbench.reporting.speed import ACTNN_SERIES, actnn_series, device_models, predicted_series, trust_text
-from actbench.schema import MEMORY_FAILURES
+from actbench.schema import MEMORY_FAILURES, format_bytes
 from actbench.core.devices import PROFILES
 from actbench.store.outputs import atomic_write_text, check_output
-
-GIB = 1 << 30
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)
 class ReportResult:
     path: Path
     figures: tuple[Path, ...]
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "–"
-    return f"{n / GIB:.3f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
 
 
 def _num(x: float | None, fmt: str = ".1f") -> str:
@@ -113,7 +104,7 @@ def _differences(runs: Sequence[Run]) -> list[str]:
 def _host_budgets(runs: Sequence[Run]) -> str:
     budgets = sorted({row.host_budget_bytes for r in runs for row in r.rows
                       if getattr(row, "gpu", None) and getattr(row, "host_budget_bytes", None)})
-    return ", ".join(_bytes(b) for b in budgets) if budgets else "none (host memory unbounded)"
+    return ", ".join(format_bytes(b) for b in budgets) if budgets else "none (host memory unbounded)"
 
 
 def _max_batch_section(group: BatchGroup, paper_ok: bool) -> list[str]:
@@ -183,8 +174,9 @@ def _memory_section(group: BatchGroup, paper_model_ok: bool) -> list[str]:
         base = fp32.get(e.series.device)
         red = (base.activation_bytes / e.activation_bytes
                if base is not None and base.activation_bytes and e.activation_bytes else None)
-        row = [_md(e.label), _bytes(e.activation_bytes), _bytes(e.peak_alloc_bytes), _bytes(e.model_bytes)]
-        row += [_bytes(e.host_bytes) if e.host_bytes else "–"] if with_host else []
+        row = [_md(e.label), format_bytes(e.activation_bytes, missing="–"), format_bytes(e.peak_alloc_bytes, missing="–"),
+               format_bytes(e.model_bytes, missing="–")]
+        row += [format_bytes(e.host_bytes, missing="–") if e.host_bytes else "–"] if with_host else []
         row += [_reduction(red)]
         if paper_model_ok:
             theirs = paper_ref.ACTIVATION_REDUCTION_L3 if e.series == Series("L3", e.series.device) else None

@@ -38,7 +38,7 @@ import os
 import re
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from actbench.core.devices import DEVICE_NAMES
 from actbench.core.gpus import GPU_NAMES
@@ -369,12 +369,8 @@ class RunStore:
     def write_table(self) -> None:
         """Rewrite ``table.csv`` (the latest row per key, every column in a fixed order) under the lock
         through a temporary file of this writer's own."""
-        with self.locked(), atomic_output(self.table_path, "table") as tmp:
-            with tmp.open("w", newline="") as fh:
-                writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-                writer.writeheader()
-                for row in self.rows:
-                    writer.writerow({k: ("" if v is None else v) for k, v in asdict(row).items()})
+        with self.locked():
+            write_rows_csv(self.table_path, COLUMNS, self.rows)
 
     def record_environment(self, env: dict[str, Any], env_id: str) -> None:
         """``env.json`` holds the run's first environment; a resume elsewhere adds ``env_<id>.json``."""
@@ -400,6 +396,16 @@ class RunStore:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+
+
+def write_rows_csv(path: Path, columns: Sequence[str], rows: Iterable[Any]) -> None:
+    """``rows`` (dataclasses) as the CSV table ``path``, columns in the given order, None as an empty
+    cell, through a temporary file of this writer's own: the derived table of a JSONL file of rows."""
+    with atomic_output(path, "table") as tmp, tmp.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(columns))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if v is None else v) for k, v in asdict(row).items()})
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:

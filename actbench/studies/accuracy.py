@@ -8,7 +8,6 @@ task, the models and how a setting runs: docs/design.md §3 ("Checking compresse
 
 from __future__ import annotations
 
-import csv
 import datetime as _dt
 import dataclasses
 import functools
@@ -325,14 +324,9 @@ class AccuracyStore:
         append_record(self.rows_path, asdict(row))
 
     def write_table(self) -> None:
-        from actbench.store.outputs import atomic_output
+        from actbench.store.results import write_rows_csv
 
-        rows = self.read_rows()
-        with atomic_output(self.table_path, "table") as tmp, tmp.open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=ROW_COLUMNS)
-            writer.writeheader()
-            for row in rows:
-                writer.writerow({k: ("" if v is None else v) for k, v in asdict(row).items()})
+        write_rows_csv(self.table_path, ROW_COLUMNS, self.read_rows())
 
 
 def train_setting_task(args: dict[str, Any]) -> dict[str, Any]:
@@ -369,6 +363,7 @@ def run_accuracy(cfg: AccuracyConfig, out_dir: Path,
     from actbench.execution.executors import InProcessExecutor
 
     from actbench.measure.environment import capture_environment, environment_id
+    from actbench.core.devices import profile
     from actbench.store.outputs import atomic_write_text
 
     run_dir = out_dir / cfg.run_name()
@@ -380,7 +375,7 @@ def run_accuracy(cfg: AccuracyConfig, out_dir: Path,
                                                    "include_fp32": cfg.include_fp32}, indent=2) + "\n")
     env_path = run_dir / "env.json"
     if not env_path.exists():
-        env = capture_environment("cpu")
+        env = capture_environment(profile("cpu"))
         atomic_write_text(env_path, json.dumps({"env_id": environment_id(env), **env}, indent=2) + "\n")
     emit = on_event or (lambda *_: None)
     done = {r.key: r for r in store.read_rows()}

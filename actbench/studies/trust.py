@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from actbench.core.devices import PROFILES
 from actbench.execution.executors import InProcessExecutor
+from actbench.planning.point import Point
 from actbench.schema import DEFAULT_PRECISION, Measurement, ModelSpec, PointConfig, one_line
 from actbench.store.outputs import atomic_write_csv
 
@@ -82,7 +83,7 @@ def compare(device: str, models=TRUST_MODELS, strategies=TRUST_STRATEGIES, batch
                                     timed_steps=0, precision=precision)
             measured = PointConfig(ModelSpec(model), strategy, batch_size, image_size, device, warmup_steps=1,
                                    timed_steps=0, precision=precision)
-            meta, real = executor.measure([predicted, measured])
+            meta, real = executor.measure([Point.resolve(predicted), Point.resolve(measured)])
             out.append(Comparison(model, strategy, batch_size, image_size, device, meta.status, real.status,
                                   meta.activation_bytes, real.activation_bytes, meta.peak_alloc_bytes,
                                   real.peak_alloc_bytes, real.reserved_bytes, one_line(meta.message or real.message, 120),
@@ -149,10 +150,11 @@ def compare_speed(device: str, speed_model: "DeviceModel", models=("resnet18",),
     out = []
     for model in models:
         for strategy in strategies:
-            predicted = sessions.measure_point(PointConfig(ModelSpec(model), strategy, batch_size, image_size,
-                                                           PREDICTING_DEVICE, timed_steps=0, precision=precision))
-            point = PointConfig(ModelSpec(model), strategy, batch_size, image_size, device, warmup_steps=1,
-                                timed_steps=timed_steps, precision=precision)
+            predicted = sessions.measure_point(Point.resolve(PointConfig(
+                ModelSpec(model), strategy, batch_size, image_size, PREDICTING_DEVICE, timed_steps=0,
+                precision=precision)))
+            point = Point.resolve(PointConfig(ModelSpec(model), strategy, batch_size, image_size, device,
+                                              warmup_steps=1, timed_steps=timed_steps, precision=precision))
             try:
                 real = measure_point(point)
             except Exception as exc:  # one bad point is a row, not the end of the comparison

@@ -19,7 +19,7 @@ from torch import nn
 from actbench.core import compat
 from actbench.training.models import logits_of
 from actbench.schema import DEFAULT_PRECISION
-from actbench.strategies import HostScope, StrategyOptions, get
+from actbench.strategies import HostScope, Strategy, StrategyOptions
 from actbench.training.precision import autocast, check_precision, make_scaler
 
 
@@ -116,7 +116,7 @@ class TrainingStep:
 
 
 def build_training_step(
-    strategy: str,
+    strategy: Strategy,
     model: nn.Module,
     device: torch.device,
     options: StrategyOptions = StrategyOptions(),
@@ -129,7 +129,7 @@ def build_training_step(
     the note is the strategy's account of what it did, for the result row.
     """
     check_precision(precision)
-    prepared = get(strategy).prepare(model, device, options, host_scope)
+    prepared = strategy.prepare(model, device, options, host_scope)
     optimizer = torch.optim.SGD(prepared.model.parameters(), lr=options.lr, momentum=options.momentum)
     first = next(iter(prepared.model.parameters()), None)
     scaler = make_scaler(precision, device, fake=first is not None and compat.is_fake(first))
