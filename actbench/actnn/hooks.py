@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 from actbench.core import compat
 
 from actbench.kernels import ops
+from actbench.actnn import positions
 from actbench.actnn.controller import ROLE_COMPRESSED, Controller, LayerSlot, PackSpec, saved_role
 from actbench.actnn.layers import ActNNModule
 from actbench.actnn.functions import (AvgPool2dFunction, ClampFunction, DerivativeFunction, DropoutFunction,
@@ -33,6 +34,7 @@ SKIP_STATE = "model state"
 SKIP_SMALL = "small"
 SKIP_TWIN = "kept by twin"
 SKIP_LEVEL = "full precision by level"
+SKIP_POSITION = "positions: kept exact"  # positions.py: boxes, grids, offsets
 
 
 @dataclass
@@ -68,6 +70,10 @@ class SavedTensorPacker:
         self._counts: dict[str, int] = {}
         self._cache: dict[tuple, tuple[weakref.ref, HookPacked]] = {}
         self._state: set[int] = set()
+        #: protected op -> where its position arguments are (positions.py), rebuilt at each training forward
+        self.position_ops: dict = {}
+        # storages passed as positions to the protected calls running now (positions.py)
+        self._positions: list[int] = []
         # Every module, not only the root: a checkpointed segment's recompute in backward calls its
         # modules without the root, and must reroute functional calls as its forward did (checkpoint
         # compares what both saved).
@@ -115,6 +121,7 @@ class SavedTensorPacker:
         self._state = {compat.storage_identity(t) for t in (*model.parameters(), *model.buffers())}
         self._counts.clear()
         self.saved, self._seen, self._cache = {}, set(), {}
+        self.position_ops = positions.position_ops()
         self._context = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
         self._context.__enter__()
 
@@ -148,6 +155,8 @@ class SavedTensorPacker:
             return SKIP_TWIN
         if isinstance(t, nn.Parameter) or compat.storage_identity(t) in self._state:
             return SKIP_STATE
+        if self._positions and compat.storage_identity(t) in self._positions:
+            return SKIP_POSITION
         if not t.is_floating_point():
             return SKIP_NOT_FLOATING
         if t.dtype not in ops.PACKABLE_DTYPES:
@@ -157,6 +166,15 @@ class SavedTensorPacker:
         if self.controller.config.act_bits is None:
             return SKIP_LEVEL
         return None
+
+    def call_keeping_positions(self, func, args: tuple, kwargs: dict, locations: positions.Locations):
+        """Run a protected op (positions.py): what it saves from its position arguments stays exact."""
+        keys = positions.position_storages(args, kwargs, locations)
+        self._positions.extend(keys)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            del self._positions[len(self._positions) - len(keys):]
 
     def _account(self, owner: str, category: str, tensors) -> None:
         """The running census of this forward (storages counted once): see ``memory.last_forward_census``."""
@@ -216,6 +234,9 @@ class _FunctionalTwins(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        locations = self.packer.position_ops.get(func)
+        if locations is not None:
+            return self.packer.call_keeping_positions(func, args, kwargs, locations)
         route = _routes().get(func)
         if route is not None and not self.packer.in_twin and args and isinstance(args[0], torch.Tensor):
             x = args[0]
