@@ -1,10 +1,11 @@
-"""Positions (roi boxes, sampling grids) are never quantized: backward reads them as coordinates.
+"""Saved tensors whose treatment follows from the op argument they were passed as.
 
-A quantized box moves by pixels and a quantized batch index points past the batch, so the gradient
+Positions (roi boxes, sampling grids) are never quantized: backward reads them as coordinates. A
+quantized box moves by pixels and a quantized batch index points past the batch, so the gradient
 lands in the wrong place (or out of bounds) instead of carrying zero-mean noise. The input
 gradients checked below depend only on the positions and on exact parameters, so with positions
 kept exact L3 reproduces the unconverted model's gradient bit for bit; any rounding of a position
-changes it.
+changes it. Functional attention's queries and keys are packed at ``qk_bits``, as the twin's are.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torchvision.ops import roi_align
 
 from actbench.actnn import convert, level_config, saved_tensor_census
 from actbench.actnn.hooks import SKIP_POSITION, packer_of
-from actbench.actnn.positions import PROTECTED_POSITIONS, position_ops
+from actbench.actnn.saved_arguments import PROTECTED_POSITIONS, argument_roles
 from actbench.core.compat import torch_callables
 
 try:
@@ -85,9 +86,9 @@ def test_every_protected_op_resolves():
     """Each table entry names an op that exists (a misspelt one would protect nothing)."""
     for entry in PROTECTED_POSITIONS:
         assert torch_callables(entry.op), entry
-    found = position_ops()
-    assert found[F.grid_sample] == ((1, "grid"),)
-    assert found[torch.ops.torchvision.roi_align] == ((1, "rois"),)
+    found = argument_roles()
+    assert found[F.grid_sample] == ((1, "grid", "position"),)
+    assert found[torch.ops.torchvision.roi_align] == ((1, "rois", "position"),)
 
 
 def test_roi_align_rois_stay_exact_and_input_gradient_matches(backend):
@@ -164,3 +165,35 @@ def test_fasterrcnn_l3_step_is_finite():
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith(("LOSS", "POSITIONS")))
     assert torch.isfinite(torch.tensor(float(lines["LOSS"]))), done.stdout
     assert int(lines["POSITIONS"]) > 0, done.stdout
+
+
+class FunctionalAttention(nn.Module):
+    """Self-attention written with functions: q, k and v are views of one projection (timm's layout)."""
+
+    def __init__(self, dim: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, length, dim = x.shape
+        qkv = self.qkv(x).reshape(n, length, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        return F.scaled_dot_product_attention(q, k, v).sum()
+
+
+def test_functional_attention_packs_query_and_key_at_qk_bits(backend):
+    """F.scaled_dot_product_attention's query and key get ``qk_bits`` (4 at L3), as the attention twin
+    gives them; its value, a view of the same projection, stays at the 2-bit target."""
+    conv = convert(FunctionalAttention(), level_config("L3", backend=backend))
+    seen = []
+    packer_of(conv.model).observer = lambda t, packed, reason, owner: seen.append((t, packed))
+    x = torch.randn(2, 64, 64, requires_grad=True)
+    conv.model(x).backward()
+    found = {}
+    for t, packed in seen:
+        if packed is not None and t.stride() == (64 * 192, 16, 192, 1):  # views of the projection
+            found[t.storage_offset()] = (packed.slot.info.kind, packed.spec.bits)
+    head = 64 // 4
+    assert found == {0: ("qk", 4), head * 4: ("qk", 4), 2 * head * 4: ("hook", 2)}, found
+    assert x.grad is not None and torch.isfinite(x.grad).all()
