@@ -125,7 +125,7 @@ class _OuterCall(TorchFunctionMode):
         self.current: str | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        outer, self.current = self.current, getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+        outer, self.current = self.current, compat.callable_name(func)
         try:
             return func(*args, **(kwargs or {}))
         finally:
