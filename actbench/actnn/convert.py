@@ -25,7 +25,7 @@ from torchvision.ops.misc import Permute
 from actbench.actnn import hooks
 from actbench.actnn.controller import Controller
 from actbench.actnn import layers as L
-from actbench.actnn.layers import ActNNModule, QMaxPool2d, maxpool_supported
+from actbench.actnn.layers import ActNNModule, QMaxPool2d, QMaxPool3d, maxpool_supported
 from actbench.actnn.transformer_layers import QCNBlock, QMultiheadAttention, QSoftmax
 from actbench.actnn.levels import LevelConfig, resolve
 from actbench.actnn.memory import SavedCensus, SavedGroup, saved_tensor_census
@@ -49,6 +49,7 @@ REPLACEMENTS: dict[type[nn.Module], type[nn.Module]] = {
     nn.Hardtanh: L.QHardtanh,
     nn.Dropout: L.QDropout,
     nn.MaxPool2d: L.QMaxPool2d,
+    nn.MaxPool3d: L.QMaxPool3d,
     nn.AvgPool2d: L.QAvgPool2d,
     nn.LayerNorm: L.QLayerNorm,
     LayerNorm2d: L.QLayerNorm2d,
@@ -213,7 +214,7 @@ def _swap_in_twins(model: nn.Module, controller: Controller
             kept.append(ModuleEntry(name, type(module).__name__, None))
             continue
         twin = REPLACEMENTS.get(type(module))
-        if twin is QMaxPool2d and not maxpool_supported(module):
+        if twin in (QMaxPool2d, QMaxPool3d) and not maxpool_supported(module):
             twin = None
         if twin is not None:
             module.__class__ = twin

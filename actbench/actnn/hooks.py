@@ -21,7 +21,9 @@ from torch.overrides import TorchFunctionMode
 from actbench.core import compat
 
 from actbench.kernels import ops
-from actbench.actnn.controller import ROLE_COMPRESSED, Controller, LayerSlot, PackSpec, saved_role
+from actbench.actnn import saved_arguments as arguments
+from actbench.actnn.controller import (QK_KIND, ROLE_COMPRESSED, Controller, LayerSlot, PackSpec,
+                                      saved_role)
 from actbench.actnn.layers import ActNNModule
 from actbench.actnn.functions import (AvgPool2dFunction, ClampFunction, DerivativeFunction, DropoutFunction,
                                       MaskScaleFunction, MaxPool2dFunction, PoolParams, kept_by_twin, save)
@@ -33,6 +35,7 @@ SKIP_STATE = "model state"
 SKIP_SMALL = "small"
 SKIP_TWIN = "kept by twin"
 SKIP_LEVEL = "full precision by level"
+SKIP_POSITION = "positions: kept exact"  # saved_arguments.py: boxes, grids, offsets
 
 
 @dataclass
@@ -68,6 +71,9 @@ class SavedTensorPacker:
         self._counts: dict[str, int] = {}
         self._cache: dict[tuple, tuple[weakref.ref, HookPacked]] = {}
         self._state: set[int] = set()
+        #: op -> where its arguments with a role are (saved_arguments.py), rebuilt at each training forward
+        self.argument_ops: dict = {}
+        self._marked: list[arguments.Mark] = []  # arguments with a role of the calls running now
         # Every module, not only the root: a checkpointed segment's recompute in backward calls its
         # modules without the root, and must reroute functional calls as its forward did (checkpoint
         # compares what both saved).
@@ -115,6 +121,7 @@ class SavedTensorPacker:
         self._state = {compat.storage_identity(t) for t in (*model.parameters(), *model.buffers())}
         self._counts.clear()
         self.saved, self._seen, self._cache = {}, set(), {}
+        self.argument_ops = arguments.argument_roles()
         self._context = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
         self._context.__enter__()
 
@@ -142,21 +149,35 @@ class SavedTensorPacker:
 
     # -- the hooks ----------------------------------------------------------------------------
 
-    def skip_reason(self, t: torch.Tensor) -> str | None:
-        """Why ``t`` stays as it is, or None when it is packed."""
+    def skip_reason(self, t: torch.Tensor, role: str | None = None) -> str | None:
+        """Why ``t`` (passed as an argument with ``role``, saved_arguments.py) stays as it is, or None
+        when it is packed."""
         if kept_by_twin(t):
             return SKIP_TWIN
         if isinstance(t, nn.Parameter) or compat.storage_identity(t) in self._state:
             return SKIP_STATE
+        if role == arguments.ROLE_POSITION:
+            return SKIP_POSITION
         if not t.is_floating_point():
             return SKIP_NOT_FLOATING
         if t.dtype not in ops.PACKABLE_DTYPES:
             return SKIP_DTYPE
         if t.numel() < self.controller.config.hook_min_elements:
             return SKIP_SMALL
-        if self.controller.config.act_bits is None:
+        config = self.controller.config
+        if (config.qk_bits if role == arguments.ROLE_QUERY_KEY else config.act_bits) is None:
             return SKIP_LEVEL
         return None
+
+    def call_with_roles(self, func, args: tuple, kwargs: dict, locations: arguments.Locations):
+        """Run an op of saved_arguments.py: what it saves from its positions stays exact, its queries
+        and keys are packed at ``qk_bits``."""
+        marks = arguments.marks(args, kwargs, locations)
+        self._marked.extend(marks)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            del self._marked[len(self._marked) - len(marks):]
 
     def _account(self, owner: str, category: str, tensors) -> None:
         """The running census of this forward (storages counted once): see ``memory.last_forward_census``."""
@@ -171,7 +192,8 @@ class SavedTensorPacker:
 
     def pack(self, t: torch.Tensor):
         owner = self._owner
-        reason = self.skip_reason(t)
+        role = arguments.role_of(t, self._marked) if self._marked else None
+        reason = self.skip_reason(t, role)
         if reason is not None:
             if reason != SKIP_STATE:
                 self._account(owner, saved_role(t) if reason == SKIP_TWIN else reason, (t,))
@@ -181,14 +203,14 @@ class SavedTensorPacker:
         c = self.controller
         c.before_save()  # may start a new step
         key = (compat.storage_identity(t), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype,
-               compat.tensor_version(t))
+               compat.tensor_version(t), role)
         hit = self._cache.get(key)
         if hit is not None and hit[0]() is not None:
             packed = hit[1]
         else:
             n = self._counts.get(owner, 0)
             self._counts[owner] = n + 1
-            slot = c.dynamic_slot(f"{owner}:{n}", "hook")
+            slot = c.dynamic_slot(f"{owner}:{n}", QK_KIND if role == arguments.ROLE_QUERY_KEY else "hook")
             tensors, spec = slot.save_input(t.detach())
             packed = HookPacked(slot, tensors, spec, owner)
             self._cache[key] = (weakref.ref(t), packed)
@@ -216,6 +238,9 @@ class _FunctionalTwins(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        locations = self.packer.argument_ops.get(func)
+        if locations is not None:
+            return self.packer.call_with_roles(func, args, kwargs, locations)
         route = _routes().get(func)
         if route is not None and not self.packer.in_twin and args and isinstance(args[0], torch.Tensor):
             x = args[0]

@@ -21,6 +21,7 @@ from torchvision.models.convnext import LayerNorm2d
 from torchvision.ops import StochasticDepth
 
 from actbench.actnn.controller import LayerSlot
+from actbench.actnn.pool3d import MaxPool3dFunction, Pool3dParams, triple
 from actbench.actnn.functions import (
     BatchNormFunction,
     ClampFunction,
@@ -300,6 +301,20 @@ class QMaxPool2d(_MaskModule, nn.MaxPool2d):
         return MaxPool2dFunction.apply(input, p, self.actnn_slot)
 
 
+class QMaxPool3d(_MaskModule, nn.MaxPool3d):
+    """3-D max pool keeping an int8 offset inside each window (``pool3d.py``); windows of at most
+    128 positions (convert checks)."""
+
+    actnn_kind = KIND_POOL
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._masking(input) or self.return_indices:
+            return super().forward(input)
+        p = Pool3dParams(triple(self.kernel_size), triple(self.stride if self.stride is not None else self.kernel_size),
+                         triple(self.padding), triple(self.dilation), bool(self.ceil_mode))
+        return MaxPool3dFunction.apply(input, p, self.actnn_slot)
+
+
 class QAvgPool2d(_MaskModule, nn.AvgPool2d):
     """Average pool (still an AvgPool: upstream turned it into a MaxPool) keeping only a shape."""
 
@@ -399,6 +414,7 @@ class QStochasticDepth(_MaskModule, StochasticDepth):
         return MaskScaleFunction.apply(input, "stochastic_depth", float(self.p), self.mode, self.actnn_slot, False)
 
 
-def maxpool_supported(m: nn.MaxPool2d) -> bool:
+def maxpool_supported(m: nn.MaxPool2d | nn.MaxPool3d) -> bool:
     """int8 argmax fits windows of up to 128 positions; return_indices needs torch's own indices."""
-    return not m.return_indices and math.prod(_pair_of(m.kernel_size)) <= 128
+    window = triple(m.kernel_size) if isinstance(m, nn.MaxPool3d) else _pair_of(m.kernel_size)
+    return not m.return_indices and math.prod(window) <= 128

@@ -30,6 +30,7 @@ _SKIP_CATEGORY = {
     hooks.SKIP_DTYPE: "not packable dtype",
     hooks.SKIP_SMALL: "small",
     hooks.SKIP_LEVEL: "full precision by level",
+    hooks.SKIP_POSITION: "positions: kept exact",
 }
 
 
@@ -41,7 +42,8 @@ class SavedGroup:
     ``saved_by`` then starts with ``hook:``), ``layer statistics`` (BatchNorm's per-channel and
     LayerNorm's per-token 1/std, tiny), ``full precision by level`` (an ActNN layer or the hook
     path told to keep full precision, e.g. L0), ``integer or bool`` (indices, boolean masks: never
-    quantized), ``small`` (below ``LevelConfig.hook_min_elements``), ``not packable dtype``
+    quantized), ``positions: kept exact`` (boxes, sampling grids and offsets that an op reads as
+    coordinates, never quantized: ``positions.py``), ``small`` (below ``LevelConfig.hook_min_elements``), ``not packable dtype``
     (float64), and, where no hook path runs (an unconverted model, or hooks off):
     ``unconverted module`` (a leaf module actbench does not convert) and ``functional`` (a torch
     call inside a container's forward: F.relu, torch.cat, ...).
@@ -123,7 +125,7 @@ class _OuterCall(TorchFunctionMode):
         self.current: str | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        outer, self.current = self.current, getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+        outer, self.current = self.current, compat.callable_name(func)
         try:
             return func(*args, **(kwargs or {}))
         finally:

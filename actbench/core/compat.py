@@ -15,7 +15,7 @@ import torch
 # on it because it counts real storages (views dedup to their base) rather than estimating.
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
-from torch._ops import _len_torch_dispatch_stack_pre_dispatch
+from torch._ops import OpOverload, OpOverloadPacket, _len_torch_dispatch_stack_pre_dispatch
 
 from actbench.core.devices import holds_data
 
@@ -23,7 +23,7 @@ __all__ = ["TorchDispatchMode", "tree_flatten", "dispatch_modes_disabled", "memt
            "fake_tensor_mode", "is_fake", "storage_identity", "parameters_on_meta", "fake_module",
            "forget_compiled_graphs", "clear_cublas_workspaces", "softmax_backward", "builtin_avg_pool2d",
            "has_dispatch_kernel", "op_flops", "op_bytes_moved", "torch_function_disabled",
-           "internal_compute_ops"]
+           "internal_compute_ops", "torch_callables", "callable_name"]
 
 
 def tensor_version(tensor: "torch.Tensor") -> int:
@@ -277,3 +277,37 @@ def internal_compute_ops() -> list:
     """The op packets of :data:`_INTERNAL_COMPUTE_OPS` this torch build has: what a recompute policy
     sees when a model calls a convolution or fused attention."""
     return [getattr(torch.ops.aten, n) for n in _INTERNAL_COMPUTE_OPS if hasattr(torch.ops.aten, n)]
+
+
+def torch_callables(op: str) -> list:
+    """The callables a ``TorchFunctionMode`` can see for ``op``: ``"ns::name"`` gives the
+    ``torch.ops`` packet and its overloads (for ``aten`` also ``torch.<name>`` and
+    ``Tensor.<name>``), a dotted path (``"torch.nn.functional.grid_sample"``) that function. Empty
+    when the op's library is not loaded. Names are looked up by string, which may reach private
+    attributes, hence here."""
+    if "::" not in op:
+        module, _, name = op.rpartition(".")
+        target = torch
+        for part in module.split(".")[1:]:
+            target = getattr(target, part, None)
+        found = getattr(target, name, None)
+        return [found] if found is not None else []
+    namespace, name = op.split("::")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):
+        return []
+    out = [packet, *(getattr(packet, overload) for overload in packet.overloads())]
+    if namespace == "aten":
+        out += [f for f in (getattr(torch, name, None), getattr(torch.Tensor, name, None)) if f is not None]
+    return out
+
+
+def callable_name(func) -> str:
+    """A readable name of what a ``TorchFunctionMode`` was called with: ``"torchvision::roi_align"``
+    for a ``torch.ops`` op (whose ``__qualname__`` is a pybind11 record), else its qualified name."""
+    if isinstance(func, OpOverloadPacket):
+        return func._qualified_op_name
+    if isinstance(func, OpOverload):
+        return func.name()
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
