@@ -51,6 +51,11 @@ class CheckpointedSequential(nn.Module):
             x = self.inner[i](x)
         return x
 
+    def strategy_host_calls(self) -> tuple[str, int]:
+        """For the step-time model: each call runs this many checkpoint segments (their bookkeeping and
+        recompute's Python, priced by the device model's ``strategy_call_s``)."""
+        return ("checkpoint_segment" if self.context_fn is None else "selective_segment"), len(self.runs)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for start, stop in self.runs:
             if torch.is_grad_enabled() and self.context_fn is not None:
