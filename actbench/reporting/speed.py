@@ -168,7 +168,11 @@ DEVICE_MODEL_TRUST: Mapping[str, tuple[TrustFigure, ...]] = MappingProxyType({
                                     f"{_H200}/speed_vs_cuda.csv"),),
     "calibrated-cpu": (TrustFigure("calibrated on a shared 2-core CPU; ResNet-18, 64 px, batch 4, predicted ÷ "
                                    "measured step time: fp32, L0, L3, checkpoint, swap",
-                                   "0.90, 0.66, 0.60, 0.82, 0.90", _DESIGN),),
+                                   "0.90, 0.66, 0.60, 0.82, 0.90", _DESIGN),
+                       TrustFigure("with a strategy's Python priced, under load average 2-8: ResNet-18, 64 px, "
+                                   "batch 4, predicted ÷ fastest of steps timed in turn (two runs): fp32, L0, L3, "
+                                   "checkpoint, sac, swap", "0.51-0.61, 0.57-0.67, 0.63-0.71, 0.53-0.60, 0.51-0.58, "
+                                   "0.44-0.62", _DESIGN)),
 })
 
 
