@@ -41,8 +41,8 @@ def test_calibrate_writes_a_device_model_file_that_loads(calibrated: Path) -> No
     assert data["extension_bytes_per_s"] > 0  # the extension is built here
     assert data["backward_efficiency"] > 0
     calls = data["strategy_call_s"]  # measured here: each probed kind, and the kinds derived from them
-    assert {"actnn_layer:L0", "actnn_layer:L3", "actnn_layer:L4", "actnn_layer", "checkpoint_segment",
-            "selective_segment"} <= set(calls) and all(v >= 0 for v in calls.values())
+    assert {"actnn_layer:L0", "actnn_layer:L3", "actnn_layer:L4", "actnn_layer", "checkpoint_module",
+            "selective_module"} <= set(calls) and all(v >= 0 for v in calls.values())
     assert calls["actnn_layer:L4"] == calls["actnn_layer:L3"] and calls["actnn_layer"] == calls["actnn_layer:L0"]
     assert data["sources"]["strategy_calls"].startswith("calibrate: tiny conv-BN-ReLU model")
     model = load_device_model(calibrated)
@@ -95,7 +95,7 @@ def test_every_built_in_gpu_model_prices_strategy_calls_and_says_where_from() ->
 
     for model in GPU_SPEED_MODELS.values():
         assert model.strategy_call_seconds("actnn_layer:L3") > model.strategy_call_seconds("actnn_layer:L0") > 0
-        assert model.strategy_call_seconds("checkpoint_segment") > 0
+        assert model.strategy_call_seconds("checkpoint_module") > 0
         assert "h200_2026-12-04" in model.sources["strategy_calls"]
 
 

@@ -124,7 +124,7 @@ def test_a_level_without_its_own_value_takes_the_generic_actnn_layers_and_unknow
     model = dataclasses.replace(ROUND, strategy_call_s=MappingProxyType({"actnn_layer:L3": 2e-3, "actnn_layer": 1e-3}))
     assert model.strategy_call_seconds("actnn_layer:L3") == 2e-3
     assert model.strategy_call_seconds("actnn_layer:L4") == 1e-3
-    assert model.strategy_call_seconds("checkpoint_segment") == 0.0
+    assert model.strategy_call_seconds("checkpoint_module") == 0.0
 
 
 def test_the_recorder_writes_down_actnn_layers_and_checkpoint_segments_of_a_real_step() -> None:
@@ -143,8 +143,9 @@ def test_the_recorder_writes_down_actnn_layers_and_checkpoint_segments_of_a_real
         counts[strategy] = {name: calls.count(name) for name in calls}
         assert any(op.kind == KERNEL for op in recorder.ops)
     # 3 conv-BN-ReLU blocks and the linear head: 10 ActNN layers; 3 blocks, one checkpoint segment each
-    assert counts == {"fp32": {}, "L2": {"actnn_layer:L2": 10}, "checkpoint": {"checkpoint_segment": 3},
-                      "sac": {"selective_segment": 3}}
+    # of 4 modules (the block's Sequential and its 3 layers)
+    assert counts == {"fp32": {}, "L2": {"actnn_layer:L2": 10}, "checkpoint": {"checkpoint_module": 12},
+                      "sac": {"selective_module": 12}}
 
 
 def test_the_recorder_counts_flops_and_bytes_of_real_ops() -> None:

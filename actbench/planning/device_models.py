@@ -67,7 +67,8 @@ class DeviceModel:
     sources: Mapping[str, str] = field(default_factory=dict)
     #: host seconds of one call of a strategy's own Python, by kind: ``actnn_layer:L3`` (one ActNN
     #: layer's forward and backward at that level; ``actnn_layer`` for a level without its own),
-    #: ``checkpoint_segment``, ``selective_segment``; over and above ``host_op_s`` for the ATen ops
+    #: ``checkpoint_module``, ``selective_module`` (per module a checkpoint or sac segment holds, as its
+    #: Python runs again in recompute); over and above ``host_op_s`` for the ATen ops
     #: those calls dispatch. Absent (a file older than this field): 0, as ``sources`` then says.
     strategy_call_s: Mapping[str, float] = field(default_factory=dict)
 
@@ -202,15 +203,15 @@ GPU_TENSOR_CORE_EFFICIENCY = 0.25
 #: Host seconds per call of a strategy's own Python (``DeviceModel.strategy_call_s``), fitted from the H200
 #: loan (results/gpu/h200_2026-12-04/second/datasheet/speed_vs_cuda.csv: ResNet-50, batch 64, 224 px, measured
 #: on code before the twins stopped rerouting every torch call): measured step less this model's
-#: 10 us x dispatched ops, over the calls meta records (157 ActNN layers; 16 checkpoint segments).
-#: L5 runs L4's step; other levels take L0's, the cheapest measured (a floor); sac's segments take
-#: checkpoint's (not measured on a GPU). A host's cost, so every built-in GPU takes the same.
+#: 10 us x dispatched ops, over the calls meta records (157 ActNN layers; 140 modules in 16 checkpoint
+#: segments). L5 runs L4's step; other levels take L0's, the cheapest measured (a floor); sac's modules
+#: take checkpoint's (not measured on a GPU). A host's cost, so every built-in GPU takes the same.
 GPU_STRATEGY_CALL_S: Mapping[str, float] = MappingProxyType({
     "actnn_layer:L0": 248e-6, "actnn_layer:L3": 842e-6, "actnn_layer:L4": 984e-6, "actnn_layer:L5": 984e-6,
-    "actnn_layer": 248e-6, "checkpoint_segment": 2.58e-3, "selective_segment": 2.58e-3})
+    "actnn_layer": 248e-6, "checkpoint_module": 295e-6, "selective_module": 295e-6})
 _STRATEGY_CALLS_SOURCE = ("fitted from the H200 loan's trust rows (results/gpu/h200_2026-12-04/second/datasheet/"
                           "speed_vs_cuda.csv, ResNet-50 b64 224 px): per ActNN layer L0 248 us, L3 842 us, L4 (and L5) "
-                          "984 us, other levels L0's; per checkpoint segment 2.58 ms (sac's the same, assumed)")
+                          "984 us, other levels L0's; per module of a checkpoint segment 295 us (sac's the same, assumed)")
 
 _ASSUMED = ("launch: assumed 4 us between kernels; host_op: assumed 10 us of eager dispatch per op; efficiencies: "
             "assumed 0.6 of peak FLOP/s and 0.8 of DRAM bandwidth (calibrate --device cuda measures them); "

@@ -161,7 +161,7 @@ DEVICE_MODEL_TRUST: Mapping[str, tuple[TrustFigure, ...]] = MappingProxyType({
                          "checkpoint, swap (ActNN's and checkpoint's Python per call fitted on these rows)",
                          "0.81, 1.00, 1.00, 1.00, 1.00, 1.12", f"{_H200_AGAIN}/speed_vs_cuda_h200.csv"),
              TrustFigure("outside the rows fitted on, ResNet-18 b16 / ResNet-50 b8, 112 px: fp32, L0, L1, L3, "
-                         "checkpoint", "1.19, 1.18, 0.92, 1.32, 1.67 / 1.61, 1.56, 1.09, 1.23, 1.36",
+                         "checkpoint", "1.19, 1.18, 0.92, 1.32, 1.48 / 1.61, 1.56, 1.09, 1.23, 1.36",
                          f"{_H200_AGAIN}/actnn_cuda_h200.csv")),
     "calibrated-cuda": (TrustFigure("calibrated on an H200; ResNet-50, batch 64, predicted ÷ measured step time: "
                                     "fp32, L0, L3, L4, checkpoint, swap", "0.67, 0.40, 0.30, 0.26, 0.47, 0.97",
@@ -169,10 +169,10 @@ DEVICE_MODEL_TRUST: Mapping[str, tuple[TrustFigure, ...]] = MappingProxyType({
     "calibrated-cpu": (TrustFigure("calibrated on a shared 2-core CPU; ResNet-18, 64 px, batch 4, predicted ÷ "
                                    "measured step time: fp32, L0, L3, checkpoint, swap",
                                    "0.90, 0.66, 0.60, 0.82, 0.90", _DESIGN),
-                       TrustFigure("with a strategy's Python priced, under load average 2-8: ResNet-18, 64 px, "
-                                   "batch 4, predicted ÷ fastest of steps timed in turn (two runs): fp32, L0, L3, "
-                                   "checkpoint, sac, swap", "0.51-0.61, 0.57-0.67, 0.63-0.71, 0.53-0.60, 0.51-0.58, "
-                                   "0.44-0.62", _DESIGN)),
+                       TrustFigure("with a strategy's Python priced, 64 px, batch 4, predicted ÷ fastest of steps "
+                                   "timed in turn: fp32, L0, L3, checkpoint, sac, swap; ResNet-18 / ResNet-50",
+                                   "0.96, 0.96, 0.95, 0.95, 0.92, 0.94 / 0.64, 0.69, 0.70, 0.66, 0.65, 0.65",
+                                   _DESIGN)),
 })
 
 

@@ -52,9 +52,11 @@ class CheckpointedSequential(nn.Module):
         return x
 
     def strategy_host_calls(self) -> tuple[str, int]:
-        """For the step-time model: each call runs this many checkpoint segments (their bookkeeping and
-        recompute's Python, priced by the device model's ``strategy_call_s``)."""
-        return ("checkpoint_segment" if self.context_fn is None else "selective_segment"), len(self.runs)
+        """For the step-time model: each call checkpoints, and in backward recomputes, this many modules
+        (containers included), whose bookkeeping and Python the device model's ``strategy_call_s``
+        prices per module: a segment's host cost grows with what it recomputes."""
+        modules = sum(1 for start, stop in self.runs for i in range(start, stop) for _ in self.inner[i].modules())
+        return ("checkpoint_module" if self.context_fn is None else "selective_module"), modules
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for start, stop in self.runs:
