@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -9,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from actbench.cli import app
-from actbench.planning.device_models import (DEVICE_MODEL_ENV, MODEL_FILE_VERSION, DeviceModel, gpu_speed_model,
-                                             load_device_model, save_device_model)
+from actbench.planning.device_models import (DEVICE_MODEL_ENV, MODEL_FILE_VERSION, NO_STRATEGY_CALLS, DeviceModel,
+                                             gpu_speed_model, load_device_model, save_device_model)
 
 #: every CLI call restores the variable --device-model sets, so no test leaks it into the next
 ENV = {DEVICE_MODEL_ENV: None, "ACTBENCH_TEST_FAULT": None}
@@ -39,6 +40,11 @@ def test_calibrate_writes_a_device_model_file_that_loads(calibrated: Path) -> No
     assert {"peaks", "dram", "copies", "backward", "extension", "host_op", "machine"} <= set(data["sources"])
     assert data["extension_bytes_per_s"] > 0  # the extension is built here
     assert data["backward_efficiency"] > 0
+    calls = data["strategy_call_s"]  # measured here: each probed kind, and the kinds derived from them
+    assert {"actnn_layer:L0", "actnn_layer:L3", "actnn_layer:L4", "actnn_layer", "checkpoint_module",
+            "selective_module"} <= set(calls) and all(v >= 0 for v in calls.values())
+    assert calls["actnn_layer:L4"] == calls["actnn_layer:L3"] and calls["actnn_layer"] == calls["actnn_layer:L0"]
+    assert data["sources"]["strategy_calls"].startswith("calibrate: tiny conv-BN-ReLU model")
     model = load_device_model(calibrated)
     assert model.peak_for("fp32") == data["peak_flops"]["fp32"]
 
@@ -57,6 +63,8 @@ def test_a_saved_model_loads_as_it_was(tmp_path: Path) -> None:
     (lambda d: d.update(host_op_s="fast"), "host_op_s must be a number >= 0, got 'fast'"),
     (lambda d: d.update(backward_efficiency=0), "backward_efficiency must be a positive number, got 0"),
     (lambda d: d.update(extension_bytes_per_s=-2), "extension_bytes_per_s must be a positive number or null, got -2"),
+    (lambda d: d.update(strategy_call_s={"actnn_layer": -1}), "strategy_call_s must map names to seconds >= 0"),
+    (lambda d: d.update(strategy_call_s=[1e-4]), "strategy_call_s must map names to seconds >= 0"),
 ])
 def test_a_bad_model_file_is_refused_naming_what_is_wrong(tmp_path: Path, change, message: str) -> None:
     data = gpu_speed_model("t4").to_dict()
@@ -67,6 +75,48 @@ def test_a_bad_model_file_is_refused_naming_what_is_wrong(tmp_path: Path, change
         load_device_model(path)
     with pytest.raises(ValueError):
         DeviceModel.from_dict(data)
+
+
+def test_a_model_file_from_before_strategy_calls_loads_pricing_them_at_nothing_and_says_so(tmp_path: Path) -> None:
+    data = gpu_speed_model("h200").to_dict()
+    assert data["strategy_call_s"]["actnn_layer:L3"] > 0  # the built-in has them (fitted on the H200 loan)
+    del data["strategy_call_s"], data["sources"]["strategy_calls"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    old = load_device_model(path)
+    assert dict(old.strategy_call_s) == {} and old.strategy_call_seconds("actnn_layer:L3") == 0.0
+    assert old.sources["strategy_calls"] == NO_STRATEGY_CALLS and old.name == "h200"
+    save_device_model(old, tmp_path / "again.json")  # saved again, it keeps the note and an explicit empty map
+    assert load_device_model(tmp_path / "again.json") == old
+
+
+def test_every_built_in_gpu_model_prices_strategy_calls_and_says_where_from() -> None:
+    from actbench.planning.device_models import GPU_SPEED_MODELS
+
+    for model in GPU_SPEED_MODELS.values():
+        assert model.strategy_call_seconds("actnn_layer:L3") > model.strategy_call_seconds("actnn_layer:L0") > 0
+        assert model.strategy_call_seconds("checkpoint_module") > 0
+        assert "h200_2026-12-04" in model.sources["strategy_calls"]
+
+
+def test_repredict_prices_measured_rows_anew_and_keeps_the_earlier_prediction(tmp_path: Path) -> None:
+    rows = tmp_path / "speed_vs_cpu.csv"
+    rows.write_text("model,strategy,batch_size,image_size,device,device_model,predicted_status,measured_status,"
+                    "predicted_step_s,measured_step_s,measured_spread,message,precision\n"
+                    "resnet18,fp32,2,32,cpu,old-model,ok,ok,0.1,0.5,0.02,,fp32\n")
+    model = tmp_path / "t4.json"
+    save_device_model(gpu_speed_model("t4"), model)
+    out = tmp_path / "again.csv"
+    result = invoke(["repredict", str(rows), "--device-model", str(model), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    (row,) = list(csv.DictReader(out.open()))
+    assert (row["device_model"], row["device_model_earlier"], row["predicted_step_s_earlier"]) == ("t4", "old-model", "0.1")
+    assert (row["measured_step_s"], row["measured_spread"], row["measured_status"]) == ("0.5", "0.02", "ok")
+    assert 0 < float(row["predicted_step_s"]) != 0.1
+    assert float(row["step_ratio"]) == pytest.approx(float(row["predicted_step_s"]) / 0.5, rel=1e-4)
+    rows.write_text("model,strategy\nresnet18,fp32\n")
+    refused = invoke(["repredict", str(rows), "--device-model", str(model), "--out", str(tmp_path / "x.csv")])
+    assert refused.exit_code == 2 and "missing column(s) batch_size" in refused.output
 
 
 def test_device_model_option_refuses_a_bad_file_in_one_line_and_writes_nothing(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ import torch
 from actbench.core.gpus import GPU_NAMES
 from actbench.measure.tracker import LiveStorageTracker
 from actbench.planning.device_models import GPU_SPEED_MODELS, DeviceModel, gpu_speed_model
-from actbench.planning.step_time import (COPY, HOST_ONLY, KERNEL, OVERLAPPED_COPY, OpCost, OpRecorder,
-                                         predict_step)
+from actbench.planning.step_time import (COPY, HOST_ONLY, KERNEL, OVERLAPPED_COPY, STRATEGY_CALL, OpCost,
+                                         OpRecorder, predict_step)
 from actbench.schema import COLUMNS, Measurement, ModelSpec, PointConfig, ResultRow
 
 #: A device with round numbers: 1 TFLOP/s fp32, 4 TFLOP/s bf16, 100 GB/s DRAM, 10 GB/s copies, halved
@@ -101,6 +101,51 @@ def test_the_host_bounds_a_step_from_below_and_adds_on_a_cpu() -> None:
     assert p.host_s == pytest.approx(150 * 20e-6) and p.step_s == pytest.approx(p.host_s)  # host-bound
     cpu = dataclasses.replace(ROUND, host_overlaps_device=False)
     assert predict_step(tiny, cpu).step_s == pytest.approx(p.host_s + p.device_s)
+
+
+def test_each_strategy_call_adds_its_host_cost_to_the_cpus_sum_and_bounds_an_async_device() -> None:
+    kernels = [OpCost("add", KERNEL, bytes_moved=10**8)] * 3  # 3 x (2 ms + 5 us launch) of device time
+    twins = [OpCost("actnn_layer:L3", STRATEGY_CALL)] * 7
+    model = dataclasses.replace(ROUND, strategy_call_s=MappingProxyType({"actnn_layer:L3": 1e-3}))
+    cpu = dataclasses.replace(model, host_overlaps_device=False)
+    plain = predict_step(kernels, dataclasses.replace(cpu, strategy_call_s={}))
+    with_twins = predict_step(kernels + twins, cpu)
+    # on a cpu: 7 x 1 ms more host, and the 7 calls are not dispatched ops (no host_op_s, no launch)
+    assert with_twins.strategy_host_s == pytest.approx(7e-3) and with_twins.ops == 3
+    assert with_twins.host_s == pytest.approx(3 * 20e-6 + 7e-3)
+    assert with_twins.device_s == pytest.approx(plain.device_s) == pytest.approx(3 * (2e-3 + 5e-6))
+    assert with_twins.step_s == pytest.approx(plain.step_s + 7e-3) == pytest.approx(6.015e-3 + 60e-6 + 7e-3)
+    # on an async device: the larger of host (7.06 ms) and device (6.015 ms)
+    assert predict_step(kernels + twins, model).step_s == pytest.approx(7e-3 + 60e-6)
+    assert predict_step(kernels + twins[:2], model).step_s == pytest.approx(6.015e-3)  # device-bound
+
+
+def test_a_level_without_its_own_value_takes_the_generic_actnn_layers_and_unknown_kinds_cost_nothing() -> None:
+    model = dataclasses.replace(ROUND, strategy_call_s=MappingProxyType({"actnn_layer:L3": 2e-3, "actnn_layer": 1e-3}))
+    assert model.strategy_call_seconds("actnn_layer:L3") == 2e-3
+    assert model.strategy_call_seconds("actnn_layer:L4") == 1e-3
+    assert model.strategy_call_seconds("checkpoint_module") == 0.0
+
+
+def test_the_recorder_writes_down_actnn_layers_and_checkpoint_segments_of_a_real_step() -> None:
+    from actbench.measure.host_probes import tiny_model
+    from actbench.training.step import build_training_step
+
+    images, targets = torch.randn(2, 3, 8, 8), torch.randint(0, 10, (2,))
+    counts = {}
+    for strategy in ("fp32", "L2", "checkpoint", "sac"):
+        step, _ = build_training_step(strategy, tiny_model(blocks=2), torch.device("cpu"))
+        recorder = OpRecorder()
+        with LiveStorageTracker(observer=recorder):
+            step(images, targets)
+        step(images, targets)  # after the tracker: nothing more is written down
+        calls = [op.name for op in recorder.ops if op.kind == STRATEGY_CALL]
+        counts[strategy] = {name: calls.count(name) for name in calls}
+        assert any(op.kind == KERNEL for op in recorder.ops)
+    # 3 conv-BN-ReLU blocks and the linear head: 10 ActNN layers; 3 blocks, one checkpoint segment each
+    # of 4 modules (the block's Sequential and its 3 layers)
+    assert counts == {"fp32": {}, "L2": {"actnn_layer:L2": 10}, "checkpoint": {"checkpoint_module": 12},
+                      "sac": {"selective_module": 12}}
 
 
 def test_the_recorder_counts_flops_and_bytes_of_real_ops() -> None:

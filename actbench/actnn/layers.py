@@ -91,6 +91,12 @@ class ActNNModule:
             )
         return slot
 
+    def strategy_host_calls(self) -> tuple[str, int]:
+        """For the step-time model: each call is one ActNN layer of this level (its Python forward and
+        backward, priced per level by the device model's ``strategy_call_s``)."""
+        slot = self.attached_slot
+        return (f"actnn_layer:{slot.config.name}" if slot is not None else "actnn_layer"), 1
+
     def actnn_cost_factor(self) -> float:
         """Scale of this layer's weight-gradient variance per unit of range^2 * ||grad||^2.
 

@@ -93,7 +93,8 @@ def _print_model(model, path: Path) -> None:
     typer.echo(f"  peak GFLOP/s {peaks} (x {model.compute_efficiency:.2f} in a step); DRAM "
                f"{model.dram_bytes_per_s / 1e9:.2f} GB/s (x {model.memory_efficiency:.2f}); copies "
                f"{model.h2d_bytes_per_s / 1e9:.2f}/{model.d2h_bytes_per_s / 1e9:.2f} GB/s; host "
-               f"{model.host_op_s * 1e6:.2f} us/op; launch {model.launch_s * 1e6:.2f} us")
+               f"{model.host_op_s * 1e6:.2f} us/op; launch {model.launch_s * 1e6:.2f} us; strategy calls "
+               + (", ".join(f"{k} {v * 1e6:.0f} us" for k, v in sorted(model.strategy_call_s.items())) or "none"))
 
 
 def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...], batch: int, image_size: int,
@@ -228,3 +229,43 @@ def _print_choices(model: str, gpu, batch: int, image_size: int, choices: list) 
         table.add_row(c.strategy, "yes" if c.fits else "no", format_bytes(c.peak_alloc_bytes),
                       format_bytes(c.reserved_bytes), speed, one_line(c.message, 60))
     Console().print(table)
+
+
+@app.command("repredict")
+def repredict_command(
+    rows: Annotated[Path, typer.Argument(help="A speed_vs_<device>.csv from `actbench trust --device-model`.")],
+    device_model: Annotated[Path, typer.Option("--device-model", help=(
+        "Device-model file to price every row on: a calibrated model, or a built-in one saved as a file."))],
+    out: Annotated[Path, typer.Option("--out", help="CSV to write (the measured rows, predicted anew).")],
+) -> None:
+    """Predict measured speed rows again on meta, on a device model (a changed one, a GPU not at hand).
+
+    Measured columns are copied as they were; predicted_step_s is the new prediction, and the row's
+    earlier one stays in predicted_step_s_earlier (its model in device_model_earlier).
+
+    \b
+    Example:
+      actbench repredict results/gpu/h200_2026-12-04/second/datasheet/speed_vs_cuda.csv --device-model h200.json --out h200_again.csv
+    """
+    from actbench.planning.device_models import load_device_model
+    from actbench.store.outputs import OutputError, check_output
+    from actbench.studies.repredict import read_speed_csv, repredict_speed
+    from actbench.studies.trust import same_speed_order, write_speed_csv
+
+    try:
+        model = load_device_model(device_model)
+        measured = read_speed_csv(rows)
+        check_output(out, [rows, device_model])
+    except (ValueError, OutputError) as exc:
+        fail(one_line(str(exc)))
+    again = repredict_speed(measured, model)
+    try:
+        write_speed_csv(again, out)
+    except OutputError as exc:
+        fail(str(exc))
+    for r in again:
+        earlier = "-" if r.predicted_step_s_earlier is None or not r.measured_step_s else \
+            f"{r.predicted_step_s_earlier / r.measured_step_s:.3f}"
+        typer.echo(f"{r.model} {r.strategy} b{r.batch_size} {r.image_size}px: predicted ÷ measured {earlier} "
+                   f"({r.device_model_earlier}) -> {_share(r.step_ratio, '.3f')} ({r.device_model})")
+    typer.echo(f"order of strategies by speed: {'as measured' if same_speed_order(again) else 'NOT as measured'}")

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from actbench.core.devices import DeviceProfile, profile
+from actbench.measure.host_probes import strategy_call_seconds
 from actbench.planning.device_models import DeviceModel
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -38,10 +39,11 @@ class ProbeSizes:
     tiny_ops: int
     low_precision_matmul: tuple[int, ...]  # matmul sides timed in bf16 and fp16
     extension_elements: int  # fp32 values of the extension's quantize + dequantize probe
+    strategy_rounds: int = 30  # steps of each strategy's tiny model (host_probes.strategy_call_seconds)
 
 
 QUICK = ProbeSizes(matmul=(128, 256), conv=((2, 32, 16),), stream_elements=(1 << 18,), repeats=3, tiny_ops=200,
-                   low_precision_matmul=(128, 256), extension_elements=1 << 18)
+                   low_precision_matmul=(128, 256), extension_elements=1 << 18, strategy_rounds=3)
 FULL = ProbeSizes(matmul=(256, 512, 1024), conv=((8, 64, 56), (8, 128, 28), (8, 256, 14), (8, 512, 7)),
                   stream_elements=(1 << 16, 1 << 20, 1 << 24), repeats=5, tiny_ops=2000,
                   low_precision_matmul=(256, 512), extension_elements=1 << 20)
@@ -211,13 +213,14 @@ def calibrate(device_name: str, sizes: ProbeSizes | None = None, name: str | Non
     if tf32_convs:
         rates["tf32"] = convs
     low = ProbeSizes(sizes.low_precision_matmul, sizes.conv, sizes.stream_elements, sizes.repeats, sizes.tiny_ops,
-                     sizes.low_precision_matmul, sizes.extension_elements)
+                     sizes.low_precision_matmul, sizes.extension_elements, sizes.strategy_rounds)
     for dtype in ("bf16", "fp16") if prof.async_host_copies else ("bf16",):  # fp16 on a CPU: not a training dtype
         rates[dtype] = matmul_rates(prof, device, low, _DTYPES[dtype])
     backward = conv_backward_ratio(prof, device, sizes)
     extension = extension_rate(prof, device, sizes)
     memory = memory_rates(prof, device, sizes)
     host_op = host_op_seconds(prof, device, sizes)
+    calls, calls_source = strategy_call_seconds(prof, device, host_op, rounds=sizes.strategy_rounds)
     launch = launch_gap_seconds(prof, device, sizes) if prof.async_host_copies else 0.0
     h2d, d2h = (pinned_copy_rates(prof, device, sizes) if prof.pins_host_memory
                 else (_median_copy(memory), _median_copy(memory)))
@@ -235,6 +238,7 @@ def calibrate(device_name: str, sizes: ProbeSizes | None = None, name: str | Non
                              f"calibrate: 2-bit quantize + dequantize of {sizes.extension_elements * 4 >> 20} MiB move "
                              f"{extension / 1e9:.2f} GB/s"),
                "host_op": f"calibrate: {host_op * 1e6:.2f} us per one-element add_",
+               "strategy_calls": calls_source,
                "launch": (f"calibrate: {launch * 1e6:.2f} us per kernel of a replayed CUDA graph"
                           if prof.async_host_copies else "calibrate: no separate device (the host op cost covers it)"),
                "machine": f"{platform.node()} {label}, torch {torch.__version__}, {torch.get_num_threads()} threads"}
@@ -246,7 +250,8 @@ def calibrate(device_name: str, sizes: ProbeSizes | None = None, name: str | Non
         extension_bytes_per_s=extension,
         host_overlaps_device=prof.async_host_copies, async_copies=prof.async_host_copies,
         tensor_core_efficiency=statistics.median(rates["tf32"]) / peaks["tf32"] if tf32_convs else None,
-        conv_fp32_as_tf32=tf32_convs, calibrated=True, sources=MappingProxyType(sources))
+        conv_fp32_as_tf32=tf32_convs, calibrated=True, sources=MappingProxyType(sources),
+        strategy_call_s=MappingProxyType(calls))
 
 
 def _convolutions_run_as_tf32(prof: DeviceProfile, device: torch.device) -> bool:

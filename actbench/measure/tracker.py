@@ -33,7 +33,24 @@ class _Entry:
     serial: int = 0
 
 
-class LiveStorageTracker(TorchDispatchMode):
+class _ObservedMode(TorchDispatchMode):
+    """A dispatch mode whose ``observer``, where it has ``start`` and ``stop``, hears the mode entered
+    and left (the step-time recorder also writes down module calls while the step runs)."""
+
+    observer: Any = None
+
+    def __enter__(self) -> Any:
+        getattr(self.observer, "start", lambda: None)()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return super().__exit__(*exc)
+        finally:
+            getattr(self.observer, "stop", lambda: None)()
+
+
+class LiveStorageTracker(_ObservedMode):
     """Tracks storages created (or adopted) while active; bytes are exact storage sizes in bytes.
 
     Device bytes and host bytes are kept apart; ``peak_bytes`` is the device peak since the last
@@ -186,7 +203,7 @@ class LiveStorageTracker(TorchDispatchMode):
         return out
 
 
-class OpObserver(TorchDispatchMode):
+class OpObserver(_ObservedMode):
     """Shows every op to ``observer`` where no live-storage tracker runs (cuda, whose caching allocator
     counts the bytes): a copy is a copy op whose tensors are on more than one device."""
 

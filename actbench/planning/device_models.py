@@ -65,6 +65,12 @@ class DeviceModel:
     conv_fp32_as_tf32: bool = False
     calibrated: bool = False
     sources: Mapping[str, str] = field(default_factory=dict)
+    #: host seconds of one call of a strategy's own Python, by kind: ``actnn_layer:L3`` (one ActNN
+    #: layer's forward and backward at that level; ``actnn_layer`` for a level without its own),
+    #: ``checkpoint_module``, ``selective_module`` (per module a checkpoint or sac segment holds, as its
+    #: Python runs again in recompute); over and above ``host_op_s`` for the ATen ops
+    #: those calls dispatch. Absent (a file older than this field): 0, as ``sources`` then says.
+    strategy_call_s: Mapping[str, float] = field(default_factory=dict)
 
     def peak_for(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (fp32's where the device has no faster unit for it)."""
@@ -77,9 +83,17 @@ class DeviceModel:
             return self.tensor_core_efficiency
         return self.compute_efficiency
 
+    def strategy_call_seconds(self, kind: str) -> float:
+        """Host seconds of one :attr:`strategy_call_s` call of ``kind`` (``actnn_layer:L4`` falls back
+        to ``actnn_layer``); 0 for a kind the model has no value for."""
+        if kind in self.strategy_call_s:
+            return self.strategy_call_s[kind]
+        return self.strategy_call_s.get(kind.split(":", 1)[0], 0.0)
+
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["peak_flops"], data["sources"] = dict(self.peak_flops), dict(self.sources)
+        data["strategy_call_s"] = dict(self.strategy_call_s)
         return {"version": MODEL_FILE_VERSION, **data}
 
     @classmethod
@@ -119,7 +133,27 @@ class DeviceModel:
         if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
             raise ValueError(f"{origin}: sources must map names to strings, got {type(sources).__name__}")
         values["sources"] = MappingProxyType(dict(sources))
+        values["strategy_call_s"], values["sources"] = _strategy_calls(values, origin)
         return cls(**values)
+
+
+#: What a model without ``strategy_call_s`` (a file written before it existed) says about it.
+NO_STRATEGY_CALLS = ("not in this file (written before calibrate measured it): a strategy's own Python "
+                     "(ActNN's layers, checkpoint's segments) costs nothing in this model's predictions")
+
+
+def _strategy_calls(values: Mapping[str, Any], origin: str) -> tuple[Mapping[str, float], Mapping[str, str]]:
+    """(``strategy_call_s``, ``sources``) of a model file: a mapping of names to seconds >= 0; absent,
+    an empty one, and ``sources`` says so (:data:`NO_STRATEGY_CALLS`)."""
+    sources = values["sources"]
+    if "strategy_call_s" not in values:
+        return MappingProxyType({}), MappingProxyType({**sources, "strategy_calls": NO_STRATEGY_CALLS})
+    calls = values["strategy_call_s"]
+    if not isinstance(calls, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+            for k, v in calls.items()):
+        raise ValueError(f"{origin}: strategy_call_s must map names to seconds >= 0, got {calls!r}")
+    return MappingProxyType(dict(calls)), sources
 
 
 def save_device_model(model: DeviceModel, path: Path) -> None:
@@ -166,6 +200,19 @@ GPU_MEMORY_EFFICIENCY = 0.8
 #: 125 TFLOPS); the TF32 and bf16 predictions on A100 are checks outside that setting (docs/design.md §11).
 GPU_TENSOR_CORE_EFFICIENCY = 0.25
 
+#: Host seconds per call of a strategy's own Python (``DeviceModel.strategy_call_s``), fitted from the H200
+#: loan (results/gpu/h200_2026-12-04/second/datasheet/speed_vs_cuda.csv: ResNet-50, batch 64, 224 px, measured
+#: on code before the twins stopped rerouting every torch call): measured step less this model's
+#: 10 us x dispatched ops, over the calls meta records (157 ActNN layers; 140 modules in 16 checkpoint
+#: segments). L5 runs L4's step; other levels take L0's, the cheapest measured (a floor); sac's modules
+#: take checkpoint's (not measured on a GPU). A host's cost, so every built-in GPU takes the same.
+GPU_STRATEGY_CALL_S: Mapping[str, float] = MappingProxyType({
+    "actnn_layer:L0": 248e-6, "actnn_layer:L3": 842e-6, "actnn_layer:L4": 984e-6, "actnn_layer:L5": 984e-6,
+    "actnn_layer": 248e-6, "checkpoint_module": 295e-6, "selective_module": 295e-6})
+_STRATEGY_CALLS_SOURCE = ("fitted from the H200 loan's trust rows (results/gpu/h200_2026-12-04/second/datasheet/"
+                          "speed_vs_cuda.csv, ResNet-50 b64 224 px): per ActNN layer L0 248 us, L3 842 us, L4 (and L5) "
+                          "984 us, other levels L0's; per module of a checkpoint segment 295 us (sac's the same, assumed)")
+
 _ASSUMED = ("launch: assumed 4 us between kernels; host_op: assumed 10 us of eager dispatch per op; efficiencies: "
             "assumed 0.6 of peak FLOP/s and 0.8 of DRAM bandwidth (calibrate --device cuda measures them); "
             "tensor cores 0.25 of their peak (from DeepLearningExamples' ResNet-50 V100 AMP: 1200 img/s)")
@@ -180,12 +227,12 @@ def _gpu(name: str, label: str, tflops: Mapping[str, float], dram_gb_s: float, p
         dram_bytes_per_s=dram_gb_s * GB, h2d_bytes_per_s=bandwidth, d2h_bytes_per_s=bandwidth,
         launch_s=GPU_LAUNCH_S, host_op_s=GPU_HOST_OP_S, compute_efficiency=GPU_COMPUTE_EFFICIENCY,
         memory_efficiency=GPU_MEMORY_EFFICIENCY, tensor_core_efficiency=GPU_TENSOR_CORE_EFFICIENCY,
-        pcie_generation=pcie, conv_fp32_as_tf32=tf32_convs,
+        pcie_generation=pcie, conv_fp32_as_tf32=tf32_convs, strategy_call_s=GPU_STRATEGY_CALL_S,
         sources=MappingProxyType({
             "peaks": f"{sheet}: dense TFLOPS {peaks} (no sparsity)", "dram": f"{sheet}: {dram_gb_s:g} GB/s",
             "pcie": f"{sheet}: PCIe Gen{pcie} x16; effective pinned {bandwidth / GB:g} GB/s each way "
                     "(3/4 of the raw link rate)",
-            "assumed": _ASSUMED}))
+            "assumed": _ASSUMED, "strategy_calls": _STRATEGY_CALLS_SOURCE}))
 
 
 #: Speed models of every GPU profile (actbench/core/gpus.py), by the same names.

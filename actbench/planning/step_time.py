@@ -16,8 +16,9 @@ import torch
 from actbench.core.compat import op_bytes_moved, op_flops
 from actbench.planning.device_models import DeviceModel
 
-#: Op kinds of a record: a device kernel, a copy between device and host (serial or overlapped), host-only.
-KERNEL, COPY, OVERLAPPED_COPY, HOST_ONLY = "kernel", "copy", "overlapped_copy", "host"
+#: Op kinds of a record: a device kernel, a copy between device and host (serial or overlapped), host-only,
+#: and a call of a strategy's own Python (an ActNN layer, a checkpoint segment), named by what it is.
+KERNEL, COPY, OVERLAPPED_COPY, HOST_ONLY, STRATEGY_CALL = "kernel", "copy", "overlapped_copy", "host", "strategy"
 #: The operator namespace of the extension's ops (csrc/registration.cpp)
 EXTENSION_NAMESPACE = "actbench"
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -49,6 +50,26 @@ class OpRecorder:
 
     overlaps_copies: bool = False
     ops: list[OpCost] = field(default_factory=list)
+    _hook: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def start(self) -> None:
+        """Also write down the strategy's own Python calls until :meth:`stop`: a module with a
+        ``strategy_host_calls()`` method (ActNN's layers, checkpoint's segments) answers, on each call
+        under autograd, (kind, count), recorded as ``count`` :data:`STRATEGY_CALL` entries named ``kind``."""
+        if self._hook is None:
+            self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._module_called)
+
+    def stop(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _module_called(self, module: torch.nn.Module, args: tuple) -> None:
+        calls = getattr(module, "strategy_host_calls", None)
+        if calls is None or not torch.is_grad_enabled():
+            return
+        kind, count = calls()
+        self.ops.extend(OpCost(kind, STRATEGY_CALL) for _ in range(count))
 
     def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, copy: bool) -> None:
         """Record one op; ``copy``: it moves bytes between device and host storages."""
@@ -95,6 +116,8 @@ class StepPrediction:
     overlapped_copy_s: float
     launch_s: float
     ops: int
+    #: host seconds of the strategy's own Python (:data:`STRATEGY_CALL` entries; part of ``host_s``)
+    strategy_host_s: float = 0.0
 
     def samples_per_s(self, batch_size: int) -> float:
         return batch_size / self.step_s if self.step_s > 0 else float("inf")
@@ -118,8 +141,13 @@ def copy_seconds(op: OpCost, model: DeviceModel) -> float:
 
 def predict_step(ops: list[OpCost], model: DeviceModel) -> StepPrediction:
     """The step time of the recorded ``ops`` on ``model`` (docs/design.md §11: how each op is priced)."""
-    compute_bound = memory_bound = serial = copies = overlapped = launches = 0.0
+    compute_bound = memory_bound = serial = copies = overlapped = launches = strategy = 0.0
+    dispatched = 0
     for op in ops:
+        if op.kind == STRATEGY_CALL:
+            strategy += model.strategy_call_seconds(op.name)
+            continue
+        dispatched += 1
         if op.kind == HOST_ONLY:
             continue
         launches += model.launch_s
@@ -136,9 +164,10 @@ def predict_step(ops: list[OpCost], model: DeviceModel) -> StepPrediction:
             copies += copy_seconds(op, model)
             serial += copy_seconds(op, model) + model.launch_s
     device = max(serial, overlapped)
-    host = len(ops) * model.host_op_s
+    host = dispatched * model.host_op_s + strategy
     step = max(device, host) if model.host_overlaps_device else device + host
-    return StepPrediction(step, device, host, compute_bound, memory_bound, copies, overlapped, launches, len(ops))
+    return StepPrediction(step, device, host, compute_bound, memory_bound, copies, overlapped, launches, dispatched,
+                          strategy)
 
 
 def fill_prediction(result: Any, ops: list[OpCost] | tuple[OpCost, ...], model: DeviceModel | None,

@@ -130,6 +130,9 @@ class SpeedComparison:
     measured_spread: float | None
     message: str
     precision: str = DEFAULT_PRECISION
+    #: a re-prediction's earlier prediction of the same measured point, and the model it was priced on
+    predicted_step_s_earlier: float | None = None
+    device_model_earlier: str | None = None
 
     @property
     def step_ratio(self) -> float | None:

@@ -51,6 +51,13 @@ class CheckpointedSequential(nn.Module):
             x = self.inner[i](x)
         return x
 
+    def strategy_host_calls(self) -> tuple[str, int]:
+        """For the step-time model: each call checkpoints, and in backward recomputes, this many modules
+        (containers included), whose bookkeeping and Python the device model's ``strategy_call_s``
+        prices per module: a segment's host cost grows with what it recomputes."""
+        modules = sum(1 for start, stop in self.runs for i in range(start, stop) for _ in self.inner[i].modules())
+        return ("checkpoint_module" if self.context_fn is None else "selective_module"), modules
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for start, stop in self.runs:
             if torch.is_grad_enabled() and self.context_fn is not None:

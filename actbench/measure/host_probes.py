@@ -1,0 +1,113 @@
+"""The host cost of a strategy's own Python, for ``actbench calibrate``.
+
+A step of a strategy that wraps layers in Python (ActNN's twins and their autograd functions, the
+controller; checkpoint's segments and recompute) spends host time the per-op ``host_op_s`` does not
+see. The probe trains a tiny model (tensors of a few hundred values, so device time is negligible)
+under each strategy and under fp32, records each step's ops and strategy calls
+(:class:`~actbench.planning.step_time.OpRecorder`), and prices one call of a kind as the strategy
+step's host time over fp32's, less ``host_op_s`` for each extra ATen op, over the number of calls.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from actbench.core.devices import DeviceProfile
+from actbench.measure.tracker import OpObserver
+from actbench.planning.step_time import STRATEGY_CALL, OpRecorder
+
+#: Strategies probed, each giving the call kind(s) its step records: ActNN's levels L0-L3, plain and
+#: selective checkpointing.
+PROBED_STRATEGIES: tuple[str, ...] = ("L0", "L1", "L2", "L3", "checkpoint", "sac")
+#: Kinds not probed, priced as another: L4 and L5 are L3 whose codes move to the host (their copies are
+#: priced as copies); ``actnn_layer``, a level without a value of its own, takes L0's, the cheapest (a floor).
+DERIVED_KINDS = {"actnn_layer:L4": "actnn_layer:L3", "actnn_layer:L5": "actnn_layer:L3",
+                 "actnn_layer": "actnn_layer:L0"}
+
+
+@dataclass(frozen=True)
+class StrategyProbe:
+    """One strategy's tiny step: its fastest time, its dispatched ops and its strategy calls by kind."""
+
+    seconds: float
+    dispatched: int
+    calls: dict[str, int]
+
+
+def tiny_model(blocks: int = 4, channels: int = 8) -> nn.Module:
+    """A ResNet-shaped toy: a stem and ``blocks`` conv-BatchNorm-ReLU blocks in one Sequential (the
+    container checkpoint segments), pooled into a linear head."""
+    body = [nn.Sequential(nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU())]
+    body += [nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels),
+                           nn.ReLU()) for _ in range(blocks)]
+    return nn.Sequential(nn.Sequential(*body), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 10))
+
+
+def probe_strategies(prof: DeviceProfile, device: torch.device, strategies: tuple[str, ...], rounds: int
+                     ) -> dict[str, StrategyProbe]:
+    """fp32 and each of ``strategies`` on the tiny model: ``rounds`` steps each, interleaved so that a
+    shared machine's load falls on all alike; the fastest step of each (host cost is a floor)."""
+    from actbench.training.step import build_training_step
+
+    torch.manual_seed(0)
+    images = torch.randn(2, 3, 8, 8, device=device)
+    targets = torch.randint(0, 10, (2,), device=device)
+    steps, probes = {}, {}
+    for name in ("fp32", *strategies):
+        step, _ = build_training_step(name, tiny_model().to(device), device)
+        for _ in range(3):  # warm-up: the controller's first steps, lazily made state
+            step.zero_grad()
+            step(images, targets)
+        recorder = OpRecorder()
+        step.zero_grad()
+        with OpObserver(recorder):
+            step(images, targets)
+        calls: dict[str, int] = {}
+        for op in recorder.ops:
+            if op.kind == STRATEGY_CALL:
+                calls[op.name] = calls.get(op.name, 0) + 1
+        steps[name] = (step, len(recorder.ops) - sum(calls.values()), calls)
+    fastest = {name: float("inf") for name in steps}
+    for _ in range(rounds):
+        for name, (step, _, _) in steps.items():
+            step.zero_grad()
+            prof.synchronize(device)
+            start = time.perf_counter()
+            step(images, targets)
+            prof.synchronize(device)
+            fastest[name] = min(fastest[name], time.perf_counter() - start)
+    for name, (_, dispatched, calls) in steps.items():
+        probes[name] = StrategyProbe(fastest[name], dispatched, calls)
+    return probes
+
+
+def strategy_call_seconds(prof: DeviceProfile, device: torch.device, host_op_s: float, rounds: int = 30,
+                          strategies: tuple[str, ...] = PROBED_STRATEGIES) -> tuple[dict[str, float], str]:
+    """(seconds per strategy call by kind, a source line saying what was measured).
+
+    A kind's value is (strategy step - fp32 step - extra dispatched ops x ``host_op_s``) / calls, at
+    least 0; a strategy recording several kinds shares the difference equally among all its calls.
+    Kinds not probed take another's (:data:`DERIVED_KINDS`).
+    """
+    probes = probe_strategies(prof, device, strategies, rounds)
+    base = probes["fp32"]
+    values: dict[str, float] = {}
+    parts = [f"fp32 {base.seconds * 1e3:.2f} ms ({base.dispatched} ops)"]
+    for name in strategies:
+        probe = probes[name]
+        total = sum(probe.calls.values())
+        extra = probe.seconds - base.seconds - (probe.dispatched - base.dispatched) * host_op_s
+        parts.append(f"{name} {probe.seconds * 1e3:.2f} ms ({probe.dispatched} ops, {total} calls)")
+        for kind in probe.calls:
+            values.setdefault(kind, max(0.0, extra / total) if total else 0.0)
+    values.update({kind: values[like] for kind, like in DERIVED_KINDS.items() if like in values})
+    line = ("calibrate: tiny conv-BN-ReLU model, batch 2, 8 px, fastest of "
+            f"{rounds} steps: " + ", ".join(parts) + "; per call "
+            + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in sorted(values.items()))
+            + " (step over fp32's, less host_op_s per extra op, over the calls; L4 and L5 take L3's, "
+            "other levels L0's)")
+    return values, line
