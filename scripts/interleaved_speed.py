@@ -20,7 +20,9 @@ import time
 
 import torch
 
+from actbench import strategies
 from actbench.measure.meta import MetaSessions
+from actbench.planning.point import Point
 from actbench.planning.device_models import DeviceModel, load_device_model
 from actbench.planning.step_time import predict_step
 from actbench.schema import ModelSpec, PointConfig
@@ -36,7 +38,8 @@ def predicted(model: DeviceModel, spec: ModelSpec, size: int, batch: int, name: 
     """(with strategy calls, without) predicted step seconds of one point on meta."""
     strategy, precision = _strategy_and_precision(name)
     sessions = MetaSessions(speed_model=model)
-    sessions.measure_point(PointConfig(spec, strategy, batch, size, "meta", timed_steps=0, precision=precision))
+    sessions.measure_point(Point.resolve(PointConfig(spec, strategy, batch, size, "meta", timed_steps=0,
+                                                     precision=precision)))
     ops = list(list(sessions._traces.values())[-1].ops)
     plain = dataclasses.replace(model, strategy_call_s={})
     return predict_step(ops, model).step_s, predict_step(ops, plain).step_s
@@ -49,7 +52,8 @@ def measured(spec: ModelSpec, size: int, batch: int, names: list[str], rounds: i
     for name in names:
         strategy, precision = _strategy_and_precision(name)
         torch.manual_seed(0)
-        step, _ = build_training_step(strategy, build_model(spec, size).to(device), device, precision=precision)
+        step, _ = build_training_step(strategies.get(strategy), build_model(spec, size).to(device), device,
+                                      precision=precision)
         images, targets = synthetic_batch(batch, size, spec.num_classes, device, 1)
         for _ in range(2):
             step.zero_grad()

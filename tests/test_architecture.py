@@ -132,7 +132,7 @@ LOOKUPS = {"profile", "PROFILES", "gpu_profile", "GPU_PROFILES", "gpu_speed_mode
 #: and what reads names back from result files or runs commands of its own (kernels, calibration).
 EDGES = ("cli/", "experiments.py", "execution/specs.py", "execution/parsing.py", "worker.py", "planning/point.py",
          "core/devices.py", "core/gpus.py", "strategies/", "planning/device_models.py", "store/", "reporting/",
-         "kernels/bench.py", "measure/calibrate.py", "studies/")
+         "kernels/bench.py", "measure/calibrate.py", "measure/host_probes.py", "studies/")
 
 
 def _name_lookups(tree: ast.AST) -> list[tuple[int, str]]:

@@ -51,6 +51,7 @@ def probe_strategies(prof: DeviceProfile, device: torch.device, strategies: tupl
                      ) -> dict[str, StrategyProbe]:
     """fp32 and each of ``strategies`` on the tiny model: ``rounds`` steps each, interleaved so that a
     shared machine's load falls on all alike; the fastest step of each (host cost is a floor)."""
+    from actbench import strategies as registry
     from actbench.training.step import build_training_step
 
     torch.manual_seed(0)
@@ -58,7 +59,7 @@ def probe_strategies(prof: DeviceProfile, device: torch.device, strategies: tupl
     targets = torch.randint(0, 10, (2,), device=device)
     steps, probes = {}, {}
     for name in ("fp32", *strategies):
-        step, _ = build_training_step(name, tiny_model().to(device), device)
+        step, _ = build_training_step(registry.get(name), tiny_model().to(device), device)
         for _ in range(3):  # warm-up: the controller's first steps, lazily made state
             step.zero_grad()
             step(images, targets)

@@ -51,13 +51,14 @@ def repredict_speed(rows: list[SpeedComparison], speed_model: "DeviceModel") -> 
     """Each row predicted again on meta, priced on ``speed_model``; measured columns as they were, the
     row's own prediction moved to ``predicted_step_s_earlier``."""
     from actbench.measure.meta import MetaSessions
+    from actbench.planning.point import Point
 
     sessions = MetaSessions(speed_model=speed_model)
     out = []
     for row in rows:
-        predicted = sessions.measure_point(PointConfig(ModelSpec(row.model), row.strategy, row.batch_size,
-                                                       row.image_size, PREDICTING_DEVICE, timed_steps=0,
-                                                       precision=row.precision))
+        predicted = sessions.measure_point(Point.resolve(PointConfig(
+            ModelSpec(row.model), row.strategy, row.batch_size, row.image_size, PREDICTING_DEVICE, timed_steps=0,
+            precision=row.precision)))
         out.append(SpeedComparison(row.model, row.strategy, row.batch_size, row.image_size, row.device,
                                    speed_model.name, predicted.status, row.measured_status, predicted.predicted_step_s,
                                    row.measured_step_s, row.measured_spread, row.message, row.precision,
