@@ -446,6 +446,31 @@ at::Tensor apply_mask_cpu(const at::Tensor& grad_in, const at::Tensor& packed_in
   return out;
 }
 
+// Windows of outputs [0, count) of one row, all inside the input, starting at `base` (output 0's
+// window origin). Window positions are visited in window_argmax's order (i, then j) for every
+// output at once, so the inner loop over outputs vectorizes; the rule is window_argmax's (the
+// first maximum, or the last NaN), so value and index equal the scalar function's.
+template <int D, int SW>
+void pool_row_inside(const typename Format<D>::T* base, const Pool2d& p, int64_t count, float* best, int32_t* arg) {
+  const int64_t sw = SW > 0 ? SW : p.sw;
+  for (int64_t ow = 0; ow < count; ++ow) {
+    best[ow] = Format<D>::load(base[ow * sw]);
+    arg[ow] = 0;
+  }
+  for (int i = 0; i < p.kh; ++i) {
+    for (int j = (i == 0 ? 1 : 0); j < p.kw; ++j) {
+      const typename Format<D>::T* src = base + static_cast<int64_t>(i) * p.dh * p.in_w + static_cast<int64_t>(j) * p.dw;
+      const int32_t k = i * p.kw + j;
+      for (int64_t ow = 0; ow < count; ++ow) {
+        const float v = Format<D>::load(src[ow * sw]);
+        const bool take = (v > best[ow]) | (v != v);  // v != v: NaN, as is_nan
+        best[ow] = take ? v : best[ow];
+        arg[ow] = take ? k : arg[ow];
+      }
+    }
+  }
+}
+
 template <int D>
 void pool_forward_planes(const at::Tensor& x, const Pool2d& p, int64_t planes, at::Tensor& out, at::Tensor& arg) {
   using T = typename Format<D>::T;
@@ -453,15 +478,43 @@ void pool_forward_planes(const at::Tensor& x, const Pool2d& p, int64_t planes, a
   T* o = reinterpret_cast<T*>(out.data_ptr());
   int8_t* a = arg.data_ptr<int8_t>();
   const int64_t in_plane = p.in_h * p.in_w, out_plane = p.out_h * p.out_w;
+  // Outputs [ow_lo, ow_hi) of a row have their window inside the input horizontally.
+  const int64_t ow_lo = std::min<int64_t>(p.out_w, (p.pw + p.sw - 1) / p.sw);
+  const int64_t last_w = p.in_w - 1 - static_cast<int64_t>(p.kw - 1) * p.dw + p.pw;  // largest inside ow * sw
+  const int64_t ow_hi = last_w < 0 ? ow_lo : std::max(ow_lo, std::min<int64_t>(p.out_w, last_w / p.sw + 1));
+  constexpr int64_t kSpan = 256;  // outputs per vectorized stretch
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+    float best[kSpan];
+    int32_t idx[kSpan];
     for (int64_t c = begin; c < end; ++c) {
+      const T* plane = in + c * in_plane;
       for (int64_t oh = 0; oh < p.out_h; ++oh) {
+        const int64_t h0 = oh * p.sh - p.ph;
+        const bool rows_inside = h0 >= 0 && h0 + static_cast<int64_t>(p.kh - 1) * p.dh < p.in_h;
+        const int64_t lo = rows_inside ? ow_lo : p.out_w, hi = rows_inside ? ow_hi : p.out_w;
+        T* orow = o + c * out_plane + oh * p.out_w;
+        int8_t* arow = a + c * out_plane + oh * p.out_w;
         for (int64_t ow = 0; ow < p.out_w; ++ow) {
-          float best;
-          const int64_t r = c * out_plane + oh * p.out_w + ow;
-          a[r] = window_inside(p, oh, ow) ? window_argmax_inside<Format<D>>(in + c * in_plane, p, oh, ow, &best)
-                                          : window_argmax<Format<D>>(in + c * in_plane, p, oh, ow, &best);
-          o[r] = Format<D>::store(best);
+          if (ow == lo) ow = hi;  // [lo, hi) is done below, vectorized
+          if (ow >= p.out_w) break;
+          float b;
+          arow[ow] = window_argmax<Format<D>>(plane, p, oh, ow, &b);
+          orow[ow] = Format<D>::store(b);
+        }
+        for (int64_t s = lo; s < hi; s += kSpan) {
+          const int64_t count = std::min(kSpan, hi - s);
+          const T* base = plane + h0 * p.in_w + (s * p.sw - p.pw);
+          if (p.sw == 1) {  // the common strides get a constant stride, so their loads vectorize
+            pool_row_inside<D, 1>(base, p, count, best, idx);
+          } else if (p.sw == 2) {
+            pool_row_inside<D, 2>(base, p, count, best, idx);
+          } else {
+            pool_row_inside<D, 0>(base, p, count, best, idx);
+          }
+          for (int64_t q = 0; q < count; ++q) {
+            arow[s + q] = static_cast<int8_t>(idx[q]);
+            orow[s + q] = Format<D>::store(best[q]);
+          }
         }
       }
     }
@@ -470,7 +523,8 @@ void pool_forward_planes(const at::Tensor& x, const Pool2d& p, int64_t planes, a
 
 // Scatter of each output's gradient to its argmax, outputs in descending order: every input then
 // adds its contributions in the order of the gather (pool_input_grad, the CUDA kernel's), starting
-// from 0, so the two agree bit for bit. One float plane of scratch per task.
+// from 0, so the two agree bit for bit. fp32 accumulates in the output itself; 16-bit formats in
+// one float plane of scratch per task, rounded once at the end.
 template <int D>
 void pool_backward_planes(const at::Tensor& grad, const at::Tensor& arg, const Pool2d& p, int64_t planes,
                           at::Tensor& gin) {
@@ -480,24 +534,29 @@ void pool_backward_planes(const at::Tensor& grad, const at::Tensor& arg, const P
   T* o = reinterpret_cast<T*>(gin.data_ptr());
   const int64_t in_plane = p.in_h * p.in_w, out_plane = p.out_h * p.out_w;
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(in_plane);
+    std::vector<float> scratch(D == kF32 ? 0 : in_plane);
     std::vector<int64_t> offset(p.kh * p.kw);  // window index -> input offset from the window's origin
     for (int i = 0; i < p.kh; ++i)
       for (int j = 0; j < p.kw; ++j) offset[i * p.kw + j] = int64_t{i} * p.dh * p.in_w + int64_t{j} * p.dw;
     for (int64_t c = begin; c < end; ++c) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
+      float* acc = D == kF32 ? reinterpret_cast<float*>(o + c * in_plane) : scratch.data();
+      std::fill(acc, acc + in_plane, 0.0f);
       const T* gp = g + c * out_plane;
       const int8_t* ap = a + c * out_plane;
       for (int64_t oh = p.out_h - 1; oh >= 0; --oh) {
-        const int64_t row = (oh * p.sh - p.ph) * p.in_w - p.pw;
+        const int64_t row = (oh * p.sh - p.ph) * p.in_w - p.pw;  // output (oh, 0)'s window origin
+        const T* grow = gp + oh * p.out_w;
+        const int8_t* arow = ap + oh * p.out_w;
         for (int64_t ow = p.out_w - 1; ow >= 0; --ow) {
-          const int8_t k = ap[oh * p.out_w + ow];
+          const int8_t k = arow[ow];
           if (k < 0) continue;
-          acc[row + ow * p.sw + offset[k]] += Format<D>::load(gp[oh * p.out_w + ow]);
+          acc[row + ow * p.sw + offset[k]] += Format<D>::load(grow[ow]);
         }
       }
-      T* op = o + c * in_plane;
-      for (int64_t i = 0; i < in_plane; ++i) op[i] = Format<D>::store(acc[i]);
+      if constexpr (D != kF32) {
+        T* op = o + c * in_plane;
+        for (int64_t i = 0; i < in_plane; ++i) op[i] = Format<D>::store(acc[i]);
+      }
     }
   });
 }
