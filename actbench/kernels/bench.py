@@ -3,8 +3,8 @@
 Rates are GB/s of fp32 activation (bytes of the activation an op compresses, restores, masks or
 pools, per second), measured beside a plain ``x.clone()`` of the same tensor in the same run -- the
 bandwidth ceiling -- and beside torch's own op where one exists (``threshold_backward`` for the
-mask applied to a gradient, ``x > 0`` for taking a mask, ``max_pool2d_with_indices`` and its
-backward for the pool).
+mask applied to a gradient, ``x > 0`` -- the bool mask torch would keep -- for taking and for
+unpacking a mask, ``max_pool2d_with_indices`` and its backward for the pool).
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def _mask_and_pool_backends(name: str, x: torch.Tensor) -> list[tuple[str, Calla
         return [("extension", lambda: ops.pack_mask(y)), ("torch", lambda: y > 0)]
     packed = ops.pack_mask(y)
     if name == "unpack_mask":
-        return [("extension", lambda: ops.unpack_mask(packed, y.shape))]
+        return [("extension", lambda: ops.unpack_mask(packed, y.shape)), ("torch", lambda: y > 0)]
     if name == "apply_mask":
         return [("extension", lambda: ops.apply_mask(x, packed)),
                 ("torch", lambda: torch.ops.aten.threshold_backward(x, y, 0))]
