@@ -21,6 +21,10 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>  // AVX2 intrinsics, used only in functions compiled for AVX2 and chosen at run time
+#define ACTBENCH_AVX2_PHILOX 1
+#endif
 
 namespace actbench {
 namespace {
@@ -95,6 +99,79 @@ std::tuple<at::Tensor, at::Tensor> group_minmax_cpu(const at::Tensor& x_in, int6
 // codes, packing) over the same per-element functions the CUDA kernel calls chunk by chunk.
 constexpr int64_t kBlock = 256;
 
+// chunk_uniform of every value of `chunks` (at most kBlock / 8) consecutive chunks: the rounds of
+// philox4x32_10 over arrays of counters, one per chunk. The portable loop below is the reference;
+// on x86 with AVX2 (checked at run time: the build targets SSE2) eight chunks go through the
+// rounds at once in 256-bit registers, with the same integer operations, so the same numbers.
+void philox_uniforms_portable(uint64_t first_chunk, int64_t chunks, uint64_t seed, uint64_t offset, float* u) {
+  for (int64_t c = 0; c < chunks; ++c) {
+    const Uint4 r = philox4x32_10(first_chunk + static_cast<uint64_t>(c), seed, offset);
+    for (int j = 0; j < 8; ++j) u[c * 8 + j] = chunk_uniform(r, j);
+  }
+}
+
+#if defined(ACTBENCH_AVX2_PHILOX)
+
+// 32 x 32 -> 64-bit products of eight lanes: high and low words, lane by lane.
+__attribute__((target("avx2"))) inline void mulhilo8(__m256i a, __m256i m, __m256i* hi, __m256i* lo) {
+  const __m256i even = _mm256_mul_epu32(a, m);                          // lanes 0, 2, 4, 6 as 64 bits
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);    // lanes 1, 3, 5, 7
+  *hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+  *lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+}
+
+__attribute__((target("avx2"))) void philox_uniforms_avx2(uint64_t first_chunk, int64_t chunks, uint64_t seed,
+                                                          uint64_t offset, float* u) {
+  const int64_t whole = chunks / 8 * 8;
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
+  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
+  const __m256 unit = _mm256_set1_ps(1.0f / 65536.0f);
+  const __m256i low16 = _mm256_set1_epi32(0xFFFF);
+  for (int64_t c = 0; c < whole; c += 8) {
+    alignas(32) uint32_t lo_words[8], hi_words[8];
+    for (int l = 0; l < 8; ++l) {
+      const uint64_t chunk = first_chunk + static_cast<uint64_t>(c + l);
+      lo_words[l] = static_cast<uint32_t>(chunk);
+      hi_words[l] = static_cast<uint32_t>(chunk >> 32);
+    }
+    __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo_words));
+    __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi_words));
+    __m256i c2 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset)));
+    __m256i c3 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset >> 32)));
+    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+    for (int r = 0; r < 10; ++r) {
+      __m256i hi0, lo0, hi1, lo1;
+      mulhilo8(c0, m0, &hi0, &lo0);
+      mulhilo8(c2, m1, &hi1, &lo1);
+      c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+      c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+      c1 = lo1;
+      c3 = lo0;
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    // Word w of chunk c + l gives values 2w (low half) and 2w + 1 (high half) of that chunk.
+    alignas(32) float halves[8][8];  // [value j][lane l]
+    const __m256i words[4] = {c0, c1, c2, c3};
+    for (int w = 0; w < 4; ++w) {
+      _mm256_store_ps(halves[2 * w], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(words[w], low16)), unit));
+      _mm256_store_ps(halves[2 * w + 1], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words[w], 16)), unit));
+    }
+    for (int l = 0; l < 8; ++l)
+      for (int j = 0; j < 8; ++j) u[(c + l) * 8 + j] = halves[j][l];
+  }
+  philox_uniforms_portable(first_chunk + static_cast<uint64_t>(whole), chunks - whole, seed, offset, u + whole * 8);
+}
+#endif
+
+void philox_uniforms(uint64_t first_chunk, int64_t chunks, uint64_t seed, uint64_t offset, float* u) {
+#if defined(ACTBENCH_AVX2_PHILOX)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return philox_uniforms_avx2(first_chunk, chunks, seed, offset, u);
+#endif
+  philox_uniforms_portable(first_chunk, chunks, seed, offset, u);
+}
+
 template <int D>
 void quantize_block(const typename Format<D>::T* sample, int64_t per_sample, int64_t first, int64_t len,
                     const GroupParams& p, int bits, uint64_t first_chunk, uint64_t seed, uint64_t offset,
@@ -102,10 +179,7 @@ void quantize_block(const typename Format<D>::T* sample, int64_t per_sample, int
   float u[kBlock];
   uint32_t q[kBlock];
   const int64_t chunks = len / 8;
-  for (int64_t c = 0; c < chunks; ++c) {
-    Uint4 r = philox4x32_10(first_chunk + c, seed, offset);
-    for (int j = 0; j < 8; ++j) u[c * 8 + j] = chunk_uniform(r, j);
-  }
+  philox_uniforms(first_chunk, chunks, seed, offset, u);
   const int64_t valid = std::max<int64_t>(0, std::min(len, per_sample - first));
   for (int64_t i = 0; i < valid; ++i) q[i] = stochastic_code(Format<D>::load(sample[first + i]), p, u[i], bits);
   for (int64_t i = valid; i < len; ++i) q[i] = 0u;  // padding of the last group
