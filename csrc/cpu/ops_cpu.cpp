@@ -23,7 +23,7 @@
 #endif
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>  // AVX2 intrinsics, used only in functions compiled for AVX2 and chosen at run time
-#define ACTBENCH_AVX2_PHILOX 1
+#define ACTBENCH_X86_AVX2 1
 #endif
 
 namespace actbench {
@@ -110,7 +110,7 @@ void philox_uniforms_portable(uint64_t first_chunk, int64_t chunks, uint64_t see
   }
 }
 
-#if defined(ACTBENCH_AVX2_PHILOX)
+#if defined(ACTBENCH_X86_AVX2)
 
 // 32 x 32 -> 64-bit products of eight lanes: high and low words, lane by lane.
 __attribute__((target("avx2"))) inline void mulhilo8(__m256i a, __m256i m, __m256i* hi, __m256i* lo) {
@@ -164,10 +164,19 @@ __attribute__((target("avx2"))) void philox_uniforms_avx2(uint64_t first_chunk, 
 }
 #endif
 
-void philox_uniforms(uint64_t first_chunk, int64_t chunks, uint64_t seed, uint64_t offset, float* u) {
-#if defined(ACTBENCH_AVX2_PHILOX)
+// Whether this CPU runs the AVX2 functions (asked once).
+inline bool has_avx2() {
+#if defined(ACTBENCH_X86_AVX2)
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return philox_uniforms_avx2(first_chunk, chunks, seed, offset, u);
+  return avx2;
+#else
+  return false;
+#endif
+}
+
+void philox_uniforms(uint64_t first_chunk, int64_t chunks, uint64_t seed, uint64_t offset, float* u) {
+#if defined(ACTBENCH_X86_AVX2)
+  if (has_avx2()) return philox_uniforms_avx2(first_chunk, chunks, seed, offset, u);
 #endif
   philox_uniforms_portable(first_chunk, chunks, seed, offset, u);
 }
@@ -477,11 +486,34 @@ inline bool apply_mask_byte_f32(const float* g, uint32_t byte, float scale, floa
 #endif
 }
 
+#if defined(ACTBENCH_X86_AVX2)
+// Mask bytes [begin, end), each a whole 8 values: apply_mask_byte_f32 in one 8-lane register.
+__attribute__((target("avx2"))) void apply_mask_f32_avx2(const float* g, const uint8_t* p, int64_t begin,
+                                                         int64_t end, float scale, float* o) {
+  const __m256i select = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256 s = _mm256_set1_ps(scale);
+  for (int64_t i = begin; i < end; ++i) {
+    const __m256i b = _mm256_set1_epi32(p[i]);
+    const __m256 m = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(b, select), select));
+    _mm256_storeu_ps(o + i * 8, _mm256_and_ps(m, _mm256_mul_ps(_mm256_loadu_ps(g + i * 8), s)));
+  }
+}
+#endif
+
 template <int D>
 void apply_mask_values(const typename Format<D>::T* g, const uint8_t* p, int64_t numel, float scale,
                        typename Format<D>::T* o) {
   const int64_t bytes = (numel + 7) / 8;
   at::parallel_for(0, bytes, kMaskGrain, [&](int64_t begin, int64_t end) {
+#if defined(ACTBENCH_X86_AVX2)
+    if constexpr (D == kF32) {
+      if (has_avx2()) {
+        const int64_t whole = std::min(end, numel / 8);
+        if (begin < whole) apply_mask_f32_avx2(g, p, begin, whole, scale, o);
+        begin = std::max(begin, whole);
+      }
+    }
+#endif
     for (int64_t i = begin; i < end; ++i) {
       if constexpr (D == kF32) {
         if (i * 8 + 8 <= numel && apply_mask_byte_f32(g + i * 8, p[i], scale, o + i * 8)) continue;
