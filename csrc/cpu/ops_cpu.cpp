@@ -31,6 +31,11 @@ namespace {
 
 constexpr int64_t kGroupGrain = 16;  // groups per parallel task: ~16 KiB of fp32 input
 
+// kLocalCopies: with OpenMP, at::parallel_for's body becomes a separate function that reaches the
+// caller's variables through memory, and a store through a byte pointer (uint8_t, bool, int8_t)
+// may alias any of them, so the compiler reloads them on every iteration and does not vectorize.
+// Loops that store bytes therefore copy the pointers they use into locals of the body first.
+
 // Min and max of one group of len values (NaN for both when it holds NaN or +-inf). Eight
 // independent lanes so the loop vectorizes; v * 0 is NaN exactly for NaN and +-inf.
 template <int D>
@@ -417,7 +422,9 @@ inline uint8_t pack8_bools(const bool* m) {
 void pack_bools(const bool* m, int64_t numel, uint8_t* o) {
   const int64_t full = numel / 8;
   at::parallel_for(0, full, kMaskGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) o[i] = pack8_bools(m + i * 8);
+    const bool* src = m;  // locals, see kLocalCopies
+    uint8_t* dst = o;
+    for (int64_t i = begin; i < end; ++i) dst[i] = pack8_bools(src + i * 8);
   });
   if (full * 8 < numel) {
     uint8_t byte = 0;
@@ -431,10 +438,12 @@ template <int D>
 void pack_values(const typename Format<D>::T* v, int64_t numel, uint8_t* o) {
   const int64_t full = numel / 8;
   at::parallel_for(0, full, kMaskGrain, [&](int64_t begin, int64_t end) {
+    const typename Format<D>::T* src = v;  // locals, see kLocalCopies
+    uint8_t* dst = o;
     for (int64_t i = begin; i < end; ++i) {
       uint32_t byte = 0;
-      for (int j = 0; j < 8; ++j) byte |= mask_bit(Format<D>::load(v[i * 8 + j])) << j;
-      o[i] = static_cast<uint8_t>(byte);
+      for (int j = 0; j < 8; ++j) byte |= mask_bit(Format<D>::load(src[i * 8 + j])) << j;
+      dst[i] = static_cast<uint8_t>(byte);
     }
   });
   if (full * 8 < numel) {
@@ -489,7 +498,10 @@ at::Tensor unpack_mask_cpu(const at::Tensor& packed_in, c10::SymIntArrayRef shap
   const SpreadTable& table = spread_table();
   const int64_t full = numel / 8;
   at::parallel_for(0, full, kMaskGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) memcpy(o + i * 8, &table.v[p[i]], 8);
+    const uint8_t* src = p;  // locals, see kLocalCopies
+    bool* dst = o;
+    const uint64_t* spread = table.v;
+    for (int64_t i = begin; i < end; ++i) memcpy(dst + i * 8, &spread[src[i]], 8);
   });
   for (int64_t idx = full * 8; idx < numel; ++idx) o[idx] = (p[full] >> (idx - full * 8)) & 1u;
   return out;
