@@ -56,11 +56,21 @@ def test_bench_kernels_writes_rows_and_env(tmp_path):
     assert all(float(r["speedup_vs_reference"]) > 0 for r in ext if r["op"] in ("quantize", "dequantize"))
     # every op of the extension, and torch's own op beside the mask and pool kernels
     assert {r["op"] for r in ext} == {name for name, _ in kernel_bench.OPS_BENCHED}
-    for op in ("pack_mask", "apply_mask", "max_pool2d_with_argmax", "max_pool2d_backward"):
+    for op in ("pack_mask", "unpack_mask", "apply_mask", "max_pool2d_with_argmax", "max_pool2d_backward"):
         assert (op, "torch", "") in kinds
         assert all(float(r["speedup_vs_torch"]) > 0 for r in ext if r["op"] == op)
     assert all(r["device"] == "cpu" and r["calls_per_sample"] == "1" for r in rows)
     assert json.loads((run_dir / "env.json").read_text())["device"] == "cpu"
+
+
+def test_bench_kernels_times_every_op_the_extension_registers():
+    """A new op in csrc/registration.cpp is benchmarked too (allocate_bits works on per-layer costs,
+    not on activations)."""
+    import re
+
+    registered = set(re.findall(r'm\.def\(\s*"(\w+)\(', (extension.CSRC / "registration.cpp").read_text()))
+    assert len(registered) >= 10
+    assert registered - {"allocate_bits"} == {name for name, _ in kernel_bench.OPS_BENCHED}
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,20 @@ def test_plan_key_depends_on_torch_version_and_cuda(tmp_path):
         assert b.directory != a.directory and b.cuda_archs
 
 
+def test_plan_key_depends_on_source_contents_and_compiler_flags(tmp_path, monkeypatch):
+    """An edited kernel or other flags (say, a build without -fopenmp) never load an old library."""
+    csrc = tmp_path / "csrc"
+    shutil.copytree(extension.CSRC, csrc)
+    monkeypatch.setattr(extension, "CSRC", csrc)
+    base = extension.plan(cache_dir=tmp_path, with_cuda=False).directory
+    header = csrc / "include" / "actbench" / "quant_math.h"
+    header.write_text(header.read_text() + "\n")
+    edited = extension.plan(cache_dir=tmp_path, with_cuda=False).directory
+    monkeypatch.setattr(extension, "CXX_FLAGS", tuple(f for f in extension.CXX_FLAGS if f != "-fopenmp"))
+    flags = extension.plan(cache_dir=tmp_path, with_cuda=False).directory
+    assert len({base, edited, flags}) == 3
+
+
 def test_plan_without_importing_torch_is_the_same_plan(tmp_path):
     """The CLI checks whether the extension is built before any point: torch's version is read from
     its version.py there (no 2 s import), and must give the very folder a process with torch gets."""

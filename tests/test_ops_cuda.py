@@ -104,3 +104,44 @@ def test_cuda_float_mask_and_apply_mask_identical_to_cpu(dtype):
     assert torch.equal(packed, ops.pack_mask(y.cuda()).cpu())
     grad = _x(y.shape, dtype)
     assert torch.equal(ops.apply_mask(grad, packed, 1.5), ops.apply_mask(grad.cuda(), packed.cuda(), 1.5).cpu())
+
+
+@pytest.mark.parametrize("group_size", [40, 64, 512, 1032])
+def test_cuda_group_sizes_identical_to_cpu(group_size):
+    """Groups of up to 256 values keep each lane's chunk in registers between the range and the
+    codes; larger groups reload their chunks. Both give the CPU's codes, fused and given a range."""
+    x = _x((5, 3, 301), torch.float32)
+    cpu = ops.quantize(x, 4, group_size=group_size, seed_offset=(11, 12))
+    gpu = ops.quantize(x.cuda(), 4, group_size=group_size, seed_offset=(11, 12))
+    given = ops.quantize(x.cuda(), 4, group_size=group_size, seed_offset=(11, 12),
+                         minmax=ops.group_minmax(x.cuda(), group_size=group_size))
+    assert torch.equal(cpu.codes, gpu.codes.cpu()) and torch.equal(cpu.codes, given.codes.cpu())
+    assert torch.equal(ops.dequantize(cpu), ops.dequantize(gpu).cpu())
+
+
+@pytest.mark.parametrize("numel", [1, 7, 31, 33, 111, 4097])
+def test_cuda_masks_of_any_length_identical_to_cpu(numel):
+    """A warp packs 32 values into 4 bytes; a last warp with fewer values writes only its bytes."""
+    y = torch.relu(_x((numel,), torch.float32))
+    packed = ops.pack_mask(y)
+    assert torch.equal(packed, ops.pack_mask(y.cuda()).cpu())
+    assert torch.equal(packed, ops.pack_mask((y > 0).cuda()).cpu())
+    assert torch.equal(ops.unpack_mask(packed.cuda(), y.shape).cpu(), y > 0)
+    grad = _x((numel,), torch.float32)
+    assert torch.equal(ops.apply_mask(grad, packed, 1.0), ops.apply_mask(grad.cuda(), packed.cuda(), 1.0).cpu())
+
+
+@pytest.mark.parametrize("kernel,stride,padding,dilation,ceil_mode", [
+    ((3, 3), (2, 2), (1, 1), (1, 1), False), ((2, 2), (2, 2), (0, 0), (1, 1), False),
+    ((3, 3), (2, 2), (0, 0), (1, 1), True), ((3, 2), (1, 2), (1, 0), (2, 1), False),
+    ((5, 5), (3, 3), (2, 2), (1, 1), True),
+])
+def test_cuda_max_pool_identical_to_cpu(kernel, stride, padding, dilation, ceil_mode):
+    x = torch.randint(-1, 2, (2, 3, 29, 300), generator=torch.Generator().manual_seed(4)).float()  # many ties
+    out, arg = ops.max_pool2d_with_argmax(x, kernel, stride, padding, dilation, ceil_mode)
+    gout, garg = ops.max_pool2d_with_argmax(x.cuda(), kernel, stride, padding, dilation, ceil_mode)
+    assert torch.equal(out, gout.cpu()) and torch.equal(arg, garg.cpu())
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)) * 1e3
+    gin = ops.max_pool2d_backward(grad, arg, x.shape, kernel, stride, padding, dilation)
+    ggin = ops.max_pool2d_backward(grad.cuda(), garg, x.shape, kernel, stride, padding, dilation)
+    assert torch.equal(gin, ggin.cpu())

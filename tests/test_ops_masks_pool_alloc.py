@@ -92,6 +92,25 @@ def test_max_pool_matches_torch(kernel, stride, padding, dilation, ceil_mode, dt
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kernel,stride,padding,dilation,ceil_mode", POOLS)
+def test_max_pool_ties_and_nans_pick_torchs_winner_on_wide_rows(kernel, stride, padding, dilation, ceil_mode, dtype):
+    """Rows wider than one vectorized stretch (256 outputs), values drawn from {-1, 0, 1} so most
+    windows tie, and NaNs: the first maximum wins, or the last NaN, as in torch."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randint(-1, 2, (1, 2, 11, 800), generator=gen).float()
+    x[torch.rand(x.shape, generator=gen) < 0.02] = float("nan")
+    x = x.to(dtype)
+    ref, idx = F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode, return_indices=True)
+    out, arg = ops.max_pool2d_with_argmax(x, kernel, stride, padding, dilation, ceil_mode)
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.nan_to_num(), ref.nan_to_num())
+    oh = torch.arange(out.shape[2]).view(-1, 1)
+    ow = torch.arange(out.shape[3]).view(1, -1)
+    h = oh * stride[0] - padding[0] + (arg.long() // kernel[1]) * dilation[0]
+    w = ow * stride[1] - padding[1] + (arg.long() % kernel[1]) * dilation[1]
+    assert torch.equal(h * x.shape[3] + w, idx)
+
+
 def test_max_pool_nan_propagates_like_torch():
     x = torch.randn(1, 1, 4, 4)
     x[0, 0, 1, 1] = float("nan")

@@ -233,6 +233,18 @@ def test_group_size_other_than_256_matches_reference():
     assert a.lo.shape == (3, 11) and torch.equal(a.codes, b.codes)
 
 
+@pytest.mark.parametrize("group_size", [8, 40, 200, 264])
+def test_random_stream_matches_reference_for_any_chunk_count_and_64_bit_seed(group_size):
+    """The CPU draws its uniforms eight chunks at a time where it can and one by one for the rest
+    of a block; group sizes of 1, 5, 25 and 33 chunks, a seed and offset using all 64 bits and a
+    sample count that starts chunk counters mid-block cover both paths."""
+    x = _x((7, 3, 37), torch.float32, seed=4)
+    seed_offset = (0x7EDCBA9876543211, 0x0123456789ABCDEF)
+    ext = ops.quantize(x, 2, group_size=group_size, seed_offset=seed_offset)
+    ref = ops.quantize(x, 2, group_size=group_size, seed_offset=seed_offset, backend="reference")
+    assert torch.equal(ext.codes, ref.codes)
+
+
 def test_group_minmax_matches_reference_and_torch():
     x = _x((4, 1000), torch.float32)
     mn, mx = ops.group_minmax(x)

@@ -73,7 +73,7 @@ class DeviceProfile:
     #: bench-kernels: calls timed between two synchronisations (cuda: launches overlap kernels)
     kernel_calls_per_sample: ClassVar[int] = 1
     #: bench-kernels' targets at 256 MiB: (fraction of a plain copy, speedup over the reference or None)
-    kernel_targets: ClassVar[tuple[float, float | None]] = (0.5, 5.0)
+    kernel_targets: ClassVar[tuple[float, float | None]] = (0.9, 5.0)
     #: what a report says about this device's rows beside the paper's GPU (None: nothing to add)
     report_caveat: ClassVar[str | None] = None
 
@@ -144,7 +144,7 @@ class CudaProfile(DeviceProfile):
     max_timed_seconds: ClassVar[float] = 20.0
     measures_after_all_warmup: ClassVar[bool] = True
     kernel_calls_per_sample: ClassVar[int] = 10
-    kernel_targets: ClassVar[tuple[float, float | None]] = (0.7, None)
+    kernel_targets: ClassVar[tuple[float, float | None]] = (0.9, None)
 
     def unavailable(self) -> str | None:
         # is_available() asks the driver for a device count; it creates no CUDA context here.

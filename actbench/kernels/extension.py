@@ -1,9 +1,9 @@
 """The only module that builds and loads actbench's compiled extension (csrc/).
 
 It builds once with ninja through ``torch.utils.cpp_extension`` into a per-user cache keyed by the
-sources, torch and CUDA, and loads the cached binary later. Loading runs the binary's code in this
-process, so the cache is guarded: private folders and a recorded SHA-256 per library, checked before
-loading. Failures raise :class:`ExtensionError` with the cause and the fix. The rules:
+sources' contents, the compiler flags, torch and CUDA, and loads the cached binary later. Loading
+runs the binary's code in this process, so the cache is guarded: private folders and a recorded
+SHA-256 per library, checked before loading. Failures raise :class:`ExtensionError` with the cause and the fix. The rules:
 docs/design.md §9 ("The extension's cache is guarded").
 """
 
@@ -32,7 +32,10 @@ DEFAULT_CUDA_ARCHS = "7.5;8.0;8.6;9.0+PTX"  # T4, A100, A10, H100/H200
 CPU_SOURCES = ("registration.cpp", "cpu/ops_cpu.cpp")
 CUDA_SOURCES = ("cuda/ops_cuda.cpp", "cuda/kernels.cu")
 # Every float multiply and add rounds on its own, on both compilers, so CPU and CUDA codes match.
-CXX_FLAGS = ("-O3", "-ffp-contract=off")
+# -fopenmp: torch's at::parallel_for is OpenMP pragmas inlined into the caller, so without it every
+# CPU kernel runs on one thread. The link resolves to the libgomp.so.1 torch has already loaded.
+CXX_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp")
+LD_FLAGS = ("-fopenmp",)
 NVCC_FLAGS = ("-O3", "--fmad=false")
 # Part of the cache key: bumped when the build record changes meaning (2: records the library's
 # SHA-256), so builds whose record cannot be verified are never looked up again.
@@ -239,7 +242,8 @@ def plan(cache_dir: Path | None = None, with_cuda: bool | None = None) -> BuildP
         archs = archs or DEFAULT_CUDA_ARCHS
     source_hash = _source_hash()
     key = hashlib.sha256(
-        json.dumps([source_hash, facts.version, with_cuda, archs, sys.version_info[:2], RECORD_FORMAT]).encode()
+        json.dumps([source_hash, facts.version, with_cuda, archs, sys.version_info[:2], RECORD_FORMAT,
+                    CXX_FLAGS, LD_FLAGS, NVCC_FLAGS]).encode()
     ).hexdigest()[:16]
     root = cache_dir or cache_root_setting() or Path.home() / ".cache" / "actbench"
     flavour = f"cu{facts.cuda.replace('.', '')}" if with_cuda and facts.cuda else "cpu"
@@ -431,6 +435,7 @@ def compile_here(fields: str, build_log: str, verbose: str, csrc: str) -> int:
             sources=sources,
             extra_cflags=list(CXX_FLAGS) + (["-DACTBENCH_WITH_CUDA"] if p.with_cuda else []),
             extra_cuda_cflags=list(NVCC_FLAGS) + _gencode_flags(p.cuda_archs or DEFAULT_CUDA_ARCHS),
+            extra_ldflags=list(LD_FLAGS),
             extra_include_paths=[str(Path(csrc) / "include")],
             build_directory=str(p.directory),
             with_cuda=p.with_cuda,

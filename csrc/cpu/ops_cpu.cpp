@@ -21,11 +21,20 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>  // AVX2 intrinsics, used only in functions compiled for AVX2 and chosen at run time
+#define ACTBENCH_X86_AVX2 1
+#endif
 
 namespace actbench {
 namespace {
 
 constexpr int64_t kGroupGrain = 16;  // groups per parallel task: ~16 KiB of fp32 input
+
+// kLocalCopies: with OpenMP, at::parallel_for's body becomes a separate function that reaches the
+// caller's variables through memory, and a store through a byte pointer (uint8_t, bool, int8_t)
+// may alias any of them, so the compiler reloads them on every iteration and does not vectorize.
+// Loops that store bytes therefore copy the pointers they use into locals of the body first.
 
 // Min and max of one group of len values (NaN for both when it holds NaN or +-inf). Eight
 // independent lanes so the loop vectorizes; v * 0 is NaN exactly for NaN and +-inf.
@@ -95,6 +104,88 @@ std::tuple<at::Tensor, at::Tensor> group_minmax_cpu(const at::Tensor& x_in, int6
 // codes, packing) over the same per-element functions the CUDA kernel calls chunk by chunk.
 constexpr int64_t kBlock = 256;
 
+// chunk_uniform of every value of `chunks` (at most kBlock / 8) consecutive chunks: the rounds of
+// philox4x32_10 over arrays of counters, one per chunk. The portable loop below is the reference;
+// on x86 with AVX2 (checked at run time: the build targets SSE2) eight chunks go through the
+// rounds at once in 256-bit registers, with the same integer operations, so the same numbers.
+void philox_uniforms_portable(uint64_t first_chunk, int64_t chunks, uint64_t seed, uint64_t offset, float* u) {
+  for (int64_t c = 0; c < chunks; ++c) {
+    const Uint4 r = philox4x32_10(first_chunk + static_cast<uint64_t>(c), seed, offset);
+    for (int j = 0; j < 8; ++j) u[c * 8 + j] = chunk_uniform(r, j);
+  }
+}
+
+#if defined(ACTBENCH_X86_AVX2)
+
+// 32 x 32 -> 64-bit products of eight lanes: high and low words, lane by lane.
+__attribute__((target("avx2"))) inline void mulhilo8(__m256i a, __m256i m, __m256i* hi, __m256i* lo) {
+  const __m256i even = _mm256_mul_epu32(a, m);                          // lanes 0, 2, 4, 6 as 64 bits
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);    // lanes 1, 3, 5, 7
+  *hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+  *lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+}
+
+__attribute__((target("avx2"))) void philox_uniforms_avx2(uint64_t first_chunk, int64_t chunks, uint64_t seed,
+                                                          uint64_t offset, float* u) {
+  const int64_t whole = chunks / 8 * 8;
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
+  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
+  const __m256 unit = _mm256_set1_ps(1.0f / 65536.0f);
+  const __m256i low16 = _mm256_set1_epi32(0xFFFF);
+  for (int64_t c = 0; c < whole; c += 8) {
+    alignas(32) uint32_t lo_words[8], hi_words[8];
+    for (int l = 0; l < 8; ++l) {
+      const uint64_t chunk = first_chunk + static_cast<uint64_t>(c + l);
+      lo_words[l] = static_cast<uint32_t>(chunk);
+      hi_words[l] = static_cast<uint32_t>(chunk >> 32);
+    }
+    __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo_words));
+    __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi_words));
+    __m256i c2 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset)));
+    __m256i c3 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset >> 32)));
+    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+    for (int r = 0; r < 10; ++r) {
+      __m256i hi0, lo0, hi1, lo1;
+      mulhilo8(c0, m0, &hi0, &lo0);
+      mulhilo8(c2, m1, &hi1, &lo1);
+      c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+      c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+      c1 = lo1;
+      c3 = lo0;
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    // Word w of chunk c + l gives values 2w (low half) and 2w + 1 (high half) of that chunk.
+    alignas(32) float halves[8][8];  // [value j][lane l]
+    const __m256i words[4] = {c0, c1, c2, c3};
+    for (int w = 0; w < 4; ++w) {
+      _mm256_store_ps(halves[2 * w], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(words[w], low16)), unit));
+      _mm256_store_ps(halves[2 * w + 1], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words[w], 16)), unit));
+    }
+    for (int l = 0; l < 8; ++l)
+      for (int j = 0; j < 8; ++j) u[(c + l) * 8 + j] = halves[j][l];
+  }
+  philox_uniforms_portable(first_chunk + static_cast<uint64_t>(whole), chunks - whole, seed, offset, u + whole * 8);
+}
+#endif
+
+// Whether this CPU runs the AVX2 functions (asked once).
+inline bool has_avx2() {
+#if defined(ACTBENCH_X86_AVX2)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2;
+#else
+  return false;
+#endif
+}
+
+void philox_uniforms(uint64_t first_chunk, int64_t chunks, uint64_t seed, uint64_t offset, float* u) {
+#if defined(ACTBENCH_X86_AVX2)
+  if (has_avx2()) return philox_uniforms_avx2(first_chunk, chunks, seed, offset, u);
+#endif
+  philox_uniforms_portable(first_chunk, chunks, seed, offset, u);
+}
+
 template <int D>
 void quantize_block(const typename Format<D>::T* sample, int64_t per_sample, int64_t first, int64_t len,
                     const GroupParams& p, int bits, uint64_t first_chunk, uint64_t seed, uint64_t offset,
@@ -102,10 +193,7 @@ void quantize_block(const typename Format<D>::T* sample, int64_t per_sample, int
   float u[kBlock];
   uint32_t q[kBlock];
   const int64_t chunks = len / 8;
-  for (int64_t c = 0; c < chunks; ++c) {
-    Uint4 r = philox4x32_10(first_chunk + c, seed, offset);
-    for (int j = 0; j < 8; ++j) u[c * 8 + j] = chunk_uniform(r, j);
-  }
+  philox_uniforms(first_chunk, chunks, seed, offset, u);
   const int64_t valid = std::max<int64_t>(0, std::min(len, per_sample - first));
   for (int64_t i = 0; i < valid; ++i) q[i] = stochastic_code(Format<D>::load(sample[first + i]), p, u[i], bits);
   for (int64_t i = valid; i < len; ++i) q[i] = 0u;  // padding of the last group
@@ -117,6 +205,24 @@ template <int B>
 void unpack_block(const uint8_t* in, int64_t chunks, uint32_t* q) {
   for (int64_t c = 0; c < chunks; ++c) unpack8(in + c * B, B, q + c * 8);
 }
+
+#if defined(ACTBENCH_X86_AVX2)
+// out[i] = table[q[i]] for codes below 16: the table's two halves in two registers, an 8-lane
+// permute from each and a select by bit 3. The table holds dequantize_code of each level, so the
+// values are those of the division per value.
+__attribute__((target("avx2"))) void dequantize_table_f32_avx2(const uint32_t* q, int64_t n, const float* table,
+                                                               float* out) {
+  const __m256 low = _mm256_load_ps(table), high = _mm256_load_ps(table + 8);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i));
+    const __m256 from_high = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));  // bit 3 -> sign bit
+    _mm256_storeu_ps(out + i, _mm256_blendv_ps(_mm256_permutevar8x32_ps(low, idx),
+                                               _mm256_permutevar8x32_ps(high, idx), from_high));
+  }
+  for (; i < n; ++i) out[i] = table[q[i]];
+}
+#endif
 
 template <int D>
 void dequantize_block(const uint8_t* in, int bits, float lo, float scale, int64_t per_sample, int64_t first,
@@ -134,6 +240,16 @@ void dequantize_block(const uint8_t* in, int bits, float lo, float scale, int64_
     default: TORCH_CHECK(false, "actbench::dequantize: bits must be in 1..8, got ", bits);
   }
   const int64_t valid = std::max<int64_t>(0, std::min(len, per_sample - first));
+#if defined(ACTBENCH_X86_AVX2)
+  if constexpr (D == kF32) {
+    if (bits <= 4 && has_avx2()) {  // at most 16 levels: a table instead of a division per value
+      alignas(32) float table[16] = {};
+      for (uint32_t level = 0; level < (1u << bits); ++level) table[level] = dequantize_code(level, lo, scale);
+      dequantize_table_f32_avx2(q, valid, table, sample + first);
+      return;
+    }
+  }
+#endif
   for (int64_t i = 0; i < valid; ++i) sample[first + i] = Format<D>::store(dequantize_code(q[i], lo, scale));
 }
 
@@ -306,7 +422,9 @@ inline uint8_t pack8_bools(const bool* m) {
 void pack_bools(const bool* m, int64_t numel, uint8_t* o) {
   const int64_t full = numel / 8;
   at::parallel_for(0, full, kMaskGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) o[i] = pack8_bools(m + i * 8);
+    const bool* src = m;  // locals, see kLocalCopies
+    uint8_t* dst = o;
+    for (int64_t i = begin; i < end; ++i) dst[i] = pack8_bools(src + i * 8);
   });
   if (full * 8 < numel) {
     uint8_t byte = 0;
@@ -320,10 +438,12 @@ template <int D>
 void pack_values(const typename Format<D>::T* v, int64_t numel, uint8_t* o) {
   const int64_t full = numel / 8;
   at::parallel_for(0, full, kMaskGrain, [&](int64_t begin, int64_t end) {
+    const typename Format<D>::T* src = v;  // locals, see kLocalCopies
+    uint8_t* dst = o;
     for (int64_t i = begin; i < end; ++i) {
       uint32_t byte = 0;
-      for (int j = 0; j < 8; ++j) byte |= mask_bit(Format<D>::load(v[i * 8 + j])) << j;
-      o[i] = static_cast<uint8_t>(byte);
+      for (int j = 0; j < 8; ++j) byte |= mask_bit(Format<D>::load(src[i * 8 + j])) << j;
+      dst[i] = static_cast<uint8_t>(byte);
     }
   });
   if (full * 8 < numel) {
@@ -378,7 +498,10 @@ at::Tensor unpack_mask_cpu(const at::Tensor& packed_in, c10::SymIntArrayRef shap
   const SpreadTable& table = spread_table();
   const int64_t full = numel / 8;
   at::parallel_for(0, full, kMaskGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) memcpy(o + i * 8, &table.v[p[i]], 8);
+    const uint8_t* src = p;  // locals, see kLocalCopies
+    bool* dst = o;
+    const uint64_t* spread = table.v;
+    for (int64_t i = begin; i < end; ++i) memcpy(dst + i * 8, &spread[src[i]], 8);
   });
   for (int64_t idx = full * 8; idx < numel; ++idx) o[idx] = (p[full] >> (idx - full * 8)) & 1u;
   return out;
@@ -403,11 +526,34 @@ inline bool apply_mask_byte_f32(const float* g, uint32_t byte, float scale, floa
 #endif
 }
 
+#if defined(ACTBENCH_X86_AVX2)
+// Mask bytes [begin, end), each a whole 8 values: apply_mask_byte_f32 in one 8-lane register.
+__attribute__((target("avx2"))) void apply_mask_f32_avx2(const float* g, const uint8_t* p, int64_t begin,
+                                                         int64_t end, float scale, float* o) {
+  const __m256i select = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256 s = _mm256_set1_ps(scale);
+  for (int64_t i = begin; i < end; ++i) {
+    const __m256i b = _mm256_set1_epi32(p[i]);
+    const __m256 m = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(b, select), select));
+    _mm256_storeu_ps(o + i * 8, _mm256_and_ps(m, _mm256_mul_ps(_mm256_loadu_ps(g + i * 8), s)));
+  }
+}
+#endif
+
 template <int D>
 void apply_mask_values(const typename Format<D>::T* g, const uint8_t* p, int64_t numel, float scale,
                        typename Format<D>::T* o) {
   const int64_t bytes = (numel + 7) / 8;
   at::parallel_for(0, bytes, kMaskGrain, [&](int64_t begin, int64_t end) {
+#if defined(ACTBENCH_X86_AVX2)
+    if constexpr (D == kF32) {
+      if (has_avx2()) {
+        const int64_t whole = std::min(end, numel / 8);
+        if (begin < whole) apply_mask_f32_avx2(g, p, begin, whole, scale, o);
+        begin = std::max(begin, whole);
+      }
+    }
+#endif
     for (int64_t i = begin; i < end; ++i) {
       if constexpr (D == kF32) {
         if (i * 8 + 8 <= numel && apply_mask_byte_f32(g + i * 8, p[i], scale, o + i * 8)) continue;
@@ -446,6 +592,31 @@ at::Tensor apply_mask_cpu(const at::Tensor& grad_in, const at::Tensor& packed_in
   return out;
 }
 
+// Windows of outputs [0, count) of one row, all inside the input, starting at `base` (output 0's
+// window origin). Window positions are visited in window_argmax's order (i, then j) for every
+// output at once, so the inner loop over outputs vectorizes; the rule is window_argmax's (the
+// first maximum, or the last NaN), so value and index equal the scalar function's.
+template <int D, int SW>
+void pool_row_inside(const typename Format<D>::T* base, const Pool2d& p, int64_t count, float* best, int32_t* arg) {
+  const int64_t sw = SW > 0 ? SW : p.sw;
+  for (int64_t ow = 0; ow < count; ++ow) {
+    best[ow] = Format<D>::load(base[ow * sw]);
+    arg[ow] = 0;
+  }
+  for (int i = 0; i < p.kh; ++i) {
+    for (int j = (i == 0 ? 1 : 0); j < p.kw; ++j) {
+      const typename Format<D>::T* src = base + static_cast<int64_t>(i) * p.dh * p.in_w + static_cast<int64_t>(j) * p.dw;
+      const int32_t k = i * p.kw + j;
+      for (int64_t ow = 0; ow < count; ++ow) {
+        const float v = Format<D>::load(src[ow * sw]);
+        const bool take = (v > best[ow]) | (v != v);  // v != v: NaN, as is_nan
+        best[ow] = take ? v : best[ow];
+        arg[ow] = take ? k : arg[ow];
+      }
+    }
+  }
+}
+
 template <int D>
 void pool_forward_planes(const at::Tensor& x, const Pool2d& p, int64_t planes, at::Tensor& out, at::Tensor& arg) {
   using T = typename Format<D>::T;
@@ -453,15 +624,43 @@ void pool_forward_planes(const at::Tensor& x, const Pool2d& p, int64_t planes, a
   T* o = reinterpret_cast<T*>(out.data_ptr());
   int8_t* a = arg.data_ptr<int8_t>();
   const int64_t in_plane = p.in_h * p.in_w, out_plane = p.out_h * p.out_w;
+  // Outputs [ow_lo, ow_hi) of a row have their window inside the input horizontally.
+  const int64_t ow_lo = std::min<int64_t>(p.out_w, (p.pw + p.sw - 1) / p.sw);
+  const int64_t last_w = p.in_w - 1 - static_cast<int64_t>(p.kw - 1) * p.dw + p.pw;  // largest inside ow * sw
+  const int64_t ow_hi = last_w < 0 ? ow_lo : std::max(ow_lo, std::min<int64_t>(p.out_w, last_w / p.sw + 1));
+  constexpr int64_t kSpan = 256;  // outputs per vectorized stretch
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+    float best[kSpan];
+    int32_t idx[kSpan];
     for (int64_t c = begin; c < end; ++c) {
+      const T* plane = in + c * in_plane;
       for (int64_t oh = 0; oh < p.out_h; ++oh) {
+        const int64_t h0 = oh * p.sh - p.ph;
+        const bool rows_inside = h0 >= 0 && h0 + static_cast<int64_t>(p.kh - 1) * p.dh < p.in_h;
+        const int64_t lo = rows_inside ? ow_lo : p.out_w, hi = rows_inside ? ow_hi : p.out_w;
+        T* orow = o + c * out_plane + oh * p.out_w;
+        int8_t* arow = a + c * out_plane + oh * p.out_w;
         for (int64_t ow = 0; ow < p.out_w; ++ow) {
-          float best;
-          const int64_t r = c * out_plane + oh * p.out_w + ow;
-          a[r] = window_inside(p, oh, ow) ? window_argmax_inside<Format<D>>(in + c * in_plane, p, oh, ow, &best)
-                                          : window_argmax<Format<D>>(in + c * in_plane, p, oh, ow, &best);
-          o[r] = Format<D>::store(best);
+          if (ow == lo) ow = hi;  // [lo, hi) is done below, vectorized
+          if (ow >= p.out_w) break;
+          float b;
+          arow[ow] = window_argmax<Format<D>>(plane, p, oh, ow, &b);
+          orow[ow] = Format<D>::store(b);
+        }
+        for (int64_t s = lo; s < hi; s += kSpan) {
+          const int64_t count = std::min(kSpan, hi - s);
+          const T* base = plane + h0 * p.in_w + (s * p.sw - p.pw);
+          if (p.sw == 1) {  // the common strides get a constant stride, so their loads vectorize
+            pool_row_inside<D, 1>(base, p, count, best, idx);
+          } else if (p.sw == 2) {
+            pool_row_inside<D, 2>(base, p, count, best, idx);
+          } else {
+            pool_row_inside<D, 0>(base, p, count, best, idx);
+          }
+          for (int64_t q = 0; q < count; ++q) {
+            arow[s + q] = static_cast<int8_t>(idx[q]);
+            orow[s + q] = Format<D>::store(best[q]);
+          }
         }
       }
     }
@@ -470,7 +669,8 @@ void pool_forward_planes(const at::Tensor& x, const Pool2d& p, int64_t planes, a
 
 // Scatter of each output's gradient to its argmax, outputs in descending order: every input then
 // adds its contributions in the order of the gather (pool_input_grad, the CUDA kernel's), starting
-// from 0, so the two agree bit for bit. One float plane of scratch per task.
+// from 0, so the two agree bit for bit. fp32 accumulates in the output itself; 16-bit formats in
+// one float plane of scratch per task, rounded once at the end.
 template <int D>
 void pool_backward_planes(const at::Tensor& grad, const at::Tensor& arg, const Pool2d& p, int64_t planes,
                           at::Tensor& gin) {
@@ -480,24 +680,29 @@ void pool_backward_planes(const at::Tensor& grad, const at::Tensor& arg, const P
   T* o = reinterpret_cast<T*>(gin.data_ptr());
   const int64_t in_plane = p.in_h * p.in_w, out_plane = p.out_h * p.out_w;
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(in_plane);
+    std::vector<float> scratch(D == kF32 ? 0 : in_plane);
     std::vector<int64_t> offset(p.kh * p.kw);  // window index -> input offset from the window's origin
     for (int i = 0; i < p.kh; ++i)
       for (int j = 0; j < p.kw; ++j) offset[i * p.kw + j] = int64_t{i} * p.dh * p.in_w + int64_t{j} * p.dw;
     for (int64_t c = begin; c < end; ++c) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
+      float* acc = D == kF32 ? reinterpret_cast<float*>(o + c * in_plane) : scratch.data();
+      std::fill(acc, acc + in_plane, 0.0f);
       const T* gp = g + c * out_plane;
       const int8_t* ap = a + c * out_plane;
       for (int64_t oh = p.out_h - 1; oh >= 0; --oh) {
-        const int64_t row = (oh * p.sh - p.ph) * p.in_w - p.pw;
+        const int64_t row = (oh * p.sh - p.ph) * p.in_w - p.pw;  // output (oh, 0)'s window origin
+        const T* grow = gp + oh * p.out_w;
+        const int8_t* arow = ap + oh * p.out_w;
         for (int64_t ow = p.out_w - 1; ow >= 0; --ow) {
-          const int8_t k = ap[oh * p.out_w + ow];
+          const int8_t k = arow[ow];
           if (k < 0) continue;
-          acc[row + ow * p.sw + offset[k]] += Format<D>::load(gp[oh * p.out_w + ow]);
+          acc[row + ow * p.sw + offset[k]] += Format<D>::load(grow[ow]);
         }
       }
-      T* op = o + c * in_plane;
-      for (int64_t i = 0; i < in_plane; ++i) op[i] = Format<D>::store(acc[i]);
+      if constexpr (D != kF32) {
+        T* op = o + c * in_plane;
+        for (int64_t i = 0; i < in_plane; ++i) op[i] = Format<D>::store(acc[i]);
+      }
     }
   });
 }

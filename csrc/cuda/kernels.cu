@@ -1,6 +1,9 @@
-// CUDA kernels of the actbench ops. Each thread handles one 8-value chunk (or one output value)
-// through the same __host__ __device__ functions the CPU loops call (quant_math.h), with 64-bit
-// indices and grid-stride loops, so tensors over 2^31 values and batches over 65,535 work.
+// CUDA kernels of the actbench ops, through the same __host__ __device__ functions the CPU loops
+// call (quant_math.h). quantize and group_minmax run one warp per group; every other kernel one
+// thread per value it writes, so a warp's loads and stores are consecutive (coalesced). Grid-stride
+// loops, with 32-bit indices where a launch's indices fit (GPU integer division costs several
+// times more at 64 bits) and 64-bit ones otherwise, so tensors over 2^31 values and batches over
+// 65,535 work.
 #include "launchers.h"
 
 namespace actbench {
@@ -52,9 +55,32 @@ __global__ void group_minmax_kernel(const typename Format<D>::T* __restrict__ x,
   }
 }
 
-// One warp per group, one pass: each lane takes the range of its chunks (8 values each), the warp
-// reduces it with shuffles (unless mn/mx were given), and the lanes quantize the same chunks, now
-// in cache. Min, max and the non-finite flag are order-independent, so the codes equal the CPU's.
+// The 8 values of chunk k: one 16-byte load (16-bit formats) or two (fp32) when the chunk lies
+// inside the sample and is aligned, else value by value (load_chunk). Padding reads as 0.
+template <int D>
+__device__ __forceinline__ int load_chunk_vec(const typename Format<D>::T* sample, int64_t per_sample, int64_t k,
+                                              float v[8]) {
+  using T = typename Format<D>::T;
+  const T* src = sample + k * 8;
+  if ((k + 1) * 8 <= per_sample && (reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
+    if constexpr (D == kF32) {
+      const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+      const uint4 w = reinterpret_cast<const uint4*>(src)[0];
+      const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+      for (int j = 0; j < 8; ++j) v[j] = Format<D>::load(static_cast<T>(words[j >> 1] >> (16 * (j & 1))));
+    }
+    return 8;
+  }
+  return load_chunk<D>(sample, per_sample, k, v);
+}
+
+// One warp per group, one pass: each lane loads its 8-value chunks (vector loads), takes their
+// range, the warp reduces it with shuffles (unless mn/mx were given), and the lanes quantize the
+// same values -- kept in registers when a lane has one chunk (groups of up to 256 values), else
+// reloaded from cache. Min, max and the non-finite flag are order-independent, so the codes
+// equal the CPU's.
 template <int D>
 __global__ void quantize_kernel(const typename Format<D>::T* __restrict__ x, Groups gr, const float* __restrict__ mn,
                                 const float* __restrict__ mx, SampleLayout layout, int64_t total_bytes, uint64_t seed,
@@ -62,9 +88,13 @@ __global__ void quantize_kernel(const typename Format<D>::T* __restrict__ x, Gro
                                 uint16_t* __restrict__ scale) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = grid_threads() / 32, cps = gr.chunks_per_sample(), per_group = gr.group_size / 8;
+  const bool in_registers = per_group <= 32;
   for (int64_t t = global_thread() / 32; t < gr.n * gr.g; t += warps) {
     const int64_t n = t / gr.g, gi = t % gr.g;
     const typename Format<D>::T* sample = x + n * gr.per_sample;
+    float v[8];
+    int valid = 0;
+    if (in_registers && lane < per_group) valid = load_chunk_vec<D>(sample, gr.per_sample, gi * per_group + lane, v);
     float a, b;
     if (mn != nullptr) {
       a = mn[t];
@@ -73,14 +103,14 @@ __global__ void quantize_kernel(const typename Format<D>::T* __restrict__ x, Gro
       a = bits_float(0x7F800000u);
       b = bits_float(0xFF800000u);
       float bad = 0.0f;
-      const int64_t first = gi * gr.group_size;
-      const int64_t last = gr.per_sample < first + gr.group_size ? gr.per_sample : first + gr.group_size;
-      for (int64_t i = first + lane * 8; i < last; i += 32 * 8) {
-        for (int j = 0; j < 8 && i + j < last; ++j) {
-          float v = Format<D>::load(sample[i + j]);
-          a = v < a ? v : a;
-          b = v > b ? v : b;
-          bad += v * 0.0f;
+      for (int64_t kk = lane; kk < per_group; kk += 32) {
+        if (!in_registers) valid = load_chunk_vec<D>(sample, gr.per_sample, gi * per_group + kk, v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {  // a fixed count, so v stays in registers
+          if (j >= valid) break;
+          a = v[j] < a ? v[j] : a;
+          b = v[j] > b ? v[j] : b;
+          bad += v[j] * 0.0f;  // NaN exactly when some value is NaN or +-inf
         }
       }
       bool any_bad = is_nan(bad);
@@ -102,91 +132,105 @@ __global__ void quantize_kernel(const typename Format<D>::T* __restrict__ x, Gro
       const int64_t k = gi * per_group + kk;
       const int64_t at = layout.start_of(n, cps) + k * bits;
       if (at + bits > total_bytes) continue;  // per-sample bits inconsistent with total_bits: never write out of bounds
-      quantize_chunk<D>(sample, gr.per_sample, k, p, bits, static_cast<uint64_t>(n * cps + k), seed, offset,
-                        codes + at);
+      if (!in_registers) valid = load_chunk_vec<D>(sample, gr.per_sample, k, v);
+      quantize8(v, valid, p, bits, static_cast<uint64_t>(n * cps + k), seed, offset, codes + at);
     }
   }
 }
 
-template <int D>
+// One thread per output value (consecutive threads write consecutive values): its code read from
+// its chunk's bytes (code_of), then dequantize_code. I: the index type (int32_t when it fits).
+template <int D, typename I>
 __global__ void dequantize_kernel(const uint8_t* __restrict__ codes, const uint16_t* __restrict__ lo,
                                   const uint16_t* __restrict__ scale, Groups gr, SampleLayout layout,
                                   int64_t total_bytes, typename Format<D>::T* __restrict__ out) {
-  const int64_t cps = gr.chunks_per_sample(), per_group = gr.group_size / 8;
-  for (int64_t c = global_thread(); c < gr.n * cps; c += grid_threads()) {
-    int64_t n = c / cps, k = c % cps, t = n * gr.g + k / per_group;
-    int bits = layout.bits_of(n);
-    int64_t at = layout.start_of(n, cps) + k * bits;
+  const I per_sample = static_cast<I>(gr.per_sample), group_size = static_cast<I>(gr.group_size);
+  const I total = static_cast<I>(gr.n * gr.per_sample), g = static_cast<I>(gr.g);
+  const int64_t cps = gr.chunks_per_sample();
+  for (I i = static_cast<I>(global_thread()); i < total; i += static_cast<I>(grid_threads())) {
+    const I n = i / per_sample, idx = i - n * per_sample;
+    const int bits = layout.bits_of(n);
+    const int64_t at = layout.start_of(n, cps) + static_cast<int64_t>(idx >> 3) * bits;
     if (at + bits > total_bytes) continue;
-    dequantize_chunk<D>(codes + at, bits, bf16_to_float(lo[t]), bf16_to_float(scale[t]), gr.per_sample, k,
-                        out + n * gr.per_sample);
+    const I t = n * g + idx / group_size;
+    const uint32_t q = code_of(codes + at, bits, static_cast<int>(idx & 7));
+    out[i] = Format<D>::store(dequantize_code(q, bf16_to_float(lo[t]), bf16_to_float(scale[t])));
   }
 }
 
-// One thread per packed byte: 8 values in (bool, or a float output read as value > 0), 1 byte out.
+// One thread per value; a warp's 32 bits (a ballot, lane l -> bit l, LSB first) are written by its
+// first four lanes, one byte each.
 template <int D>
 __global__ void pack_mask_kernel(const void* __restrict__ mask, int64_t numel, uint8_t* __restrict__ out) {
-  for (int64_t i = global_thread(); i < (numel + 7) / 8; i += grid_threads()) {
-    uint32_t byte = 0;
-    for (int j = 0; j < 8; ++j) {
-      int64_t idx = i * 8 + j;
-      if (idx >= numel) break;
-      uint32_t bit;
+  const int lane = threadIdx.x & 31;
+  const int64_t nbytes = (numel + 7) / 8;
+  // Whole warps iterate together, so the ballot always sees all 32 lanes.
+  for (int64_t base = global_thread() - lane; base < numel; base += grid_threads()) {
+    const int64_t idx = base + lane;
+    uint32_t bit = 0;
+    if (idx < numel) {
       if constexpr (D < 0) {
         bit = static_cast<const bool*>(mask)[idx] ? 1u : 0u;
       } else {
         bit = mask_bit(Format<D>::load(static_cast<const typename Format<D>::T*>(mask)[idx]));
       }
-      byte |= bit << j;
     }
-    out[i] = static_cast<uint8_t>(byte);
+    const uint32_t word = __ballot_sync(0xFFFFFFFFu, bit != 0);
+    const int64_t byte = base / 8 + lane;
+    if (lane < 4 && byte < nbytes) out[byte] = static_cast<uint8_t>(word >> (8 * lane));
   }
 }
 
-// One thread per packed byte: 8 bools out.
-__global__ void unpack_mask_kernel(const uint8_t* __restrict__ packed, int64_t numel, bool* __restrict__ out) {
-  for (int64_t i = global_thread(); i < (numel + 7) / 8; i += grid_threads()) {
-    const uint32_t byte = packed[i];
-    for (int j = 0; j < 8 && i * 8 + j < numel; ++j) out[i * 8 + j] = (byte >> j) & 1u;
+// One thread per value: bit i % 8 of byte i / 8.
+template <typename I>
+__global__ void unpack_mask_kernel(const uint8_t* __restrict__ packed, I numel, bool* __restrict__ out) {
+  for (I i = static_cast<I>(global_thread()); i < numel; i += static_cast<I>(grid_threads())) {
+    out[i] = (packed[i >> 3] >> (i & 7)) & 1u;
   }
 }
 
-// One thread per packed byte: 8 gradients in, 8 masked (and scaled) gradients out.
-template <int D>
+// One thread per value: the gradient masked (and scaled) by bit i % 8 of byte i / 8.
+template <int D, typename I>
 __global__ void apply_mask_kernel(const typename Format<D>::T* __restrict__ grad, const uint8_t* __restrict__ packed,
-                                  int64_t numel, float s, typename Format<D>::T* __restrict__ out) {
-  for (int64_t i = global_thread(); i < (numel + 7) / 8; i += grid_threads()) {
-    const uint32_t byte = packed[i];
-    for (int j = 0; j < 8 && i * 8 + j < numel; ++j) {
-      out[i * 8 + j] = Format<D>::store(masked_value(Format<D>::load(grad[i * 8 + j]), (byte >> j) & 1u, s));
-    }
+                                  I numel, float s, typename Format<D>::T* __restrict__ out) {
+  for (I i = static_cast<I>(global_thread()); i < numel; i += static_cast<I>(grid_threads())) {
+    out[i] = Format<D>::store(masked_value(Format<D>::load(grad[i]), (packed[i >> 3] >> (i & 7)) & 1u, s));
   }
 }
 
-template <int D>
+// One thread per output value.
+template <int D, typename I>
 __global__ void max_pool2d_kernel(const typename Format<D>::T* __restrict__ x, int64_t planes, Pool2d p,
                                   typename Format<D>::T* __restrict__ out, int8_t* __restrict__ argmax) {
-  const int64_t out_plane = p.out_h * p.out_w, in_plane = p.in_h * p.in_w;
-  for (int64_t i = global_thread(); i < planes * out_plane; i += grid_threads()) {
-    int64_t c = i / out_plane, r = i % out_plane;
+  const I out_w = static_cast<I>(p.out_w), out_plane = static_cast<I>(p.out_h * p.out_w);
+  const I in_plane = static_cast<I>(p.in_h * p.in_w), total = static_cast<I>(planes) * out_plane;
+  for (I i = static_cast<I>(global_thread()); i < total; i += static_cast<I>(grid_threads())) {
+    const I c = i / out_plane, r = i - c * out_plane;
+    const I oh = r / out_w, ow = r - oh * out_w;
     float best;
-    const int64_t oh = r / p.out_w, ow = r % p.out_w;
     argmax[i] = window_inside(p, oh, ow) ? window_argmax_inside<Format<D>>(x + c * in_plane, p, oh, ow, &best)
                                          : window_argmax<Format<D>>(x + c * in_plane, p, oh, ow, &best);
     out[i] = Format<D>::store(best);
   }
 }
 
-template <int D>
+// One thread per input-gradient value: a gather over the windows that can hold it (pool_input_grad).
+template <int D, typename I>
 __global__ void max_pool2d_backward_kernel(const typename Format<D>::T* __restrict__ grad, const int8_t* __restrict__ arg,
                                            int64_t planes, Pool2d p, typename Format<D>::T* __restrict__ gin) {
-  const int64_t out_plane = p.out_h * p.out_w, in_plane = p.in_h * p.in_w;
-  for (int64_t i = global_thread(); i < planes * in_plane; i += grid_threads()) {
-    int64_t c = i / in_plane, r = i % in_plane;
-    gin[i] = Format<D>::store(
-        pool_input_grad<Format<D>>(grad + c * out_plane, arg + c * out_plane, p, r / p.in_w, r % p.in_w));
+  const I in_w = static_cast<I>(p.in_w), in_plane = static_cast<I>(p.in_h * p.in_w);
+  const I out_plane = static_cast<I>(p.out_h * p.out_w), total = static_cast<I>(planes) * in_plane;
+  for (I i = static_cast<I>(global_thread()); i < total; i += static_cast<I>(grid_threads())) {
+    const I c = i / in_plane, r = i - c * in_plane;
+    const I h = r / in_w, w = r - h * in_w;
+    gin[i] = Format<D>::store(pool_input_grad<Format<D>, typename Format<D>::T, I>(grad + c * out_plane,
+                                                                                 arg + c * out_plane, p, h, w));
   }
 }
+
+// Whether every index of a kernel over `work` values (plus a grid's worth of overshoot in the
+// grid-stride loop) fits in int32_t.
+inline bool fits_int32(int64_t work) { return work + kMaxBlocks * kThreads < (int64_t{1} << 31); }
 
 // Runs `launch.template operator()<D>()` for the runtime dtype code; unknown codes fail loudly.
 template <typename F>
@@ -221,15 +265,21 @@ cudaError_t launch_quantize(int dtype, const void* x, Groups gr, const float* mn
 
 cudaError_t launch_dequantize(int dtype, const uint8_t* codes, const uint16_t* lo, const uint16_t* scale, Groups gr,
                               SampleLayout layout, int64_t total_bytes, void* out, cudaStream_t stream) {
+  const int64_t work = gr.n * gr.per_sample;
   return by_dtype(dtype, [&]<int D>() {
     using T = typename Format<D>::T;
-    dequantize_kernel<D><<<blocks_for(gr.n * gr.chunks_per_sample()), kThreads, 0, stream>>>(
-        codes, lo, scale, gr, layout, total_bytes, static_cast<T*>(out));
+    if (fits_int32(work)) {
+      dequantize_kernel<D, int32_t><<<blocks_for(work), kThreads, 0, stream>>>(codes, lo, scale, gr, layout,
+                                                                              total_bytes, static_cast<T*>(out));
+    } else {
+      dequantize_kernel<D, int64_t><<<blocks_for(work), kThreads, 0, stream>>>(codes, lo, scale, gr, layout,
+                                                                              total_bytes, static_cast<T*>(out));
+    }
   });
 }
 
 cudaError_t launch_pack_mask(int code, const void* mask, int64_t numel, uint8_t* out, cudaStream_t stream) {
-  const unsigned blocks = blocks_for((numel + 7) / 8);
+  const unsigned blocks = blocks_for(numel);
   switch (code) {
     case -1: pack_mask_kernel<-1><<<blocks, kThreads, 0, stream>>>(mask, numel, out); break;
     case kF32: pack_mask_kernel<kF32><<<blocks, kThreads, 0, stream>>>(mask, numel, out); break;
@@ -241,7 +291,11 @@ cudaError_t launch_pack_mask(int code, const void* mask, int64_t numel, uint8_t*
 }
 
 cudaError_t launch_unpack_mask(const uint8_t* packed, int64_t numel, bool* out, cudaStream_t stream) {
-  unpack_mask_kernel<<<blocks_for((numel + 7) / 8), kThreads, 0, stream>>>(packed, numel, out);
+  if (fits_int32(numel)) {
+    unpack_mask_kernel<int32_t><<<blocks_for(numel), kThreads, 0, stream>>>(packed, static_cast<int32_t>(numel), out);
+  } else {
+    unpack_mask_kernel<int64_t><<<blocks_for(numel), kThreads, 0, stream>>>(packed, numel, out);
+  }
   return cudaGetLastError();
 }
 
@@ -249,26 +303,45 @@ cudaError_t launch_apply_mask(int dtype, const void* grad, const uint8_t* packed
                               void* out, cudaStream_t stream) {
   return by_dtype(dtype, [&]<int D>() {
     using T = typename Format<D>::T;
-    apply_mask_kernel<D><<<blocks_for((numel + 7) / 8), kThreads, 0, stream>>>(
-        static_cast<const T*>(grad), packed, numel, scale, static_cast<T*>(out));
+    if (fits_int32(numel)) {
+      apply_mask_kernel<D, int32_t><<<blocks_for(numel), kThreads, 0, stream>>>(
+          static_cast<const T*>(grad), packed, static_cast<int32_t>(numel), scale, static_cast<T*>(out));
+    } else {
+      apply_mask_kernel<D, int64_t><<<blocks_for(numel), kThreads, 0, stream>>>(
+          static_cast<const T*>(grad), packed, numel, scale, static_cast<T*>(out));
+    }
   });
 }
 
 cudaError_t launch_max_pool2d(int dtype, const void* x, int64_t planes, Pool2d p, void* out, int8_t* argmax,
                               cudaStream_t stream) {
+  const int64_t work = planes * p.out_h * p.out_w;
+  const bool narrow = fits_int32(work) && fits_int32(planes * p.in_h * p.in_w);
   return by_dtype(dtype, [&]<int D>() {
     using T = typename Format<D>::T;
-    max_pool2d_kernel<D><<<blocks_for(planes * p.out_h * p.out_w), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), planes, p, static_cast<T*>(out), argmax);
+    if (narrow) {
+      max_pool2d_kernel<D, int32_t><<<blocks_for(work), kThreads, 0, stream>>>(static_cast<const T*>(x), planes, p,
+                                                                              static_cast<T*>(out), argmax);
+    } else {
+      max_pool2d_kernel<D, int64_t><<<blocks_for(work), kThreads, 0, stream>>>(static_cast<const T*>(x), planes, p,
+                                                                              static_cast<T*>(out), argmax);
+    }
   });
 }
 
 cudaError_t launch_max_pool2d_backward(int dtype, const void* grad_out, const int8_t* argmax, int64_t planes,
                                        Pool2d p, void* grad_in, cudaStream_t stream) {
+  const int64_t work = planes * p.in_h * p.in_w;
+  const bool narrow = fits_int32(work) && fits_int32(planes * p.out_h * p.out_w);
   return by_dtype(dtype, [&]<int D>() {
     using T = typename Format<D>::T;
-    max_pool2d_backward_kernel<D><<<blocks_for(planes * p.in_h * p.in_w), kThreads, 0, stream>>>(
-        static_cast<const T*>(grad_out), argmax, planes, p, static_cast<T*>(grad_in));
+    if (narrow) {
+      max_pool2d_backward_kernel<D, int32_t><<<blocks_for(work), kThreads, 0, stream>>>(
+          static_cast<const T*>(grad_out), argmax, planes, p, static_cast<T*>(grad_in));
+    } else {
+      max_pool2d_backward_kernel<D, int64_t><<<blocks_for(work), kThreads, 0, stream>>>(
+          static_cast<const T*>(grad_out), argmax, planes, p, static_cast<T*>(grad_in));
+    }
   });
 }
 

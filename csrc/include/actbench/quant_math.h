@@ -224,11 +224,17 @@ ACTBENCH_HD void pack8(const uint32_t q[8], int bits, uint8_t* out) {
   for (int k = 0; k < bits; ++k) out[k] = static_cast<uint8_t>(word >> (8 * k));
 }
 
+// Code j (0..7) of a chunk packed by pack8: bits [j*b, j*b + b) of its b bytes, which span at most
+// two bytes. Reads only the chunk's own bytes, so one thread can decode one value.
+ACTBENCH_HD uint32_t code_of(const uint8_t* in, int bits, int j) {
+  const int first = j * bits, byte = first >> 3, shift = first & 7;
+  uint32_t v = in[byte];
+  if (shift + bits > 8) v |= static_cast<uint32_t>(in[byte + 1]) << 8;
+  return (v >> shift) & ((1u << bits) - 1u);
+}
+
 ACTBENCH_HD void unpack8(const uint8_t* in, int bits, uint32_t q[8]) {
-  uint64_t word = 0;
-  for (int k = 0; k < bits; ++k) word |= static_cast<uint64_t>(in[k]) << (8 * k);
-  uint64_t mask = (1ull << bits) - 1ull;
-  for (int j = 0; j < 8; ++j) q[j] = static_cast<uint32_t>((word >> (j * bits)) & mask);
+  for (int j = 0; j < 8; ++j) q[j] = code_of(in, bits, j);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -253,32 +259,25 @@ struct SampleLayout {
   }
 };
 
-// One chunk: 8 consecutive values of a sample (chunk k), quantized and packed into `bits` bytes.
+// A chunk: 8 consecutive values of a sample (chunk k), quantized and packed into `bits` bytes.
 // Positions past the sample's end (padding of the last group) get code 0.
+
+// The 8 values of chunk k as float (0 past the sample's end); returns how many are inside it.
 template <int D>
-ACTBENCH_HD void quantize_chunk(const typename Format<D>::T* sample, int64_t per_sample, int64_t k,
-                                const GroupParams& p, int bits, uint64_t global_chunk, uint64_t seed,
-                                uint64_t offset, uint8_t* out) {
-  Uint4 r = philox4x32_10(global_chunk, seed, offset);
-  uint32_t q[8];
-  int64_t base = k * 8;
-  for (int j = 0; j < 8; ++j) {
-    int64_t idx = base + j;
-    q[j] = idx < per_sample ? stochastic_code(Format<D>::load(sample[idx]), p, chunk_uniform(r, j), bits) : 0u;
-  }
-  pack8(q, bits, out);
+ACTBENCH_HD int load_chunk(const typename Format<D>::T* sample, int64_t per_sample, int64_t k, float v[8]) {
+  const int64_t base = k * 8;
+  const int valid = per_sample - base >= 8 ? 8 : static_cast<int>(per_sample - base);
+  for (int j = 0; j < 8; ++j) v[j] = j < valid ? Format<D>::load(sample[base + j]) : 0.0f;
+  return valid;
 }
 
-template <int D>
-ACTBENCH_HD void dequantize_chunk(const uint8_t* in, int bits, float lo, float scale, int64_t per_sample, int64_t k,
-                                  typename Format<D>::T* sample) {
+// Codes of a chunk's values v (the first `valid` of them; the rest are padding, code 0), packed.
+ACTBENCH_HD void quantize8(const float v[8], int valid, const GroupParams& p, int bits, uint64_t global_chunk,
+                           uint64_t seed, uint64_t offset, uint8_t* out) {
+  Uint4 r = philox4x32_10(global_chunk, seed, offset);
   uint32_t q[8];
-  unpack8(in, bits, q);
-  int64_t base = k * 8;
-  for (int j = 0; j < 8; ++j) {
-    int64_t idx = base + j;
-    if (idx < per_sample) sample[idx] = Format<D>::store(dequantize_code(q[j], lo, scale));
-  }
+  for (int j = 0; j < 8; ++j) q[j] = j < valid ? stochastic_code(v[j], p, chunk_uniform(r, j), bits) : 0u;
+  pack8(q, bits, out);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -352,20 +351,23 @@ ACTBENCH_HD int8_t window_argmax_inside(const T* plane, const Pool2d& p, int64_t
 
 // Gradient of input (h, w): the sum of grad_out over the windows whose argmax points at it.
 // A gather (not a scatter), so it is deterministic and needs no atomics on the GPU.
-template <typename Load, typename T>
-ACTBENCH_HD float pool_input_grad(const T* grad_plane, const int8_t* arg_plane, const Pool2d& p, int64_t h, int64_t w) {
+// I: the index type, int32_t where a plane's sizes fit (GPU integer division is far cheaper at 32
+// bits), else int64_t; the sum and its order do not depend on it.
+template <typename Load, typename T, typename I = int64_t>
+ACTBENCH_HD float pool_input_grad(const T* grad_plane, const int8_t* arg_plane, const Pool2d& p, I h, I w) {
   float acc = 0.0f;
+  const I sh = p.sh, sw = p.sw, out_h = static_cast<I>(p.out_h), out_w = static_cast<I>(p.out_w);
   for (int i = 0; i < p.kh; ++i) {
-    int64_t hh = h + p.ph - static_cast<int64_t>(i) * p.dh;
-    if (hh < 0 || hh % p.sh) continue;
-    int64_t oh = hh / p.sh;
-    if (oh >= p.out_h) continue;
+    const I hh = h + p.ph - static_cast<I>(i) * p.dh;
+    if (hh < 0) break;  // hh only falls as i grows
+    const I oh = hh / sh;
+    if (oh * sh != hh || oh >= out_h) continue;
     for (int j = 0; j < p.kw; ++j) {
-      int64_t ww = w + p.pw - static_cast<int64_t>(j) * p.dw;
-      if (ww < 0 || ww % p.sw) continue;
-      int64_t ow = ww / p.sw;
-      if (ow >= p.out_w) continue;
-      if (arg_plane[oh * p.out_w + ow] == i * p.kw + j) acc += Load::load(grad_plane[oh * p.out_w + ow]);
+      const I ww = w + p.pw - static_cast<I>(j) * p.dw;
+      if (ww < 0) break;
+      const I ow = ww / sw;
+      if (ow * sw != ww || ow >= out_w) continue;
+      if (arg_plane[oh * out_w + ow] == i * p.kw + j) acc += Load::load(grad_plane[oh * out_w + ow]);
     }
   }
   return acc;
