@@ -129,12 +129,13 @@ def test_a_level_without_its_own_value_takes_the_generic_actnn_layers_and_unknow
 
 def test_the_recorder_writes_down_actnn_layers_and_checkpoint_segments_of_a_real_step() -> None:
     from actbench.measure.host_probes import tiny_model
+    from actbench import strategies
     from actbench.training.step import build_training_step
 
     images, targets = torch.randn(2, 3, 8, 8), torch.randint(0, 10, (2,))
     counts = {}
     for strategy in ("fp32", "L2", "checkpoint", "sac"):
-        step, _ = build_training_step(strategy, tiny_model(blocks=2), torch.device("cpu"))
+        step, _ = build_training_step(strategies.get(strategy), tiny_model(blocks=2), torch.device("cpu"))
         recorder = OpRecorder()
         with LiveStorageTracker(observer=recorder):
             step(images, targets)
