@@ -292,7 +292,7 @@ def load_experiment(path: Path, quick: bool = False, device: str | None = None) 
             if PROFILES[device].predicts:  # a prediction times nothing: the file's step counts do not apply
                 merged.pop("warmup_steps", None)
                 merged.pop("timed_steps", None)
-            else:  # a GPU profile plans a prediction on meta; a measured device measures itself
+            else:  # a GPU spec plans a prediction on meta; a measured device measures itself
                 merged.pop("gpu", None)
         if merged.get("command") == "plan":
             merged.setdefault("device", PLAN_DEVICE)

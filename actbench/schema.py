@@ -84,7 +84,7 @@ class PointConfig:
     checkpoint_segments: int | None = None
     seed: int = 0
     precision: str = DEFAULT_PRECISION
-    #: GPU profile the point is planned for (actbench/core/gpus.py; meta only), None: an idealised device
+    #: GPU spec the point is planned for (actbench/core/gpus.py; meta only), None: an idealised device
     gpu: str | None = None
     #: pinned host memory allowed (swap, save_on_cpu, L4/L5), None: unlimited
     host_budget_bytes: int | None = None
@@ -152,7 +152,7 @@ class Measurement:
     alloc_conf: str | None = None
     elapsed_s: float | None = None
     #: the step-time model's prediction (actbench/planning/step_time.py), never a measurement, and the
-    #: device model it priced the step on (a GPU profile's name or a calibrated model's)
+    #: device model it priced the step on (a GPU spec's name or a calibrated model's)
     predicted_step_s: float | None = None
     predicted_samples_per_s: float | None = None
     device_model: str | None = None

@@ -82,7 +82,7 @@ step cuda_tests 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_ops_cuda.p
 # every op of the extension (quantize, dequantize, mixed, min/max, mask pack/unpack/apply, max-pool
 # forward and backward) against a copy of the same bytes and torch's own op where one exists
 step bench_kernels 150 "$PY" -m actbench bench-kernels --device cuda --sizes-mib 1,16,256 --bits 2,4 \
-  --repeats 20 --reference-max-mib 16 --out "$SCRATCH"
+  --repeats 20 --oracle-max-mib 16 --out "$SCRATCH"
 keep "$SCRATCH/bench-kernels_cuda_*/kernels.csv" kernels_cuda.csv
 keep "$SCRATCH/bench-kernels_cuda_*/env.json" env_cuda.json
 # meta predictions vs cuda measurements of the same small points: the gap the caching allocator adds.

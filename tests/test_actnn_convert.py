@@ -168,7 +168,7 @@ def test_bad_level_name_lists_allowed_levels():
 def test_custom_config_validation():
     with pytest.raises(ValueError, match="must be 1, 2, 4 or 8"):
         level_config("L2", conv_bits=3)
-    cfg = level_config("L3", conv_bits=3, bn_bits=None, backend="reference")  # mixed: any target in 1..8
+    cfg = level_config("L3", conv_bits=3, bn_bits=None, backend="oracle")  # mixed: any target in 1..8
     assert cfg.conv_bits == 3 and cfg.bn_bits is None
     with pytest.raises(ValueError, match="backend"):
         level_config("L1", backend="cuda")

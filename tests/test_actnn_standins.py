@@ -96,8 +96,8 @@ def extension_available() -> bool:
 
 
 def quant_backend() -> str:
-    """The quantize backend for ActNN tests: the extension when it loads, else the reference."""
-    return "extension" if extension_available() else "reference"
+    """The quantize backend for ActNN tests: the extension when it loads, else the oracle."""
+    return "extension" if extension_available() else "oracle"
 
 
 def patch_ops(monkeypatch: pytest.MonkeyPatch) -> str:

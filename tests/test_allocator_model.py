@@ -1,4 +1,4 @@
-"""The caching-allocator model and the GPU profiles (docs/design.md §10): rules checked by hand-computed cases.
+"""The caching-allocator model and the GPU specs (docs/design.md §10): rules checked by hand-computed cases.
 
 Each case states what PyTorch's allocator does by its documented rules; a model that rounds, pools,
 splits, merges or expands differently fails one of them. No torch: the model is plain Python.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from actbench.core.gpus import (CUBLAS_WORKSPACE_HOPPER, CUBLAS_WORKSPACE_PRE_HOPPER, GIB, GPU_NAMES, GPU_PROFILES, MIB,
-                           gpu_profile)
+from actbench.core.gpus import (CUBLAS_WORKSPACE_HOPPER, CUBLAS_WORKSPACE_PRE_HOPPER, GIB, GPU_NAMES, GPU_SPECS, MIB,
+                           gpu_spec)
 from actbench.planning.allocator_model import (AllocatorConfig, CachingAllocatorModel, allocation_size, next_power_of_two,
                                         pinned_host_peak, replay, replay_steps, round_size)
 
@@ -161,26 +161,26 @@ def test_pinned_host_memory_rounds_to_powers_of_two_and_caches_per_size() -> Non
     assert pinned_host_peak(events) == 2 * 4 * GIB + 8 * GIB
 
 
-# --- GPU profiles -----------------------------------------------------------------------------------
+# --- GPU specs -----------------------------------------------------------------------------------
 def test_gpu_profiles_carry_their_documented_values() -> None:
     assert GPU_NAMES == ("t4", "v100", "l4", "a10", "a100-40gb", "a100-80gb", "h100-80gb", "h200", "rtx3090",
                          "rtx4090")
-    t4 = gpu_profile("t4")
+    t4 = gpu_spec("t4")
     assert t4.memory_bytes == 16 * GIB and t4.ecc_reserved_bytes == 1 * GIB and t4.context_bytes == 512 * MIB
     assert t4.usable_bytes == 16 * GIB - 1 * GIB - 512 * MIB
     assert t4.workspace_allocations() == (CUBLAS_WORKSPACE_PRE_HOPPER, 1 * MIB) and CUBLAS_WORKSPACE_PRE_HOPPER == 8519680
-    assert gpu_profile("a100-80gb").workspace_allocations() == (CUBLAS_WORKSPACE_PRE_HOPPER, 4 * MIB)
-    assert gpu_profile("a10").workspace_allocations() == (CUBLAS_WORKSPACE_PRE_HOPPER, 1 * MIB)  # 22.5 GiB reported
-    assert gpu_profile("h200").workspace_allocations() == (CUBLAS_WORKSPACE_HOPPER, 32 * MIB)
-    assert gpu_profile("h200").usable_bytes == 141 * GIB - 512 * MIB  # HBM: no in-band ECC
-    assert gpu_profile("rtx4090").ecc_reserved_bytes == 0 and gpu_profile("l4").ecc_reserved_bytes == 24 * GIB // 16
-    for profile in GPU_PROFILES.values():
+    assert gpu_spec("a100-80gb").workspace_allocations() == (CUBLAS_WORKSPACE_PRE_HOPPER, 4 * MIB)
+    assert gpu_spec("a10").workspace_allocations() == (CUBLAS_WORKSPACE_PRE_HOPPER, 1 * MIB)  # 22.5 GiB reported
+    assert gpu_spec("h200").workspace_allocations() == (CUBLAS_WORKSPACE_HOPPER, 32 * MIB)
+    assert gpu_spec("h200").usable_bytes == 141 * GIB - 512 * MIB  # HBM: no in-band ECC
+    assert gpu_spec("rtx4090").ecc_reserved_bytes == 0 and gpu_spec("l4").ecc_reserved_bytes == 24 * GIB // 16
+    for profile in GPU_SPECS.values():
         assert {"memory", "ecc", "context", "workspaces"} <= set(profile.sources), profile.name
 
 
 def test_an_unknown_gpu_is_refused_naming_the_choices() -> None:
     with pytest.raises(ValueError, match=r"unknown GPU 't5'; choose t4, v100, l4, .*rtx4090"):
-        gpu_profile("t5")
+        gpu_spec("t5")
 
 
 def test_blocks_are_reused_only_on_the_stream_that_allocated_them() -> None:

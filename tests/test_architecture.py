@@ -125,7 +125,7 @@ def test_no_device_name_branching_outside_the_device_profiles() -> None:
 
 
 #: What turns a strategy, device or GPU name into its object (registries' own helpers included).
-LOOKUPS = {"profile", "PROFILES", "gpu_profile", "GPU_PROFILES", "gpu_speed_model",
+LOOKUPS = {"profile", "PROFILES", "gpu_spec", "GPU_SPECS", "gpu_speed_model",
            "selected_device_model", "get", "get_strategy", "cuda_alloc_conf", "is_actnn_level", "canonical"}
 #: The edges, where names come in: the command line, experiment files, a spec and its parser, the
 #: worker (a point arrives there as JSON), the one resolution of a point, the registries themselves,
@@ -151,7 +151,7 @@ def _name_lookups(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_name_lookup_finder_sees_calls_and_tables() -> None:
     code = ("a = profile(point.device)\nb = strategies.get(name).order\nc = PROFILES[d].predicts\n"
-            "d = options.get('x')\ne = point.device.predicts\nf = gpu_profile(g)\n")
+            "d = options.get('x')\ne = point.device.predicts\nf = gpu_spec(g)\n")
     assert [line for line, _ in _name_lookups(ast.parse(code))] == [1, 2, 3, 6]
 
 

@@ -359,7 +359,7 @@ def hand_made_run(tmp_path: Path, *bad: dict) -> Path:
     ({"device": "tpu"}, "unknown device 'tpu'"),
     ({"precision": "fp8"}, "unknown precision 'fp8'"),
     ({"strategy": "magic"}, "unknown strategy 'magic'"),
-    ({"gpu": "voodoo2"}, "unknown GPU profile 'voodoo2'"),
+    ({"gpu": "voodoo2"}, "unknown GPU spec 'voodoo2'"),
 ])
 def test_rows_out_of_range_are_skipped_with_one_warning(tmp_path: Path, caplog, changes: dict, needle: str) -> None:
     """report and plot publish no impossible row: it is skipped, one warning naming file and line."""

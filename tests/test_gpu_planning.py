@@ -1,4 +1,4 @@
-"""Planning for a GPU profile and a host budget on meta (docs/design.md §10): options, keys, statuses.
+"""Planning for a GPU spec and a host budget on meta (docs/design.md §10): options, keys, statuses.
 
 The allocator rules themselves are tested in tests/test_allocator_model.py; here: what ``--gpu`` and
 ``--host-budget`` do to a spec, a point's key, a row and a search, and their one-line errors.
@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from actbench import strategies
 from actbench.cli import app
 from actbench.execution.specs import CommandSpec, SpecError
-from actbench.core.gpus import MIB, gpu_profile
+from actbench.core.gpus import MIB, gpu_spec
 from actbench.measure.accounting import OverBudget
 from actbench.planning.point import Point
 from actbench.schema import MEMORY_FAILURES, STATUSES, Measurement, ModelSpec, PointConfig, ResultRow
@@ -48,7 +48,7 @@ def test_gpu_sets_the_budget_to_what_the_profile_leaves_and_budget_alone_keeps_o
     spec = CommandSpec(command="plan", model="resnet50", strategies=("fp32", "L5"), device="meta", dim="batch",
                        gpu="t4", host_budget="64GiB")
     settings = spec.settings()
-    assert settings.budget_bytes == gpu_profile("t4").usable_bytes and settings.gpu.name == "t4"
+    assert settings.budget_bytes == gpu_spec("t4").usable_bytes and settings.gpu.name == "t4"
     assert settings.host_budget_bytes == 64 << 30
     point = settings.point(ModelSpec("resnet50"), strategies.get("L5"), 64, 224)
     assert (point.gpu.name, point.config.gpu, point.host_budget_bytes) == ("t4", "t4", 64 << 30)
@@ -99,7 +99,7 @@ def test_reserved_bytes_decide_a_gpu_point_and_l5_can_differ_from_l4() -> None:
     # with --budget alone the same trace only fills reserved_bytes (decided on the peak, as before)
     plain = Measurement("ok")
     predict_reserved(Point.resolve(dataclasses.replace(l4, gpu=None)), plain, trace)
-    assert plain.reserved_bytes == 30 * MIB + 30 * MIB + 40 * MIB  # no workspaces without a GPU profile
+    assert plain.reserved_bytes == 30 * MIB + 30 * MIB + 40 * MIB  # no workspaces without a GPU spec
 
 
 def test_meta_rows_record_the_gpu_profile_and_the_host_budget_status(tmp_path: Path) -> None:
@@ -108,10 +108,10 @@ def test_meta_rows_record_the_gpu_profile_and_the_host_budget_status(tmp_path: P
     assert result.exit_code == 0, result.output
     rows = {r["strategy"]: r for r in _rows(tmp_path)}
     for r in rows.values():
-        assert r["gpu"] == "t4" and r["budget_bytes"] == gpu_profile("t4").usable_bytes
+        assert r["gpu"] == "t4" and r["budget_bytes"] == gpu_spec("t4").usable_bytes
         assert r["host_budget_bytes"] == 64 << 10
         # the cuBLAS and cuBLASLt workspaces are alive beside the step's own peak
-        assert r["reserved_bytes"] >= r["peak_alloc_bytes"] + sum(gpu_profile("t4").workspace_allocations())
+        assert r["reserved_bytes"] >= r["peak_alloc_bytes"] + sum(gpu_spec("t4").workspace_allocations())
     # swap's saved tensors need far more pinned memory than 64 KiB; fp32 and L3 keep nothing on the host
     assert rows["swap"]["status"] == "host_over_budget" and "pinned host" in rows["swap"]["message"]
     assert rows["L3"]["status"] == "ok" and rows["fp32"]["status"] == "ok"

@@ -1,4 +1,4 @@
-"""The quantizer ops on CPU: layout, agreement with the reference, storage, statistics, bad input."""
+"""The quantizer ops on CPU: layout, agreement with the oracle, storage, statistics, bad input."""
 
 import math
 
@@ -27,16 +27,16 @@ def _unpacked_codes(p: ops.PackedTensor) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
-def test_extension_matches_reference_bit_for_bit(shape, dtype, bits):
+def test_extension_matches_oracle_bit_for_bit(shape, dtype, bits):
     x = _x(shape, dtype)
     ext = ops.quantize(x, bits, seed_offset=(1234, 5))
-    ref = ops.quantize(x, bits, seed_offset=(1234, 5), backend="reference")
+    ref = ops.quantize(x, bits, seed_offset=(1234, 5), backend="oracle")
     assert torch.equal(ext.codes, ref.codes)
     assert torch.equal(ext.lo.view(torch.int16), ref.lo.view(torch.int16))
     assert torch.equal(ext.scale.view(torch.int16), ref.scale.view(torch.int16))
     out = ops.dequantize(ext)
     assert out.shape == x.shape and out.dtype == dtype
-    assert torch.equal(out, ops.dequantize(ref, backend="reference"))
+    assert torch.equal(out, ops.dequantize(ref, backend="oracle"))
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -44,9 +44,9 @@ def test_mixed_bits_match_reference(shape):
     x = _x(shape, torch.float32, seed=1)
     bits = torch.randint(1, 9, (shape[0],), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
     ext = ops.quantize(x, bits, seed_offset=(77, 0))
-    ref = ops.quantize(x, bits, seed_offset=(77, 0), backend="reference")
+    ref = ops.quantize(x, bits, seed_offset=(77, 0), backend="oracle")
     assert torch.equal(ext.codes, ref.codes)
-    assert torch.equal(ops.dequantize(ext), ops.dequantize(ref, backend="reference"))
+    assert torch.equal(ops.dequantize(ext), ops.dequantize(ref, backend="oracle"))
     assert torch.equal(ext.bits.to(torch.int32), bits)
 
 
@@ -181,7 +181,7 @@ def test_nan_or_inf_poisons_only_its_group():
     y = ops.dequantize(p)
     assert bool(torch.isnan(y[0, :256]).all()) and bool(torch.isnan(y[1, 256:]).all())
     assert bool(torch.isfinite(y[0, 256:]).all()) and bool(torch.isfinite(y[1, :256]).all())
-    ref = ops.quantize(x, 4, seed_offset=(1, 1), backend="reference")
+    ref = ops.quantize(x, 4, seed_offset=(1, 1), backend="oracle")
     assert torch.equal(ops.quantize(x, 4, seed_offset=(1, 1)).codes, ref.codes)
 
 
@@ -222,30 +222,30 @@ def test_empty_and_integer_input_rejected():
 def test_bad_group_size_and_backend():
     with pytest.raises(ValueError, match="group_size must be a positive multiple of 8, got 12"):
         ops.quantize(torch.randn(2, 8), 2, group_size=12)
-    with pytest.raises(ValueError, match="backend must be one of extension, reference, got 'cuda'"):
+    with pytest.raises(ValueError, match="backend must be one of extension, oracle, got 'cuda'"):
         ops.quantize(torch.randn(2, 8), 2, backend="cuda")
 
 
-def test_group_size_other_than_256_matches_reference():
+def test_group_size_other_than_256_matches_oracle():
     x = _x((3, 700), torch.float32)
     a = ops.quantize(x, 2, group_size=64, seed_offset=(8, 8))
-    b = ops.quantize(x, 2, group_size=64, seed_offset=(8, 8), backend="reference")
+    b = ops.quantize(x, 2, group_size=64, seed_offset=(8, 8), backend="oracle")
     assert a.lo.shape == (3, 11) and torch.equal(a.codes, b.codes)
 
 
 @pytest.mark.parametrize("group_size", [8, 40, 200, 264])
-def test_random_stream_matches_reference_for_any_chunk_count_and_64_bit_seed(group_size):
+def test_random_stream_matches_oracle_for_any_chunk_count_and_64_bit_seed(group_size):
     """The CPU draws its uniforms eight chunks at a time where it can and one by one for the rest
     of a block; group sizes of 1, 5, 25 and 33 chunks, a seed and offset using all 64 bits and a
     sample count that starts chunk counters mid-block cover both paths."""
     x = _x((7, 3, 37), torch.float32, seed=4)
     seed_offset = (0x7EDCBA9876543211, 0x0123456789ABCDEF)
     ext = ops.quantize(x, 2, group_size=group_size, seed_offset=seed_offset)
-    ref = ops.quantize(x, 2, group_size=group_size, seed_offset=seed_offset, backend="reference")
+    ref = ops.quantize(x, 2, group_size=group_size, seed_offset=seed_offset, backend="oracle")
     assert torch.equal(ext.codes, ref.codes)
 
 
-def test_group_minmax_matches_reference_and_torch():
+def test_group_minmax_matches_oracle_and_torch():
     x = _x((4, 1000), torch.float32)
     mn, mx = ops.group_minmax(x)
     rmn, rmx = oracle.group_minmax(x)
@@ -278,7 +278,7 @@ def test_batch_over_65535_on_cpu():
     """Upstream's one-block-per-sample launch broke past 65,535 samples; every path here is 64-bit."""
     x = _x((70_000, 20), torch.float32)
     p = ops.quantize(x, 4, seed_offset=(2, 3))
-    ref_tail = ops.quantize(x[-5:], 4, seed_offset=(2, 3), backend="reference")
+    ref_tail = ops.quantize(x[-5:], 4, seed_offset=(2, 3), backend="oracle")
     assert torch.equal(p.lo[-5:].view(torch.int16), ref_tail.lo.view(torch.int16))
     y = ops.dequantize(p)
     scale = p.scale.float()[:, :1]

@@ -439,7 +439,7 @@ def test_cli_empty_folder_names_both_row_files(tmp_path: Path) -> None:
 def test_paper_reference_numbers() -> None:
     assert paper.MAX_BATCH["L5"] / paper.MAX_BATCH["fp32"] == pytest.approx(6.6)
     assert paper.matches("resnet50", 224, 16 * GIB) and paper.matches("resnet50", 224, 16 * 10**9)
-    # rows planned for a GPU profile match through the paper GPU's profile, whatever their budget
+    # rows planned for a GPU spec match through the paper GPU's spec, whatever their budget
     assert paper.matches("resnet50", 224, 1, gpu="t4") and not paper.matches("resnet50", 224, 16 * GIB, gpu="a10")
     assert paper.paper_batch_range("L5") == (1056, 1087) and paper.SETTING.host_memory_bytes == 64 * GIB
     assert not paper.matches("resnet50", 224, None) and not paper.matches("resnet50", 128, 16 * GIB)

@@ -29,7 +29,7 @@ _keys = iter(range(10**6))
 
 def row(strategy: str, batch: int, status: str = "ok", *, device: str = "meta", measured: float | None = None,
         predicted: float | None = None, act: int | None = None) -> ResultRow:
-    """A ResNet-50 224 px row: planned for the t4 profile on meta, or measured under 16 GiB on cuda."""
+    """A ResNet-50 224 px row: planned for the t4 spec on meta, or measured under 16 GiB on cuda."""
     meta = device == "meta"
     return ResultRow(key=f"p{next(_keys):06d}", run_id="run", env_id="env", status=status, message="",
                      model="resnet50", extra_blocks=0, width_per_group=None, depth=50, strategy=strategy,

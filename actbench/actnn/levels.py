@@ -92,7 +92,7 @@ class LevelConfig:
             raise ValueError(f"LevelConfig.prefetch_depth must be >= 0, got {self.prefetch_depth}")
 
     def replace(self, **changes) -> "LevelConfig":
-        """A copy with some fields changed (e.g. ``level_config("L3").replace(backend="reference")``)."""
+        """A copy with some fields changed (e.g. ``level_config("L3").replace(backend="oracle")``)."""
         return dataclasses.replace(self, **changes)
 
 

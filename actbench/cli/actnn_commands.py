@@ -23,7 +23,7 @@ Level = enum.Enum("Level", {name: name for name in LEVEL_NAMES}, type=str)
 
 class QuantBackend(str, enum.Enum):
     extension = "extension"
-    reference = "reference"
+    reference = "oracle"
 
 
 def _check_batchnorm_batch(model: str, batch: int, image_size: int) -> None:

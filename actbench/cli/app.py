@@ -110,7 +110,7 @@ def new_bench_dir(out: Path, name: str, device: str) -> Path:
 Device = enum.Enum("Device", {name: name for name in DEVICE_NAMES}, type=str)
 #: Devices that compute (not meta): bench-kernels, verify-grads, trust.
 MeasuringDevice = enum.Enum("MeasuringDevice", {name: name for name in MEASURING_DEVICES}, type=str)
-#: --gpu choices, from the GPU profiles (actbench/core/gpus.py).
+#: --gpu choices, from the GPU specs (actbench/core/gpus.py).
 Gpu = enum.Enum("Gpu", {name: name for name in GPU_NAMES}, type=str)
 
 

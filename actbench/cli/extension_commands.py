@@ -82,13 +82,13 @@ def bench_kernels(
     sizes_mib: Annotated[str, typer.Option("--sizes-mib", help="Input sizes in MiB of fp32.")] = "1,4,16,64,256,1024",
     bits: Annotated[str, typer.Option("--bits", help="Bit widths to time, comma list of 1,2,4,8.")] = "2",
     repeats: Annotated[int, typer.Option("--repeats", help="Timed calls per point (after one warm-up).")] = 5,
-    reference_max_mib: Annotated[
-        int, typer.Option("--reference-max-mib", help="Time the pure-torch reference up to this size.")
+    oracle_max_mib: Annotated[
+        int, typer.Option("--oracle-max-mib", help="Time the pure-torch oracle up to this size.")
     ] = 256,
     out: Annotated[Path, typer.Option("--out", parser=checked_out_dir,
                                       help="Results root; writes OUT/bench-kernels_<device>_<time>/.")] = Path("runs"),
 ) -> None:
-    """Time every op of the extension against a plain copy, the torch reference and torch's own ops.
+    """Time every op of the extension against a plain copy, the oracle and torch's own ops.
 
     Ops: quantize (one pass: ranges and codes), dequantize, their per-sample-bits forms, group
     min/max, mask pack/unpack/apply (pack and unpack against x > 0, apply against
@@ -96,14 +96,14 @@ def bench_kernels(
     that cannot fit in memory are refused before anything runs. Rates are GB/s of fp32 input. Each
     size also times x.clone() in the same run: the bandwidth ceiling the kernels are judged against
     (targets at 256 MiB: >= 90% of copy and no slower than torch's op, on CPU also >= 5x the
-    reference). On cuda each timed sample is 10 back-to-back calls between two
+    oracle). On cuda each timed sample is 10 back-to-back calls between two
     synchronisations (the ops never synchronise, so launches overlap kernels as in training).
     Writes kernels.csv and env.json; prints a table.
     """
     from actbench.kernels import bench as kernel_bench
     from actbench.store.outputs import atomic_write_csv
 
-    config = _kernel_config(device.value, sizes_mib, bits, repeats, reference_max_mib)
+    config = _kernel_config(device.value, sizes_mib, bits, repeats, oracle_max_mib)
     run_dir = new_bench_dir(out, f"bench-kernels_{config.device}", config.device)
     fields = [f.name for f in dataclasses.fields(kernel_bench.KernelRow)]
     csv_path = run_dir / "kernels.csv"
@@ -128,7 +128,7 @@ def bench_kernels(
     console.print(f"wrote {csv_path}")
 
 
-def _kernel_config(device: str, sizes_mib: str, bits: str, repeats: int, reference_max_mib: int):
+def _kernel_config(device: str, sizes_mib: str, bits: str, repeats: int, oracle_max_mib: int):
     """bench-kernels' options checked (sizes that cannot fit refused before anything runs)."""
     from actbench.kernels import bench as kernel_bench
 
@@ -136,7 +136,7 @@ def _kernel_config(device: str, sizes_mib: str, bits: str, repeats: int, referen
         fail(f"--repeats must be >= 1, got {repeats}")
     require_device(device)
     config = kernel_bench.KernelBenchConfig(device=device, sizes_mib=_parse_sizes(sizes_mib), bits=_parse_bits(bits),
-                                            repeats=repeats, reference_max_mib=reference_max_mib)
+                                            repeats=repeats, oracle_max_mib=oracle_max_mib)
     try:
         kernel_bench.check_sizes_fit(config)
     except ValueError as err:
@@ -148,7 +148,7 @@ def _kernel_cells(row) -> tuple[str, ...]:
     """One bench-kernels row as the table prints it."""
     return (f"{row.input_bytes // 2**20} MiB", row.op, row.backend, str(row.bits or ""), f"{row.input_gb_per_s:.2f}",
             f"{row.copy_gb_per_s:.2f}", f"{row.fraction_of_copy:.0%}",
-            f"{row.speedup_vs_reference:.1f}x" if row.speedup_vs_reference else "",
+            f"{row.speedup_vs_oracle:.1f}x" if row.speedup_vs_oracle else "",
             f"{row.speedup_vs_torch:.2f}x" if row.speedup_vs_torch else "")
 
 

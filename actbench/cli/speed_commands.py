@@ -175,13 +175,13 @@ def fastest_command(
       actbench fastest resnet50 --gpu t4 --batch 300
       actbench fastest resnet18 --gpu a100-80gb --batch 1024 --image-size 128 --strategies fp32,L3,swap
     """
-    from actbench.core.gpus import gpu_profile
+    from actbench.core.gpus import gpu_spec
     from actbench.training.model_names import ModelSpec, validate_model_spec
     from actbench.execution.parsing import parse_strategies
     from actbench.schema import LIMITS, MIN_IMAGE_SIZE
 
     try:
-        profile_ = gpu_profile(gpu.value)
+        spec = gpu_spec(gpu.value)
         validate_model_spec(ModelSpec(model))
         chosen = parse_strategies(strategies)
     except ValueError as exc:
@@ -192,7 +192,7 @@ def fastest_command(
         fail(f"--image-size must be in {MIN_IMAGE_SIZE}..{LIMITS['resolution']} pixels, got {image_size}")
     if not chosen:
         fail("--strategies is empty: give at least one of fp32, swap, checkpoint, L0..L5")
-    _print_choices(model, profile_, batch, image_size, _choices(model, profile_, batch, image_size, chosen))
+    _print_choices(model, spec, batch, image_size, _choices(model, spec, batch, image_size, chosen))
 
 
 def _choices(model: str, gpu, batch: int, image_size: int, chosen: tuple[str, ...]) -> list:

@@ -72,7 +72,7 @@ class DeviceProfile:
     measures_after_all_warmup: ClassVar[bool] = False
     #: bench-kernels: calls timed between two synchronisations (cuda: launches overlap kernels)
     kernel_calls_per_sample: ClassVar[int] = 1
-    #: bench-kernels' targets at 256 MiB: (fraction of a plain copy, speedup over the reference or None)
+    #: bench-kernels' targets at 256 MiB: (fraction of a plain copy, speedup over the oracle or None)
     kernel_targets: ClassVar[tuple[float, float | None]] = (0.9, 5.0)
     #: what a report says about this device's rows beside the paper's GPU (None: nothing to add)
     report_caveat: ClassVar[str | None] = None

@@ -1,10 +1,10 @@
-"""GPU profiles for the planner: what memory a named GPU leaves to PyTorch (docs/design.md §10).
+"""GPU specs for the planner: what memory a named GPU leaves to PyTorch (docs/design.md §10).
 
 A prediction on ``meta`` is made for an idealised device unless told which GPU it is for: with
 ``--gpu t4`` a point is planned for the memory a T4 leaves to PyTorch's caching allocator, and the
 caching-allocator model (:mod:`actbench.planning.allocator_model`) decides out-of-memory on the memory that
 allocator would reserve. This module is the one home of those numbers; it imports no torch, so
-``actbench report`` can name a row's profile without loading it. Every value says where it comes
+``actbench report`` can name a row's GPU without loading it. Every value says where it comes
 from (``sources``); docs/design.md §10 lists them with the documents they come from.
 """
 
@@ -30,7 +30,7 @@ CONTEXT_ALLOWANCE = 512 * MIB
 
 
 @dataclass(frozen=True)
-class GpuProfile:
+class GpuSpec:
     """One GPU model: its memory, what is not PyTorch's to allocate, and the workspaces replayed as allocations.
 
     ``memory_bytes`` is the vendor's capacity (a GPU's "GB" are GiB of DRAM). ``usable_bytes`` is what
@@ -85,46 +85,46 @@ class GpuProfile:
                 f"usable)")
 
 
-_SPEC = "vendor data sheet"
+_DATASHEET = "vendor data sheet"
 _GDDR_ECC = "in-band ECC on (data-centre default): 1/16 of the memory holds check bits"
 _NO_ECC = "HBM: ECC check bits are stored outside the capacity"
 _CONTEXT = "assumed 512 MiB (torch 2.x, CUDA 12, lazy module loading); measured by gpu_check.sh's context step"
 
 
-def _profile(name: str, label: str, gib: int, cc: tuple[int, int], ecc_inband: bool, ecc_note: str,
-             host_memory_bytes: int | None = None) -> GpuProfile:
-    return GpuProfile(name=name, label=label, memory_bytes=gib * GIB, compute_capability=cc, ecc_inband=ecc_inband,
+def _gpu(name: str, label: str, gib: int, cc: tuple[int, int], ecc_inband: bool, ecc_note: str,
+             host_memory_bytes: int | None = None) -> GpuSpec:
+    return GpuSpec(name=name, label=label, memory_bytes=gib * GIB, compute_capability=cc, ecc_inband=ecc_inband,
                       host_memory_bytes=host_memory_bytes,
-                      sources=MappingProxyType({"memory": f"{_SPEC}: {gib} GB", "ecc": ecc_note, "context": _CONTEXT,
+                      sources=MappingProxyType({"memory": f"{_DATASHEET}: {gib} GB", "ecc": ecc_note, "context": _CONTEXT,
                                                "workspaces": "PyTorch defaults for compute capability "
                                                              f"{cc[0]}.{cc[1]} (docs/design.md §10)"}))
 
 
-#: Every profile by name (the CLI's ``--gpu`` choices, in this order).
-GPU_PROFILES: Mapping[str, GpuProfile] = MappingProxyType({p.name: p for p in (
-    _profile("t4", "NVIDIA T4", 16, (7, 5), True, _GDDR_ECC),
-    _profile("v100", "NVIDIA V100 SXM2 16GB", 16, (7, 0), False, _NO_ECC),
-    _profile("l4", "NVIDIA L4", 24, (8, 9), True, _GDDR_ECC),
-    _profile("a10", "NVIDIA A10", 24, (8, 6), True, _GDDR_ECC),
-    _profile("a100-40gb", "NVIDIA A100 40GB", 40, (8, 0), False, _NO_ECC),
-    _profile("a100-80gb", "NVIDIA A100 80GB", 80, (8, 0), False, _NO_ECC),
-    _profile("h100-80gb", "NVIDIA H100 80GB", 80, (9, 0), False, _NO_ECC),
-    _profile("h200", "NVIDIA H200", 141, (9, 0), False, _NO_ECC),
-    _profile("rtx3090", "NVIDIA GeForce RTX 3090", 24, (8, 6), False,
+#: Every GPU spec by name (the CLI's ``--gpu`` choices, in this order).
+GPU_SPECS: Mapping[str, GpuSpec] = MappingProxyType({p.name: p for p in (
+    _gpu("t4", "NVIDIA T4", 16, (7, 5), True, _GDDR_ECC),
+    _gpu("v100", "NVIDIA V100 SXM2 16GB", 16, (7, 0), False, _NO_ECC),
+    _gpu("l4", "NVIDIA L4", 24, (8, 9), True, _GDDR_ECC),
+    _gpu("a10", "NVIDIA A10", 24, (8, 6), True, _GDDR_ECC),
+    _gpu("a100-40gb", "NVIDIA A100 40GB", 40, (8, 0), False, _NO_ECC),
+    _gpu("a100-80gb", "NVIDIA A100 80GB", 80, (8, 0), False, _NO_ECC),
+    _gpu("h100-80gb", "NVIDIA H100 80GB", 80, (9, 0), False, _NO_ECC),
+    _gpu("h200", "NVIDIA H200", 141, (9, 0), False, _NO_ECC),
+    _gpu("rtx3090", "NVIDIA GeForce RTX 3090", 24, (8, 6), False,
              "GeForce: ECC off, the whole capacity is usable"),
-    _profile("rtx4090", "NVIDIA GeForce RTX 4090", 24, (8, 9), False,
+    _gpu("rtx4090", "NVIDIA GeForce RTX 4090", 24, (8, 9), False,
              "GeForce: ECC off, the whole capacity is usable"),
 )})
-GPU_NAMES: tuple[str, ...] = tuple(GPU_PROFILES)
+GPU_NAMES: tuple[str, ...] = tuple(GPU_SPECS)
 
 
-def gpu_profile(name: str) -> GpuProfile:
-    """The profile called ``name``; ValueError naming the value and the choices."""
+def gpu_spec(name: str) -> GpuSpec:
+    """The GPU spec called ``name``; ValueError naming the value and the choices."""
     try:
-        return GPU_PROFILES[name]
+        return GPU_SPECS[name]
     except KeyError:
         raise ValueError(f"unknown GPU '{name}'; choose {', '.join(GPU_NAMES)}") from None
 
 
-__all__ = ["CONTEXT_ALLOWANCE", "CUBLAS_WORKSPACE_HOPPER", "CUBLAS_WORKSPACE_PRE_HOPPER", "GPU_NAMES", "GPU_PROFILES",
-           "GpuProfile", "INBAND_ECC_FRACTION", "gpu_profile"]
+__all__ = ["CONTEXT_ALLOWANCE", "CUBLAS_WORKSPACE_HOPPER", "CUBLAS_WORKSPACE_PRE_HOPPER", "GPU_NAMES", "GPU_SPECS",
+           "GpuSpec", "INBAND_ECC_FRACTION", "gpu_spec"]

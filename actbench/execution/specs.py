@@ -304,9 +304,9 @@ class CommandSpec:
         from actbench.execution.parsing import parse_bytes
 
         if self.gpu is not None:
-            from actbench.core.gpus import gpu_profile
+            from actbench.core.gpus import gpu_spec
 
-            return gpu_profile(self.gpu).usable_bytes
+            return gpu_spec(self.gpu).usable_bytes
         return None if self.budget is None else parse_bytes(self.budget)
 
     def host_budget_bytes(self) -> int | None:
@@ -317,11 +317,11 @@ class CommandSpec:
     def settings(self):
         """How each point is measured: the device's profile and the GPU, resolved here once; step counts
         filled in by the device profile."""
-        from actbench.core.gpus import gpu_profile
+        from actbench.core.gpus import gpu_spec
         from actbench.planning.device_models import selected_device_model
         from actbench.planning.settings import MeasureSettings
 
-        gpu = None if self.gpu is None else gpu_profile(self.gpu)
+        gpu = None if self.gpu is None else gpu_spec(self.gpu)
         return MeasureSettings.resolve(PROFILES[self.device], self.command, self.budget_bytes(), self.warmup_steps,
                                        self.timed_steps, self.checkpoint_segments, self.timeout_s, self.precision,
                                        gpu, self.host_budget_bytes(), selected_device_model(self.gpu))
@@ -333,7 +333,7 @@ class CommandSpec:
         return tuple(strategies.get(name) for name in self.strategies)
 
     def gpu_tag(self) -> str:
-        """`` (t4: reserved bytes, caching-allocator model)`` after a budget planned for a GPU profile."""
+        """`` (t4: reserved bytes, caching-allocator model)`` after a budget planned for a GPU spec."""
         return "" if self.gpu is None else f" ({self.gpu}: predicted reserved bytes, caching-allocator model)"
 
     def precision_tag(self) -> str:

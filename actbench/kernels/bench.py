@@ -36,14 +36,14 @@ class KernelBenchConfig:
     sizes_mib: tuple[int, ...] = DEFAULT_SIZES_MIB
     bits: tuple[int, ...] = (2,)
     repeats: int = 5
-    reference_max_mib: int = 256  # the pure-torch reference needs ~20x the input in temporaries
+    oracle_max_mib: int = 256  # the pure-torch oracle needs ~20x the input in temporaries
 
 
 @dataclass(frozen=True)
 class KernelRow:
     device: str
     op: str  # one of OPS_BENCHED, or copy
-    backend: str  # extension | reference | torch (torch's own op, or x.clone() for copy)
+    backend: str  # extension | oracle | torch (torch's own op, or x.clone() for copy)
     bits: int | None
     input_bytes: int
     seconds_median: float
@@ -51,7 +51,7 @@ class KernelRow:
     input_gb_per_s: float
     copy_gb_per_s: float  # x.clone() timed just before this op (for the copy row: its own rate)
     fraction_of_copy: float
-    speedup_vs_reference: float | None
+    speedup_vs_oracle: float | None
     speedup_vs_torch: float | None  # torch's equivalent op's seconds / the extension's
     torch_threads: int
     calls_per_sample: int  # calls timed between two synchronisations (the device profile's kernel_calls_per_sample)
@@ -86,16 +86,16 @@ OPS_BENCHED = (
     ("max_pool2d_with_argmax", False), ("max_pool2d_backward", False),
 )
 #: Bytes alive per byte of fp32 input while one size runs (input, its ReLU, a gradient, outputs
-#: and clone), and what the pure-torch reference adds in temporaries where it runs.
+#: and clone), and what the pure-torch oracle adds in temporaries where it runs.
 LIVE_PER_INPUT_BYTE = 6
-REFERENCE_PER_INPUT_BYTE = 20
+ORACLE_PER_INPUT_BYTE = 20
 
 
 def check_sizes_fit(config: KernelBenchConfig, limit: int | None = None) -> None:
     """Refuse, before anything runs or is written, a size whose tensors cannot fit in memory."""
     limit = profile(config.device).available_memory_bytes() if limit is None else limit
     for size in config.sizes_mib:
-        need = size * MIB * (LIVE_PER_INPUT_BYTE + (REFERENCE_PER_INPUT_BYTE if size <= config.reference_max_mib else 0))
+        need = size * MIB * (LIVE_PER_INPUT_BYTE + (ORACLE_PER_INPUT_BYTE if size <= config.oracle_max_mib else 0))
         if need > limit:
             raise ValueError(f"bench-kernels: --sizes-mib {size} needs about {need / 2**30:.1f} GiB, more than the "
                              f"{limit / 2**30:.1f} GiB of {config.device} memory available")
@@ -124,15 +124,15 @@ def run(config: KernelBenchConfig, on_row: Callable[[KernelRow], None] | None = 
         emit(_row(config, "copy", "torch", None, nbytes, copy_s, copy_iqr, copy_rate, None, None))
         cases = [(name, bits) for name, per_bits in OPS_BENCHED for bits in (config.bits if per_bits else (None,))]
         for name, bits in cases:
-            backends = _backends(name, x, bits, size_mib <= config.reference_max_mib)
+            backends = _backends(name, x, bits, size_mib <= config.oracle_max_mib)
             # the copy again, just before this op: on a shared machine the bandwidth left over
             # drifts within a run, and an op is judged against the copy measured beside it
             copy_rate = nbytes / time_call(lambda: x.clone(), config.device, config.repeats)[0] / 1e9
             measured = {}
             for backend, fn in backends:
-                repeats = config.repeats if backend != "reference" else max(1, min(config.repeats, 3))
+                repeats = config.repeats if backend != "oracle" else max(1, min(config.repeats, 3))
                 measured[backend] = time_call(fn, config.device, repeats)
-            ref_s = measured.get("reference", (None, None))[0]
+            ref_s = measured.get("oracle", (None, None))[0]
             torch_s = measured.get("torch", (None, None))[0]
             for backend, (sec, iqr) in measured.items():
                 ext = backend == "extension"
@@ -145,9 +145,9 @@ def run(config: KernelBenchConfig, on_row: Callable[[KernelRow], None] | None = 
 POOL = ((3, 3), (2, 2), (1, 1), (1, 1))  # ResNet's stem: kernel, stride, padding, dilation
 
 
-def _backends(name: str, x: torch.Tensor, bits: int | None, with_reference: bool) -> list[tuple[str, Callable]]:
+def _backends(name: str, x: torch.Tensor, bits: int | None, with_oracle: bool) -> list[tuple[str, Callable]]:
     """(backend, call) pairs timing op ``name`` on the activation x [64, F]."""
-    refs = ["extension"] + (["reference"] if with_reference else [])
+    refs = ["extension"] + (["oracle"] if with_oracle else [])
     if name in ("quantize", "dequantize"):
         packed = {b: ops.quantize(x, bits, backend=b) for b in refs}
         if name == "quantize":
@@ -200,7 +200,7 @@ def _row(config, op, backend, bits, nbytes, sec, iqr, copy_rate, speedup, vs_tor
         input_gb_per_s=rate,
         copy_gb_per_s=copy_rate,
         fraction_of_copy=rate / copy_rate,
-        speedup_vs_reference=speedup,
+        speedup_vs_oracle=speedup,
         speedup_vs_torch=vs_torch,
         torch_threads=torch.get_num_threads(),
         calls_per_sample=profile(config.device).kernel_calls_per_sample,
@@ -208,7 +208,7 @@ def _row(config, op, backend, bits, nbytes, sec, iqr, copy_rate, speedup, vs_tor
 
 
 def verdicts(rows: list[KernelRow], device: str) -> list[tuple[str, bool]]:
-    """Targets at 256 MiB: the device's fraction of copy (and speed-up over the reference), and no
+    """Targets at 256 MiB: the device's fraction of copy (and speed-up over the oracle), and no
     slower than torch's own op where there is one."""
     out = []
     need, speedup = profile(device).kernel_targets
@@ -217,9 +217,9 @@ def verdicts(rows: list[KernelRow], device: str) -> list[tuple[str, bool]]:
             continue
         label = f"{r.op}{f' {r.bits}-bit' if r.bits else ''} at 256 MiB"
         out.append((f"{label}: {r.fraction_of_copy:.0%} of copy (target >= {need:.0%})", r.fraction_of_copy >= need))
-        if speedup is not None and r.speedup_vs_reference is not None:
-            out.append((f"{label}: {r.speedup_vs_reference:.1f}x the reference (target >= {speedup:g}x)",
-                        r.speedup_vs_reference >= speedup))
+        if speedup is not None and r.speedup_vs_oracle is not None:
+            out.append((f"{label}: {r.speedup_vs_oracle:.1f}x the oracle (target >= {speedup:g}x)",
+                        r.speedup_vs_oracle >= speedup))
         if r.speedup_vs_torch is not None:
             out.append((f"{label}: {r.speedup_vs_torch:.2f}x torch's op (target >= 1x)", r.speedup_vs_torch >= 1.0))
     return out

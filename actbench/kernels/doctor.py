@@ -55,12 +55,12 @@ def _self_check(device: str) -> tuple[bool, str]:
         scale = p.scale.float().repeat_interleave(p.group_size, dim=1)[:, : x[0].numel()].reshape(x.shape)
         if not bool(((y - x).abs() <= 1 / scale + 1e-6).all()):
             return False, f"round trip at bits={bits if isinstance(bits, int) else 'mixed'} is off by more than one step"
-        # Every device's kernels must give the host reference's codes, bit for bit (docs/design.md §2).
+        # Every device's kernels must give the host oracle's codes, bit for bit (docs/design.md §2).
         host_bits = bits.cpu() if isinstance(bits, torch.Tensor) else bits
-        ref = ops.quantize(x.cpu(), host_bits, seed_offset=(1, 2), backend="reference")
+        ref = ops.quantize(x.cpu(), host_bits, seed_offset=(1, 2), backend="oracle")
         if not torch.equal(ref.codes, p.codes.cpu()):
-            return False, f"codes at bits={bits if isinstance(bits, int) else 'mixed'} differ from the reference"
-    return True, "round trip of 1, 2, 4, 8 and mixed bits, codes equal the reference"
+            return False, f"codes at bits={bits if isinstance(bits, int) else 'mixed'} differ from the oracle"
+    return True, "round trip of 1, 2, 4, 8 and mixed bits, codes equal the oracle"
 
 
 def diagnose() -> Report:

@@ -4,7 +4,7 @@ Every op is a pure function: randomness enters as explicit ``seed`` and ``offset
 the wrappers here draw from a (CPU) ``torch.Generator`` — so ``opcheck`` passes and CPU and CUDA
 kernels can be compared bit for bit. The layout is specified in :mod:`actbench.kernels.oracle`.
 
-Backends: ``"extension"`` (the compiled ops, default) or ``"reference"`` (pure PyTorch, slow),
+Backends: ``"extension"`` (the compiled ops, default) or ``"oracle"`` (pure PyTorch, slow),
 chosen explicitly by the caller; a missing extension is an error, never a silent fallback.
 """
 
@@ -21,8 +21,8 @@ from actbench.core import compat
 
 from actbench.kernels import oracle
 
-Backend = Literal["extension", "reference"]
-BACKENDS: tuple[str, ...] = ("extension", "reference")
+Backend = Literal["extension", "oracle"]
+BACKENDS: tuple[str, ...] = ("extension", "oracle")
 DEFAULT_GROUP_SIZE = 256
 PACKABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 OPS = (
@@ -317,7 +317,7 @@ def group_minmax(
     """Per-group min and max of each sample: float32 [N, G]; NaN where a group holds NaN/inf."""
     _check_backend(backend)
     _check_input(x, group_size)
-    if backend == "reference":
+    if backend == "oracle":
         mn, mx = oracle.group_minmax(x.cpu(), group_size)
         return mn.to(x.device), mx.to(x.device)
     return _lib().group_minmax.default(x, group_size)
@@ -351,11 +351,11 @@ def quantize(
     seed, offset = seed_offset if seed_offset is not None else _draw_seed_offset(generator)
     if minmax is not None:
         mn, mx = minmax
-    elif backend == "reference":
+    elif backend == "oracle":
         mn, mx = group_minmax(x, group_size, backend=backend)
     else:  # empty: the kernel takes each group's range in its quantizing pass
         mn = mx = x.new_empty((0,), dtype=torch.float32)
-    if backend == "reference":
+    if backend == "oracle":
         bits_t = bits.cpu() if isinstance(bits, torch.Tensor) else torch.full((x.shape[0],), bits)
         codes, lo, scale = oracle.quantize(x, mn, mx, bits_t, group_size, seed, offset)
         codes, lo, scale = codes.to(x.device), lo.to(x.device), scale.to(x.device)
@@ -375,7 +375,7 @@ def dequantize(packed: PackedTensor, *, backend: Backend = "extension") -> torch
     """Unpack and dequantize back to the original shape and dtype."""
     _check_backend(backend)
     p = packed
-    if backend == "reference":
+    if backend == "oracle":
         bits = p.bits if isinstance(p.bits, torch.Tensor) else torch.full((p.shape[0],), p.bits)
         return oracle.dequantize(p.codes, p.lo, p.scale, bits, p.group_size, tuple(p.shape), p.dtype)
     if isinstance(p.bits, torch.Tensor):

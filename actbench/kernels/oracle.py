@@ -1,4 +1,4 @@
-"""Pure-PyTorch reference of actbench's quantizer: the test oracle, and a backend on request.
+"""Pure-PyTorch oracle of actbench's quantizer: the test oracle, and a backend on request.
 
 It implements exactly the layout and arithmetic of the compiled kernels (csrc/include/actbench/
 quant_math.h), so for the same (seed, offset) both produce the same codes and metadata bit for bit.

@@ -240,13 +240,13 @@ def grown_flops(extra_blocks: int, basis_counts: list[tuple[float, float]]) -> t
 
 
 def predict_reserved(point: Point, result: Measurement, trace: StepTrace) -> None:
-    """Fill ``reserved_bytes`` from the caching-allocator model; with a GPU profile, decide on it.
+    """Fill ``reserved_bytes`` from the caching-allocator model; with a GPU spec, decide on it.
 
     The trace is replayed as a training run does it (persistent state, a warm-up step, the measured
     step) under the strategy's allocator configuration (L5: expandable segments), with at most
     ``point.budget_bytes`` reserved, as a GPU capped at the budget would (docs/design.md §10). A step
     the capped replay cannot complete gets the reserved bytes of an unbounded replay (what it would
-    need, above the budget). With ``--budget`` alone the decision stays on the peak; with a GPU profile
+    need, above the budget). With ``--budget`` alone the decision stays on the peak; with a GPU spec
     (``point.gpu``) the replay also holds cuBLAS's and cuBLASLt's workspaces, and a request it cannot
     reserve is a predicted out-of-memory: ``over_budget``.
     """

@@ -235,7 +235,7 @@ def _gpu(name: str, label: str, tflops: Mapping[str, float], dram_gb_s: float, p
             "assumed": _ASSUMED, "strategy_calls": _STRATEGY_CALLS_SOURCE}))
 
 
-#: Speed models of every GPU profile (actbench/core/gpus.py), by the same names.
+#: Speed models of every GPU spec (actbench/core/gpus.py), by the same names.
 GPU_SPEED_MODELS: Mapping[str, DeviceModel] = MappingProxyType({m.name: m for m in (
     _gpu("t4", "NVIDIA T4", {"fp32": 8.1, "fp16": 65}, 320, 3, "NVIDIA T4 datasheet", False),
     _gpu("v100", "NVIDIA V100 SXM2 16GB", {"fp32": 15.7, "fp16": 125}, 900, 3, "NVIDIA V100 datasheet (SXM2)",
@@ -269,7 +269,7 @@ def gpu_speed_model(name: str) -> DeviceModel:
 
 def selected_device_model(gpu: str | None) -> DeviceModel | None:
     """The model a point is predicted on: the file ``--device-model`` named (:data:`DEVICE_MODEL_ENV`),
-    else the built-in model of the point's GPU profile, else none (no prediction)."""
+    else the built-in model of the point's GPU spec, else none (no prediction)."""
     path = os.environ.get(DEVICE_MODEL_ENV)
     if path:
         return load_device_model(path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from actbench.core.devices import DeviceProfile, profile
-from actbench.core.gpus import GpuProfile, gpu_profile
+from actbench.core.gpus import GpuSpec, gpu_spec
 from actbench.planning.device_models import DeviceModel, selected_device_model
 from actbench.schema import ModelSpec, PointConfig
 from actbench.strategies import Strategy, get
@@ -27,14 +27,14 @@ class Point:
     config: PointConfig
     strategy: Strategy
     device: DeviceProfile
-    gpu: GpuProfile | None = None
+    gpu: GpuSpec | None = None
     speed_model: DeviceModel | None = None
 
     @classmethod
     def resolve(cls, config: PointConfig) -> "Point":
         """The objects ``config``'s names stand for; ValueError (one line) for a name nothing answers to."""
         return cls(config, get(config.strategy), profile(config.device),
-                   None if config.gpu is None else gpu_profile(config.gpu), selected_device_model(config.gpu))
+                   None if config.gpu is None else gpu_spec(config.gpu), selected_device_model(config.gpu))
 
     def key(self) -> str:
         return self.config.key()

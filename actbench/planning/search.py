@@ -164,7 +164,7 @@ def _search_strategy(outcome: SearchOutcome, strategy: Strategy, candidates: Seq
 
 def deciding_bytes(row: ResultRow) -> int | None:
     """The bytes a row's fit was decided on, for the searches' curves: the predicted reserved bytes when
-    planned for a GPU profile (docs/design.md §10), else the peak; None for a row that failed on host
+    planned for a GPU spec (docs/design.md §10), else the peak; None for a row that failed on host
     memory (its device bytes say nothing about where host memory runs out)."""
     if row.status == "host_over_budget":
         return None

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actbench.core.devices import DeviceProfile
-from actbench.core.gpus import GpuProfile
+from actbench.core.gpus import GpuSpec
 from actbench.planning.device_models import DeviceModel
 from actbench.planning.point import Point
 from actbench.schema import DEFAULT_PRECISION, DEFAULT_TIMEOUT_S, ModelSpec, PointConfig
@@ -25,7 +25,7 @@ class MeasureSettings:
     timeout_s: float = DEFAULT_TIMEOUT_S
     precision: str = DEFAULT_PRECISION
     #: the GPU planned for (budget_bytes is then its usable memory), None: none
-    gpu: GpuProfile | None = None
+    gpu: GpuSpec | None = None
     host_budget_bytes: int | None = None
     #: the device model step times are priced on (None: not priced); not part of what is measured
     speed_model: DeviceModel | None = None
@@ -56,7 +56,7 @@ class MeasureSettings:
     def resolve(cls, device: DeviceProfile, command: str, budget_bytes: int | None = None,
                 warmup_steps: int | None = None, timed_steps: int | None = None,
                 checkpoint_segments: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                precision: str = DEFAULT_PRECISION, gpu: GpuProfile | None = None,
+                precision: str = DEFAULT_PRECISION, gpu: GpuSpec | None = None,
                 host_budget_bytes: int | None = None, speed_model: DeviceModel | None = None) -> "MeasureSettings":
         """Settings with each step count left as None filled with the device's default.
 

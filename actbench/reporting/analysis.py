@@ -97,7 +97,7 @@ class BatchGroup:
 
     @property
     def gpu(self) -> str | None:
-        """The GPU profile the rows were planned for (docs/design.md §10), when they share one."""
+        """The GPU spec the rows were planned for (docs/design.md §10), when they share one."""
         names = {getattr(r, "gpu", None) for r in self.rows}
         return names.pop() if len(names) == 1 else None
 
@@ -110,7 +110,7 @@ class BatchGroup:
         return tuple(d for d in self.devices if not is_prediction(d))
 
     def title(self, what: str) -> str:
-        budget = format_budget(self.budget_bytes) + ("" if self.gpu is None else f" ({self.gpu} profile)")
+        budget = format_budget(self.budget_bytes) + ("" if self.gpu is None else f" ({self.gpu} spec)")
         return f"{what}: {self.model}, {devices_text(self.devices)}, {budget}, " \
                f"{self.image_size}×{self.image_size} px"
 

@@ -43,7 +43,7 @@ def _ratio(ours: float | None, theirs: float | None) -> str:
 
 
 def _setting(group: BatchGroup) -> str:
-    where = f"{group.gpu} profile" if group.gpu else ("no budget" if group.budget_bytes is None else "budget")
+    where = f"{group.gpu} spec" if group.gpu else ("no budget" if group.budget_bytes is None else "budget")
     return f"{group.model}, {group.image_size} px, {where}"
 
 
@@ -52,8 +52,8 @@ def _memory_basis(device: str, group: BatchGroup) -> str:
 
 
 def _preferred(groups: Sequence[BatchGroup]) -> list[BatchGroup]:
-    """Measured groups first, then groups planned for the paper's GPU profile, then the rest."""
-    return sorted(groups, key=lambda g: (not g.measured_devices, g.gpu != paper_ref.SETTING.gpu_profile))
+    """Measured groups first, then groups planned for the paper's GPU spec, then the rest."""
+    return sorted(groups, key=lambda g: (not g.measured_devices, g.gpu != paper_ref.SETTING.gpu_spec))
 
 
 def activation_claim(groups: Sequence[BatchGroup]) -> Claim | None:

@@ -30,8 +30,8 @@ class PaperSetting:
     torch_version: str = "1.7"
     #: "16 GB" (a T4 exposes ~15 GiB) and "16 GiB" budgets both count as the paper's budget
     budget_tolerance: float = 0.10
-    #: the GPU profile (actbench/core/gpus.py) that plans for the paper's GPU; rows planned for it match
-    gpu_profile: str = "t4"
+    #: the GPU spec (actbench/core/gpus.py) that plans for the paper's GPU; rows planned for it match
+    gpu_spec: str = "t4"
     #: the paper's machine: "an AWS g4dn.4xlarge instance, which has a 16GB NVIDIA T4 GPU and 64GB CPU
     #: memory" (Section 6); the host budget its swap and L4/L5 had, at most (docs/design.md §6, §10)
     host_memory_bytes: int = 64 * GIB
@@ -76,11 +76,11 @@ class PaperPoint:
 def matches(model: str, image_size: int | None, budget_bytes: int | None, setting: PaperSetting = SETTING,
             gpu: str | None = None) -> bool:
     """True when a group of rows was measured in the paper's setting (model, input size, and the budget
-    or, for rows planned for a GPU profile, the paper's GPU's profile)."""
+    or, for rows planned for a GPU spec, the paper's GPU's spec)."""
     if model != setting.model or image_size != setting.image_size:
         return False
     if gpu is not None:
-        return gpu == setting.gpu_profile
+        return gpu == setting.gpu_spec
     if budget_bytes is None:
         return False
     return abs(budget_bytes - setting.budget_bytes) <= setting.budget_tolerance * setting.budget_bytes

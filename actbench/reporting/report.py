@@ -81,10 +81,10 @@ def _differences(runs: Sequence[Run]) -> list[str]:
     lines.append(f"- **PyTorch**: {', '.join(torches) if torches else 'unknown'} vs {setting.torch_version}.")
     planned = sorted({row.gpu for r in runs for row in r.rows if getattr(row, "gpu", None)})
     if planned:
-        lines.append(f"- **Planned for a GPU profile** ({_md(', '.join(planned))}; docs/design.md §10): meta rows whose "
+        lines.append(f"- **Planned for a GPU spec** ({_md(', '.join(planned))}; docs/design.md §10): meta rows whose "
                      "out-of-memory is decided on the reserved bytes of a caching-allocator model, within the "
-                     "profile's usable memory (capacity less in-band ECC and an assumed CUDA context). The paper's "
-                     f"{setting.gpu} is compared through the `{setting.gpu_profile}` profile. The paper's machine was "
+                     "spec's usable memory (capacity less in-band ECC and an assumed CUDA context). The paper's "
+                     f"{setting.gpu} is compared through the `{setting.gpu_spec}` spec. The paper's machine was "
                      f"an {setting.machine}: plan with `--host-budget {setting.host_memory_bytes >> 30}GiB` to bound "
                      "swap's and L4/L5's pinned host memory by it (an upper bound on what it could pin); host budgets "
                      f"of these rows: {_host_budgets(runs)}.")
@@ -290,7 +290,7 @@ def _settings(runs: Sequence[Run], report_dir: Path, figures: Sequence[Path],
         paper_ok = paper_ref.matches(group.model, group.image_size, group.budget_bytes, gpu=group.gpu)
         lines += [f"## {_md(group.title('Setting'))}", "", "Runs: " + ", ".join(_code(n) for n in group.run_names), ""]
         if paper_ok:
-            how = (f"the {group.gpu} profile" if group.gpu is not None else "16 GiB")
+            how = (f"the {group.gpu} spec" if group.gpu is not None else "16 GiB")
             lines += [f"Setting matches the paper (ResNet-50, 224², {how}): paper numbers and ratios shown.", ""]
         lines += _max_batch_section(group, paper_ok)
         lines += _memory_section(group, paper_ref.matches_model(group.model, group.image_size))

@@ -29,7 +29,7 @@ def plot_throughput_vs_batch(group: BatchGroup,
     """Images/s vs batch per series; red × at each series' first failing batch; fp32-feasible batches shaded.
 
     ``paper_points`` are overlaid only when the group's setting is the paper's (model, 224², 16 GiB or
-    the t4 profile). Returns None when no row has a measured or a predicted throughput.
+    the t4 spec). Returns None when no row has a measured or a predicted throughput.
     """
     measured = [s for s in group.series() if any(measured_rate(r) is not None for r in group.ok_points(s))]
     predicted = predicted_series(group)

@@ -91,7 +91,7 @@ def _result_row_problem(data: Any) -> str | None:
     if data["device"].partition(":")[0] not in DEVICE_NAMES:
         return f"unknown device {data['device'][:40]!r} (expected one of {', '.join(DEVICE_NAMES)})"
     if data.get("gpu") is not None and data["gpu"] not in GPU_NAMES:
-        return f"unknown GPU profile {data['gpu'][:40]!r} (expected one of {', '.join(GPU_NAMES)})"
+        return f"unknown GPU spec {data['gpu'][:40]!r} (expected one of {', '.join(GPU_NAMES)})"
     try:
         get_strategy(data["strategy"])
     except ValueError:

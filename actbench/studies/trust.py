@@ -4,7 +4,7 @@
 counts and their ratio meta / measured; ``meta_vs_<device>_<precision>.csv`` at bf16 or fp16, where
 both sides run under the same autocast); ``tests/test_meta.py`` holds the cpu ratios within 5%. On
 cuda the peak ratio includes what cuDNN workspaces add, which meta does not see; ``reserved_ratio``
-compares meta's caching-allocator model (docs/design.md §10, no GPU profile: no cuBLAS workspaces)
+compares meta's caching-allocator model (docs/design.md §10, no GPU spec: no cuBLAS workspaces)
 with the allocator's measured reserved peak. Points are measured in this process (the in-process
 executor, no child per point).
 """
