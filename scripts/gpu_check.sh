@@ -90,8 +90,9 @@ keep "$SCRATCH/bench-kernels_cuda_*/env.json" env_cuda.json
 # alive on cuda, so their peak_ratio should sit beside fp32's; checkpoint's and sac's meta warm-up
 # now gives every wrapped parameter its momentum, as the real warm-up on cuda does.)
 step meta_vs_cuda 180 "$PY" -m actbench trust --device cuda --batch 16 --image-size 224 --out "$KEPT"
-# the step-time model: this GPU calibrated (device-model JSON), then predicted ÷ measured step time
-# per strategy on that model (speed_vs_cuda.csv), both brought back
+# the step-time model: this GPU calibrated (device-model JSON, with the host seconds of one ActNN layer
+# per level and of one checkpointed module, measured rather than fitted), then predicted ÷ measured
+# step time per strategy on that model (speed_vs_cuda.csv), both brought back
 step calibrate_cuda 120 "$PY" -m actbench calibrate --device cuda --out "$KEPT/device_model_cuda.json"
 step speed_vs_cuda 300 "$PY" -m actbench trust --device cuda --models resnet50 --strategies fp32,L0,L3,L4,checkpoint,swap \
     --batch 64 --image-size 224 --device-model "$KEPT/device_model_cuda.json" --out "$KEPT"
@@ -107,6 +108,10 @@ step profile_cuda 120 "$PY" scripts/profile_step.py --device cuda --model resnet
 # each strategy's img/s as a ratio to fp32 (small points: the host-side share shows most there)
 step bench_actnn 240 "$PY" -m actbench bench-actnn --device cuda --out "$SCRATCH"
 keep "$SCRATCH/bench-actnn_cuda_*/actnn.csv" actnn_cuda.csv
+# ActNN in a user's own loop on cuda: a classifier at L3, and a detector at L3 whose roi_align boxes must
+# stay exact on the device too (its census line says "positions: kept exact")
+step own_loop_classifier 60 "$PY" scripts/own_loop_classifier.py --device cuda --size 112 --batch 8 --steps 3
+step own_loop_detector 90 "$PY" scripts/own_loop_detector.py --device cuda --size 256 --batch 2 --steps 3
 # one point's caching-allocator history and segments (memory_snapshot.pickle, no stack traces)
 # and the CUDA context, beside meta's caching-allocator model of the same point (memory_snapshot.json)
 step memory_snapshot 120 "$PY" scripts/memory_snapshot.py "$KEPT" fp32 64
