@@ -1,2 +1,2 @@
-"""Devices and the boundary with torch: the cpu, cuda and meta profiles, the GPU models planned for,
+"""Devices and the boundary with torch: the cpu, cuda and meta profiles, the GPU specs planned for,
 torch's private names, the environment of child processes."""

@@ -1,1 +1,2 @@
-"""Planning for a device at hand or not: device speed models and the predicted step time (docs/design.md §11)."""
+"""Planning a run: points resolved once, how each is measured, the searches, the caching-allocator model,
+device speed models and the predicted step time (docs/design.md §5, §10, §11)."""
