@@ -254,6 +254,23 @@ def test_a_plan_with_a_spare_slot_certifies_side_by_side_and_finds_the_same_maxi
     assert most[0] == 2, "the certifying pair never ran side by side"
 
 
+@pytest.mark.slow
+def test_a_run_made_one_job_at_a_time_resumes_with_two_jobs_measuring_nothing(tmp_path: Path) -> None:
+    """Whether a search probed its certifying pair side by side depends on the slots spare when it ran:
+    a resume with more jobs than the run had must ask for exactly the points the run recorded."""
+    from actbench.execution.specs import CommandSpec
+
+    spec = CommandSpec(command="plan", model="resnet18", strategies=("fp32",), image_size=32, device="meta",
+                       budget="300MiB", dim="batch", batch="8")
+    plan = spec.plan()
+    first = execute(plan, RunStore(tmp_path / plan.name))
+    started: list[str] = []
+    again = execute(plan, RunStore(tmp_path / plan.name), options=ExecutionOptions(jobs=2),
+                    on_event=lambda kind, point, row: started.append(point.describe()) if kind == "start" else None)
+    assert started == [] and again.maxima == first.maxima
+    assert [r.key for r in again.rows] == [r.key for r in first.rows]
+
+
 # --- persistent workers -----------------------------------------------------------------------------
 def cpu_point(batch: int, strategy: str = "fp32") -> Point:
     return Point.resolve(PointConfig(ModelSpec("resnet18"), strategy, batch, 16, "cpu", warmup_steps=1,

@@ -233,8 +233,15 @@ class _PartRun:
         return self.runner.run(point)
 
     def together(self, points: Sequence[Point]) -> list[ResultRow] | None:
-        """Rows of ``points`` measured side by side; None (nothing measured) without the slots."""
-        if self.share() < len(points):
+        """Rows of ``points`` measured side by side; None (nothing measured) without the slots.
+
+        A resume pairs what the run it resumes paired, whatever slots are spare now: points all recorded
+        come back as they are, and points of which only some are recorded were probed one at a time,
+        so they are again (pairing them would ask for a point the run never measured)."""
+        recorded = [self.runner.recorded(p) is not None for p in points]
+        if all(recorded):
+            return [self.runner.run(p) for p in points]
+        if any(recorded) or self.share() < len(points):
             return None
         return _run_together(points, self.runner, self.runners)
 
