@@ -27,11 +27,22 @@ def test_reading_and_plotting_results_does_not_import_torch() -> None:
             "actbench.reporting.runs, actbench.reporting.scale, actbench.reporting.speed, actbench.reporting.claims, "
             "actbench.reporting.throughput_figure, actbench.reporting.style, actbench.reporting.markdown, actbench.schema, "
             "actbench.store.results, actbench.store.reading, actbench.store.outputs, actbench.strategies, "
-            "actbench.core.devices\n"
+            "actbench.core.devices, actbench.store.accuracy_rows\n"
             "print('torch' in sys.modules)")
     done = _python(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_finding_the_committed_runs_of_both_kinds_does_not_import_torch() -> None:
+    """``plot`` and ``report`` find harness rows and accuracy rows (results/cpu holds the latter)."""
+    results = PACKAGE.parent / "results"
+    code = ("import sys\nfrom pathlib import Path\nfrom actbench.reporting.runs import find_result_runs\n"
+            f"found = find_result_runs(Path({str(results)!r}))\n"
+            "print(bool(found.accuracy), bool(found.harness), 'torch' in sys.modules)")
+    done = _python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True True False"
 
 
 def test_result_row_is_composed_from_point_and_measurement() -> None:

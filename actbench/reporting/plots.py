@@ -36,7 +36,7 @@ from actbench.store.reading import check_kind
 from actbench.strategies import FALLBACK_COLOUR
 
 if TYPE_CHECKING:
-    from actbench.studies.accuracy import AccuracyRow
+    from actbench.store.accuracy_rows import AccuracyRow
 
 
 # --- batch-type figures ------------------------------------------------------------------------
@@ -198,7 +198,7 @@ def paper_overlay_groups(runs: Sequence[Run]) -> tuple[str, ...]:
                  and paper_ref.matches(g.base_model, g.image_size, g.budget_bytes, gpu=g.gpu))
 
 
-# --- accuracy vs bits (actbench.studies.accuracy rows) --------------------------------------------------
+# --- accuracy vs bits (actbench.store.accuracy_rows) ----------------------------------------------------
 def plot_accuracy_vs_bits(rows: Sequence["AccuracyRow"], title: str = "") -> Figure | None:
     """Test accuracy (left) and final train loss (right) vs average activation bits; fp32 as a line.
 

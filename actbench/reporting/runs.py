@@ -128,7 +128,7 @@ def find_result_runs(results_dir: Path) -> ResultRuns:
 
     ``plot`` and ``report`` accept a folder holding either kind; ValueError (one line) when it holds neither.
     """
-    from actbench.studies.accuracy import ROWS_FILE, find_accuracy_runs
+    from actbench.store.accuracy_rows import ROWS_FILE, find_accuracy_runs
 
     _check_results_dir(results_dir)
     found = ResultRuns(harness=_harness_runs(results_dir), accuracy=find_accuracy_runs(results_dir))
