@@ -162,7 +162,7 @@ def test_pinned_host_memory_rounds_to_powers_of_two_and_caches_per_size() -> Non
 
 
 # --- GPU specs -----------------------------------------------------------------------------------
-def test_gpu_profiles_carry_their_documented_values() -> None:
+def test_gpu_specs_carry_their_documented_values() -> None:
     assert GPU_NAMES == ("t4", "v100", "l4", "a10", "a100-40gb", "a100-80gb", "h100-80gb", "h200", "rtx3090",
                          "rtx4090")
     t4 = gpu_spec("t4")

@@ -137,12 +137,15 @@ def test_no_device_name_branching_outside_the_device_profiles() -> None:
 
 #: What turns a strategy, device or GPU name into its object (registries' own helpers included).
 LOOKUPS = {"profile", "PROFILES", "gpu_spec", "GPU_SPECS", "gpu_speed_model",
-           "selected_device_model", "get", "get_strategy", "cuda_alloc_conf", "is_actnn_level", "canonical"}
+           "selected_device_model", "get", "get_strategy", "cuda_alloc_conf", "is_actnn_level", "canonical",
+           "task_of"}
 #: The edges, where names come in: the command line, experiment files, a spec and its parser, the
-#: worker (a point arrives there as JSON), the one resolution of a point, the registries themselves,
-#: and what reads names back from result files or runs commands of its own (kernels, calibration).
+#: worker (a point arrives there as JSON), the one resolution of a point, the registries themselves
+#: (and the model-name check every command runs first), and what reads names back from result files
+#: or runs commands of its own (kernels, calibration).
 EDGES = ("cli/", "experiments.py", "execution/specs.py", "execution/parsing.py", "worker.py", "planning/point.py",
-         "core/devices.py", "core/gpus.py", "strategies/", "planning/device_models.py", "store/", "reporting/",
+         "core/devices.py", "core/gpus.py", "strategies/", "training/tasks/", "training/model_names.py",
+         "planning/device_models.py", "store/", "reporting/",
          "kernels/bench.py", "measure/calibrate.py", "measure/host_probes.py", "studies/")
 
 

@@ -102,7 +102,7 @@ def test_reserved_bytes_decide_a_gpu_point_and_l5_can_differ_from_l4() -> None:
     assert plain.reserved_bytes == 30 * MIB + 30 * MIB + 40 * MIB  # no workspaces without a GPU spec
 
 
-def test_meta_rows_record_the_gpu_profile_and_the_host_budget_status(tmp_path: Path) -> None:
+def test_meta_rows_record_the_gpu_spec_and_the_host_budget_status(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["memory", *SMALL, "--strategies", "swap,L3", "--gpu", "t4",
                                       "--host-budget", "64KiB", "--out", str(tmp_path)], catch_exceptions=False)
     assert result.exit_code == 0, result.output

@@ -28,6 +28,7 @@ from actbench.planning.settings import MeasureSettings
 from actbench.strategies import ALL_STRATEGIES, LEVEL_NAMES
 from actbench.strategies.mechanics.checkpointing import apply_checkpointing
 from actbench.training.step import build_training_step, synthetic_batch
+from actbench.training.tasks import CLASSIFICATION
 
 TINY = dict(batch_size=4, image_size=32, device="cpu", warmup_steps=1, timed_steps=1)
 
@@ -194,10 +195,10 @@ def test_unknown_model_suggests_close_names() -> None:
 
 
 def test_the_listed_classifiers_are_the_installed_torchvisions() -> None:
-    from actbench.training.model_names import TORCHVISION_CLASSIFIERS
+    from actbench.training.tasks.classification import TORCHVISION_CLASSIFIERS
     from actbench.training.model_names import list_model_names
 
-    assert TORCHVISION_CLASSIFIERS == list_model_names(), "regenerate actbench/training/model_names.py's list"
+    assert TORCHVISION_CLASSIFIERS == list_model_names(), "regenerate actbench/training/tasks/classification.py's list"
 
 
 def test_checking_a_known_model_name_imports_no_torch() -> None:
@@ -330,7 +331,7 @@ def test_flops_match_flop_counter_mode(fp32_measurement) -> None:
         nn.CrossEntropyLoss()(model(images), targets).backward()
     assert m.flops_per_sample > 0
     assert m.flops_per_sample == counter.get_total_flops() / 4
-    fwd, total = count_flops(model, images, targets)
+    fwd, total = count_flops(model, images, targets, CLASSIFICATION)
     assert m.forward_flops_per_sample == fwd / 4 and total == counter.get_total_flops()
 
 

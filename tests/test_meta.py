@@ -159,11 +159,11 @@ class _NoFakeNet(nn.Module):
 
 
 def test_op_without_fake_kernel_is_an_error_row(tmp_path, monkeypatch):
-    import actbench.measure.meta as meta
+    from actbench.training.tasks import CLASSIFICATION
 
-    real_build = meta.build_model
-    monkeypatch.setattr(meta, "build_model", lambda spec, size: _NoFakeNet() if spec.name == "resnet18"
-                        else real_build(spec, size))
+    real_build = CLASSIFICATION.build
+    monkeypatch.setattr(type(CLASSIFICATION), "build", lambda self, spec, size: _NoFakeNet()
+                        if spec.name == "resnet18" else real_build(spec, size))
     result = invoke(["memory", "resnet18", "--strategies", "fp32", "--no-baseline", "--batch", "2", *META,
                      "--out", str(tmp_path)])
     assert result.exit_code == 1, result.output  # its only point failed to measure: the command says so
@@ -190,6 +190,7 @@ def test_deep_grown_resnet_flops_are_derived_exactly_from_a_few_counts(monkeypat
     from actbench.core import compat
     from actbench.measure import meta
     from actbench.measure.accounting import count_flops
+    from actbench.planning.point import Point
     from actbench.training.models import build_model, real_depth
     from actbench.schema import ModelSpec, PointConfig
     from actbench.training.step import synthetic_batch
@@ -197,14 +198,14 @@ def test_deep_grown_resnet_flops_are_derived_exactly_from_a_few_counts(monkeypat
     counted: list[int] = []
     real_count = meta.count_flops
 
-    def recording(model, images, targets):
+    def recording(model, images, targets, task):
         counted.append(real_depth(model))
-        return real_count(model, images, targets)
+        return real_count(model, images, targets, task)
 
     monkeypatch.setattr(meta, "count_flops", recording)
     sessions = meta.MetaSessions()
     spec = ModelSpec("resnet152", extra_blocks=12)  # 2 blocks to stage 2, 10 to stage 3
-    point = PointConfig(spec, "fp32", 2, 56, "meta")
+    point = Point.resolve(PointConfig(spec, "fp32", 2, 56, "meta"))
     mode = compat.fake_tensor_mode()
     with mode:
         derived = sessions._count_flops(point, mode)
@@ -212,7 +213,7 @@ def test_deep_grown_resnet_flops_are_derived_exactly_from_a_few_counts(monkeypat
 
     model = build_model(spec, 56)
     images, targets = synthetic_batch(2, 56, 1000, torch.device("cpu"), 0)
-    fwd, total = count_flops(model, images, targets)
+    fwd, total = count_flops(model, images, targets, point.task)
     assert derived == (fwd / 2, total / 2)
 
 

@@ -193,7 +193,7 @@ def test_the_observer_without_a_tracker_sees_copies_across_devices() -> None:
 
 
 # --- the built-in device models -----------------------------------------------------------------------
-def test_every_gpu_profile_has_a_speed_model_with_its_sources() -> None:
+def test_every_gpu_spec_has_a_speed_model_with_its_sources() -> None:
     assert tuple(GPU_SPEED_MODELS) == GPU_NAMES
     for name, model in GPU_SPEED_MODELS.items():
         assert {"peaks", "dram", "pcie"} <= set(model.sources), name

@@ -26,12 +26,15 @@ from actbench.cli.speed_commands import use_device_model
 from actbench.execution.specs import DEFAULT_STRATEGIES, PLAN_DEVICE
 from actbench.core.devices import profile
 from actbench.schema import DIMENSIONS, PLAN_DIMENSIONS, RETRIED_STATUSES, one_line
+from actbench.training.tasks import TASK_NAMES
 
 log = logging.getLogger(__name__)
 
 
 Dim = enum.Enum("Dim", {name: name for name in DIMENSIONS}, type=str)
 PlanDim = enum.Enum("PlanDim", {name: name for name in PLAN_DIMENSIONS}, type=str)
+#: --task choices, from the task registry (actbench/training/tasks/).
+TaskChoice = enum.Enum("TaskChoice", {name: name for name in TASK_NAMES}, type=str)
 
 
 def plan_jobs(jobs: Optional[int], gpus: Optional[str], executor: Any) -> int:
@@ -258,13 +261,15 @@ def _finish(outcome, search: bool) -> None:
 
 # --- commands ----------------------------------------------------------------------------------
 @app.command("models")
-def models_command(pattern: Annotated[Optional[str], typer.Argument(help="Glob filter, e.g. 'resnet*'.")] = None) -> None:
-    """List the model names every measuring command accepts (torchvision classification models)."""
-    from actbench.training.model_names import list_model_names
+def models_command(pattern: Annotated[Optional[str], typer.Argument(help="Glob filter, e.g. 'resnet*'.")] = None,
+                   task: Annotated[Optional[TaskChoice], typer.Option("--task", show_default=False, help=(
+                       "Only the models of this task."))] = None) -> None:
+    """List the model names every measuring command accepts (torchvision classification and segmentation models)."""
+    from actbench.training.tasks import model_names
 
-    names = list_model_names(pattern)
+    names = model_names(pattern, None if task is None else task.value)
     if not names:
-        fail(f"no model matches '{pattern}'")
+        fail(f"no model matches '{pattern}'" + ("" if task is None else f" among {task.value} models"))
     for name in names:
         typer.echo(name)
 

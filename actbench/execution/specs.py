@@ -266,14 +266,14 @@ class CommandSpec:
 
         import torch
 
-        from actbench.training.models import build_model
         from actbench.strategies.mechanics.checkpointing import exact_segment_counts
+        from actbench.training.tasks import task_of
 
         spec = self.model_spec()
         if self.dim == "depth":
             spec = dataclasses.replace(spec, extra_blocks=self.low or 0)
         with torch.device("meta"):
-            model = build_model(spec, self.image_size)
+            model = task_of(spec.name).build(spec, self.image_size)
         return exact_segment_counts(model)
 
     @staticmethod

@@ -14,7 +14,7 @@ Definitions (docs/design.md §4):
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -22,6 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from actbench.measure.tracker import LiveStorageTracker, unique_storage_bytes
 from actbench.schema import MESSAGE_LIMIT, Measurement, error_line, one_line
 from actbench.training.step import TrainingStep, training_loss
+from actbench.training.tasks import Task
 
 
 class OverBudget(Exception):
@@ -77,10 +78,11 @@ def classified(fill: Callable[[Measurement], None], alloc_conf: str | None = Non
     return result
 
 
-def count_flops(model: torch.nn.Module, images: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
-    """(forward, forward+backward) FLOPs of one step of ``model`` on this batch (no optimizer step)."""
+def count_flops(model: torch.nn.Module, inputs: Any, targets: Any, task: Task) -> tuple[int, int]:
+    """(forward, forward+backward) FLOPs of one step of ``model`` on this batch, training ``task``'s loss
+    (no optimizer step)."""
     with FlopCounterMode(display=False) as fwd_counter:
-        loss = training_loss(model, images, targets)
+        loss = training_loss(model, inputs, targets, task=task)
     with FlopCounterMode(display=False) as bwd_counter:
         loss.backward()
     model.zero_grad(set_to_none=True)
@@ -105,11 +107,19 @@ def file_offloads_as_host(model: torch.nn.Module, tracker: LiveStorageTracker) -
     set_host_scope(model, tracker.host_allocations, tracker.side_stream_allocations)
 
 
-def tracked_memory_step(step: TrainingStep, images: torch.Tensor, targets: torch.Tensor,
+def batch_tensors(batch: Any) -> list[torch.Tensor]:
+    """Every tensor of a batch: a tensor, or lists, tuples and dicts of them (detection's targets)."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    return [t for item in items for t in batch_tensors(item)]
+
+
+def tracked_memory_step(step: TrainingStep, images: Any, targets: Any,
                         tracker: LiveStorageTracker, result: Measurement) -> None:
     """One step under the live-storage tracker: activation, peak and host bytes (cpu and meta)."""
     tracker.adopt(step.state_tensors())
-    tracker.adopt([images, targets])
+    tracker.adopt(batch_tensors((images, targets)))
     tracker.step_start = len(tracker.device_events or ())  # what was adopted is the persistent state
     with tracker:
         tracker.reset_peak()

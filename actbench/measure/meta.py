@@ -22,10 +22,10 @@ from actbench.measure.tracker import LiveStorageTracker
 from actbench.planning.device_models import DeviceModel
 from actbench.planning.point import Point
 from actbench.planning.step_time import OpCost, OpRecorder, fill_prediction
-from actbench.training.models import build_model, grown_resnet152_layers, real_depth
+from actbench.training.models import grown_resnet152_layers, real_depth
 from actbench.schema import GROWABLE_MODEL, Measurement, PointConfig
 from actbench.strategies import StrategyOptions
-from actbench.training.step import TrainingStep, build_training_step, synthetic_batch
+from actbench.training.step import TrainingStep, build_training_step
 
 #: The device fake tensors claim to be on: the CPU, so a meta step runs the very op set (and saves
 #: the very tensors) of a ``cpu`` measurement, which tests hold it against.
@@ -140,9 +140,9 @@ class MetaSessions:
             fault()
         result.num_params, result.depth, result.strategy_note = session.num_params, session.depth, session.note
         with session.mode, META_FAKE_DEVICE:
-            result.forward_flops_per_sample, result.flops_per_sample = self._count_flops(point.config, session.mode)
-            images, targets = synthetic_batch(point.batch_size, point.image_size, point.model.num_classes,
-                                              META_FAKE_DEVICE, point.seed + 1)
+            result.forward_flops_per_sample, result.flops_per_sample = self._count_flops(point, session.mode)
+            images, targets = point.task.batch(point.model, point.batch_size, point.image_size, META_FAKE_DEVICE,
+                                               point.seed + 1)
             if key != self._key:
                 _warm_optimizer_state(session.step, session.trained)
             session.step.zero_grad()
@@ -166,16 +166,16 @@ class MetaSessions:
             depth = real_depth(model)
             if fault is not None:
                 fault()
-            self._count_flops(point.config, mode, model)
+            self._count_flops(point, mode, model)
             names = self._trained[(point.model, point.image_size, point.seed)]
             trained = None if names is None else tuple(p for n, p in model.named_parameters() if n in names)
             options = StrategyOptions(checkpoint_segments=point.checkpoint_segments)
             host_scope = _CurrentHostScope()
             step, note = build_training_step(point.strategy, model, META_FAKE_DEVICE, options, host_scope,
-                                             precision=point.precision)
+                                             precision=point.precision, task=point.task)
         return _Session(mode, step, host_scope, note, num_params, depth, trained)
 
-    def _count_flops(self, point: PointConfig, mode: Any, model: torch.nn.Module | None = None) -> tuple[float, float]:
+    def _count_flops(self, point: Point, mode: Any, model: torch.nn.Module | None = None) -> tuple[float, float]:
         """Per-sample (forward, forward+backward) FLOPs of the unmodified model, once per model and size.
 
         A grown ResNet-152 past :data:`FLOP_BASIS` gets them from the counts at those few extra blocks
@@ -184,7 +184,8 @@ class MetaSessions:
         """
         key = (point.model, point.image_size, point.seed)
         if key not in self._flops and point.model.name == GROWABLE_MODEL and point.model.extra_blocks > max(FLOP_BASIS):
-            basis = [dataclasses.replace(point, model=dataclasses.replace(point.model, extra_blocks=k)) for k in FLOP_BASIS]
+            basis = [dataclasses.replace(point, config=dataclasses.replace(
+                point.config, model=dataclasses.replace(point.model, extra_blocks=k))) for k in FLOP_BASIS]
             counts = [self._count_flops(p, mode) for p in basis]
             trained = [self._trained[(p.model, p.image_size, p.seed)] for p in basis]
             if all(t is None for t in trained):  # every parameter trains: so it does at any depth
@@ -193,15 +194,14 @@ class MetaSessions:
         if key not in self._flops:
             if model is None:
                 model = _build_fake_model(point, mode)
-            images, targets = synthetic_batch(2, point.image_size, point.model.num_classes, META_FAKE_DEVICE,
-                                              point.seed)
+            images, targets = point.task.batch(point.model, 2, point.image_size, META_FAKE_DEVICE, point.seed)
             # The same backward tells which parameters a step reaches (GoogLeNet's and Inception's
             # auxiliary heads are not in the loss): only those get optimizer state in the warm-up.
             reached: set[int] = set()
             handles = [p.register_post_accumulate_grad_hook(lambda p: reached.add(id(p)))
                        for p in model.parameters() if p.requires_grad]
             try:
-                fwd, total = count_flops(model, images, targets)
+                fwd, total = count_flops(model, images, targets, point.task)
             finally:
                 for handle in handles:
                     handle.remove()
@@ -266,7 +266,7 @@ def predict_reserved(point: Point, result: Measurement, trace: StepTrace) -> Non
                          f"request ({bounded.reserved_at_oom} B reserved)")
 
 
-def _build_fake_model(point: Point | PointConfig, mode: Any) -> torch.nn.Module:
+def _build_fake_model(point: Point, mode: Any) -> torch.nn.Module:
     """``point``'s model with fake parameters and buffers on :data:`META_FAKE_DEVICE`.
 
     The constructor runs outside fake mode with its parameters on the ``meta`` device
@@ -278,7 +278,7 @@ def _build_fake_model(point: Point | PointConfig, mode: Any) -> torch.nn.Module:
     inside fake mode.
     """
     with compat.dispatch_modes_disabled(), compat.parameters_on_meta(), META_FAKE_DEVICE:
-        model = build_model(point.model, point.image_size)  # outside any fake mode, also when called in one
+        model = point.task.build(point.model, point.image_size)  # outside any fake mode, also when called in one
     with compat.dispatch_modes_disabled():  # its buffers are real tensors until converted
         return compat.fake_module(model, mode, META_FAKE_DEVICE)
 

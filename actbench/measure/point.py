@@ -20,12 +20,12 @@ from actbench.core.devices import DeviceProfile, exact_steps
 from actbench.measure.accounting import (check_budget, check_host_budget, classified, count_flops, file_offloads_as_host,
                                          model_breakdown, tracked_memory_step, with_census)
 from actbench.measure.tracker import LiveStorageTracker, OpObserver
-from actbench.training.models import build_model, real_depth
+from actbench.training.models import real_depth
 from actbench.planning.point import Point
 from actbench.planning.step_time import OpRecorder, fill_prediction
 from actbench.schema import Measurement
 from actbench.strategies import StrategyOptions
-from actbench.training.step import TrainingStep, build_training_step, synthetic_batch
+from actbench.training.step import TrainingStep, build_training_step
 
 log = logging.getLogger(__name__)
 
@@ -130,13 +130,13 @@ def _measure_into(point: Point, prof: DeviceProfile, result: Measurement,
     host_scope = tracker.host_allocations if tracker is not None else contextlib.nullcontext
     step, note = build_training_step(
         point.strategy, model, device, StrategyOptions(checkpoint_segments=point.checkpoint_segments), host_scope,
-        precision=point.precision,
+        precision=point.precision, task=point.task,
     )
     result.strategy_note = note
     del model  # handed over (Strategy.prepare): on cuda every live tensor counts, so keep only step.model
     if tracker is not None:
         file_offloads_as_host(step.model, tracker)
-    images, targets = synthetic_batch(point.batch_size, point.image_size, point.model.num_classes, device, point.seed + 1)
+    images, targets = point.task.batch(point.model, point.batch_size, point.image_size, device, point.seed + 1)
 
     # Warm-up first so optimizer state exists and the measured step is a steady-state step.
     warmup_before = max(1, point.warmup_steps) if prof.measures_after_all_warmup else 1
@@ -165,15 +165,15 @@ def _built_and_counted(point: Point, device: torch.device, result: Measurement,
                        fault: Callable[[], None] | None) -> torch.nn.Module:
     """The point's model on ``device``, with its size, depth and FLOPs per sample recorded in ``result``."""
     with device:  # parameters are created (and initialised) on the device: fast for grown ResNets
-        model = build_model(point.model, point.image_size)
+        model = point.task.build(point.model, point.image_size)
     model = model.to(device)
     result.num_params = sum(p.numel() for p in model.parameters())
     result.depth = real_depth(model)
     if fault is not None:
         fault()
     # FLOPs on the unmodified model, batch 2 (BatchNorm in train mode needs > 1 value per channel).
-    f_images, f_targets = synthetic_batch(2, point.image_size, point.model.num_classes, device, point.seed)
-    fwd, total = count_flops(model, f_images, f_targets)
+    f_images, f_targets = point.task.batch(point.model, 2, point.image_size, device, point.seed)
+    fwd, total = count_flops(model, f_images, f_targets, point.task)
     result.forward_flops_per_sample, result.flops_per_sample = fwd / 2, total / 2
     return model
 

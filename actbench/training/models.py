@@ -1,4 +1,4 @@
-"""Model registry: every torchvision classification model by name, and ResNet-152 grown in depth/width.
+"""Classifiers: every torchvision classification model by name, and ResNet-152 grown in depth/width.
 
 Models are always built with ``weights=None``: the harness measures memory and speed, and random
 weights give the same tensors' sizes without a download.
@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from actbench.training.model_names import validate_model_spec
+from actbench.training.model_names import check_growth
 from actbench.schema import GROWABLE_MODEL, ModelSpec
 
 #: ResNet-152's bottleneck stages; docs/design.md §5 grows stage 2 and 3 in upstream's 8:36 split.
@@ -62,11 +62,12 @@ def _builder_kwargs(name: str, image_size: int) -> dict[str, Any]:
 
 
 def build_model(spec: ModelSpec, image_size: int) -> nn.Module:
-    """Build ``spec`` with random weights on CPU, ready for inputs of ``image_size``² pixels."""
+    """Build the classifier ``spec`` with random weights on CPU, ready for inputs of ``image_size``² pixels
+    (the classification task's builder; other tasks build their own)."""
     import torchvision
     from torchvision.models.resnet import Bottleneck, ResNet
 
-    validate_model_spec(spec)
+    check_growth(spec)
     if spec.name == GROWABLE_MODEL and (spec.extra_blocks or spec.width_per_group is not None):
         layers = list(grown_resnet152_layers(spec.extra_blocks))
         return ResNet(

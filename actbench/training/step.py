@@ -1,7 +1,7 @@
 """One training step, split in phases so measurement can look between forward and backward.
 
-The step is the same for every strategy: forward, cross-entropy loss, backward, SGD(momentum 0.9)
-step, as in the ActNN paper. A strategy only prepares the model and may give a context that is
+The step is the same for every strategy: forward, the task's loss (``actbench.training.tasks``:
+cross-entropy for classification), backward, SGD(momentum 0.9) step, as in the ActNN paper. A strategy only prepares the model and may give a context that is
 active during forward (swap's saved-tensor hooks). The precision (``actbench.training.precision``)
 wraps forward and loss in autocast (bf16, fp16) and, for fp16, scales the loss with a gradient
 scaler; it is the same for every strategy.
@@ -10,7 +10,7 @@ scaler; it is the same for every strategy.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterator
 
 import torch
@@ -21,27 +21,36 @@ from actbench.training.models import logits_of
 from actbench.schema import DEFAULT_PRECISION
 from actbench.strategies import HostScope, Strategy, StrategyOptions
 from actbench.training.precision import autocast, check_precision, make_scaler
+from actbench.training.tasks import CLASSIFICATION, Task
 
 
 def logits_and_loss(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
                     precision: str = DEFAULT_PRECISION,
                     criterion: Callable[..., torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward and loss as every step trains them (autocast at ``precision``, cross-entropy by default);
-    measured steps, FLOP counts, accuracy runs and gradient checks all call this one."""
+    """A classifier's logits and loss (autocast at ``precision``, cross-entropy by default): the accuracy
+    study reads the logits; the ops are those of :func:`training_loss` for classification."""
     with autocast(precision, images.device):
         logits = logits_of(model(images))
         return logits, (criterion or nn.functional.cross_entropy)(logits, targets)
 
 
-def training_loss(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
-                  precision: str = DEFAULT_PRECISION, criterion: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
-    """The loss of :func:`logits_and_loss` alone."""
-    return logits_and_loss(model, images, targets, precision, criterion)[1]
+def training_loss(model: nn.Module, inputs: Any, targets: Any, precision: str = DEFAULT_PRECISION,
+                  task: Task = CLASSIFICATION) -> torch.Tensor:
+    """Forward and ``task``'s loss under autocast at ``precision``: what measured steps, FLOP counts and
+    gradient checks train."""
+    with autocast(precision, _device_of(inputs)):
+        return task.loss(model, inputs, targets)
+
+
+def _device_of(inputs: Any) -> torch.device:
+    """The device of a batch's inputs: a tensor, or the first of a list of them (detection's images)."""
+    return (inputs if isinstance(inputs, torch.Tensor) else inputs[0]).device
 
 
 @dataclass
 class TrainingStep:
-    """A prepared model, its optimizer, the context its forward runs under and the step's precision.
+    """A prepared model, its optimizer, the context its forward runs under, the step's precision and the
+    task whose loss it trains.
 
     ``scaler``: fp16's gradient scaler (``torch.amp.GradScaler``, or on fake tensors
     ``precision.StaticLossScaler``); None at fp32 and bf16.
@@ -50,8 +59,8 @@ class TrainingStep:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     forward_context: Callable[[], ContextManager[None]] = contextlib.nullcontext
-    criterion: nn.Module = field(default_factory=nn.CrossEntropyLoss)
     precision: str = DEFAULT_PRECISION
+    task: Task = CLASSIFICATION
     scaler: Any = None
     #: fp16: optimizer steps the gradient scaler skipped (an inf/NaN gradient; it halves its scale)
     skipped_steps: int = 0
@@ -60,9 +69,9 @@ class TrainingStep:
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
-    def forward_loss(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward_loss(self, inputs: Any, targets: Any) -> torch.Tensor:
         with self.forward_context():
-            return training_loss(self.model, images, targets, self.precision, self.criterion)
+            return training_loss(self.model, inputs, targets, self.precision, self.task)
 
     def backward_and_update(self, loss: torch.Tensor) -> None:
         if self.scaler is None:
@@ -122,10 +131,12 @@ def build_training_step(
     options: StrategyOptions = StrategyOptions(),
     host_scope: HostScope = contextlib.nullcontext,
     precision: str = DEFAULT_PRECISION,
+    task: Task = CLASSIFICATION,
 ) -> tuple[TrainingStep, str | None]:
     """Prepare ``model`` (already on ``device``) for ``strategy`` and pair it with SGD(momentum 0.9).
 
-    ``precision``: fp32, bf16 or fp16 (autocast; fp16 with a gradient scaler). Returns (step, note):
+    ``precision``: fp32, bf16 or fp16 (autocast; fp16 with a gradient scaler); ``task``: the loss trained
+    (the point's, ``Point.task``). Returns (step, note):
     the note is the strategy's account of what it did, for the result row.
     """
     check_precision(precision)
@@ -134,12 +145,12 @@ def build_training_step(
     first = next(iter(prepared.model.parameters()), None)
     scaler = make_scaler(precision, device, fake=first is not None and compat.is_fake(first))
     return TrainingStep(prepared.model, optimizer, prepared.forward_context, precision=precision,
-                        scaler=scaler), prepared.note
+                        scaler=scaler, task=task), prepared.note
 
 
 def synthetic_batch(batch: int, image_size: int, num_classes: int, device: torch.device,
                     seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random images [batch, 3, H, W] float32 and labels [batch] int64, made on ``device``."""
+    """Random images [batch, 3, H, W] float32 and labels [batch] int64, made on ``device`` (classification's)."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     images = torch.randn(batch, 3, image_size, image_size, generator=gen).to(device)
     targets = torch.randint(0, num_classes, (batch,), generator=gen).to(device)

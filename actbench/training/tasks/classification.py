@@ -1,0 +1,59 @@
+"""Image classification: every torchvision classifier, cross-entropy on its logits (the ActNN paper's task)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from actbench.schema import ModelSpec
+from actbench.training.tasks.registry import Task, register
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+#: ``torchvision.models.list_models(module=torchvision.models)`` of torchvision 0.29.1, sorted.
+TORCHVISION_CLASSIFIERS: tuple[str, ...] = (
+    "alexnet", "convnext_base", "convnext_large", "convnext_small", "convnext_tiny", "densenet121",
+    "densenet161", "densenet169", "densenet201", "efficientnet_b0", "efficientnet_b1", "efficientnet_b2",
+    "efficientnet_b3", "efficientnet_b4", "efficientnet_b5", "efficientnet_b6", "efficientnet_b7",
+    "efficientnet_v2_l", "efficientnet_v2_m", "efficientnet_v2_s", "googlenet", "inception_v3", "maxvit_t",
+    "mnasnet0_5", "mnasnet0_75", "mnasnet1_0", "mnasnet1_3", "mobilenet_v2", "mobilenet_v3_large",
+    "mobilenet_v3_small", "regnet_x_16gf", "regnet_x_1_6gf", "regnet_x_32gf", "regnet_x_3_2gf",
+    "regnet_x_400mf", "regnet_x_800mf", "regnet_x_8gf", "regnet_y_128gf", "regnet_y_16gf", "regnet_y_1_6gf",
+    "regnet_y_32gf", "regnet_y_3_2gf", "regnet_y_400mf", "regnet_y_800mf", "regnet_y_8gf", "resnet101",
+    "resnet152", "resnet18", "resnet34", "resnet50", "resnext101_32x8d", "resnext101_64x4d", "resnext50_32x4d",
+    "shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "shufflenet_v2_x1_5", "shufflenet_v2_x2_0", "squeezenet1_0",
+    "squeezenet1_1", "swin_b", "swin_s", "swin_t", "swin_v2_b", "swin_v2_s", "swin_v2_t", "vgg11", "vgg11_bn",
+    "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn", "vit_b_16", "vit_b_32", "vit_h_14",
+    "vit_l_16", "vit_l_32", "wide_resnet101_2", "wide_resnet50_2",
+)
+
+
+@register
+class Classification(Task):
+    name = "classification"
+    description = "images to one of num_classes labels (ImageNet's 1000); cross-entropy on the logits"
+    pinned_models = TORCHVISION_CLASSIFIERS
+
+    def installed_models(self) -> tuple[str, ...]:
+        import torchvision
+
+        return tuple(sorted(torchvision.models.list_models(module=torchvision.models)))
+
+    def build(self, spec: ModelSpec, image_size: int) -> "nn.Module":
+        from actbench.training.models import build_model
+
+        return build_model(spec, image_size)
+
+    def batch(self, spec: ModelSpec, batch_size: int, image_size: int, device: "torch.device",
+              seed: int) -> tuple[Any, Any]:
+        from actbench.training.step import synthetic_batch
+
+        return synthetic_batch(batch_size, image_size, self.num_classes(spec), device, seed)
+
+    def losses(self, output: Any, targets: Any) -> dict[str, "torch.Tensor"]:
+        from torch import nn
+
+        from actbench.training.models import logits_of
+
+        return {"cross_entropy": nn.functional.cross_entropy(logits_of(output), targets)}
