@@ -130,6 +130,11 @@ step bf16_cuda 120 "$PY" -m actbench memory "${BASE[@]}" --strategies fp32 --lev
 step sac_cuda 90 "$PY" -m actbench memory "${BASE[@]}" --strategies sac --device cuda
 step bf16_meta 60 "$PY" -m actbench memory "${BASE[@]}" --strategies fp32 --levels L3 --precision bf16 --device meta
 step sac_meta 60 "$PY" -m actbench memory "${BASE[@]}" --strategies sac --device meta
+# a segmentation model through the task seam on cuda and its meta prediction (fp32 and L3, 256 px)
+SEG=(fcn_resnet50 --batch 4 --image-size 256 --strategies fp32 --levels L3 --out "$SCRATCH/segmentation")
+step segmentation_cuda 90 "$PY" -m actbench memory "${SEG[@]}" --device cuda
+step segmentation_meta 60 "$PY" -m actbench memory "${SEG[@]}" --device meta
+cat "$SCRATCH"/segmentation/*/rows.jsonl >"$KEPT/segmentation_rows.jsonl" 2>/dev/null
 cat "$SCRATCH"/baselines/*/rows.jsonl >"$KEPT/baselines_rows.jsonl" 2>/dev/null
 pack
 
