@@ -151,3 +151,18 @@ def test_segmentation_meta_predicts_cpu_bytes(segmentation_rows, strategy) -> No
     assert abs(meta.activation_bytes / cpu.activation_bytes - 1) <= 0.01
     assert abs(meta.peak_alloc_bytes / cpu.peak_alloc_bytes - 1) <= 0.01
     assert meta.flops_per_sample == cpu.flops_per_sample and meta.model_bytes == cpu.model_bytes
+
+
+def test_work_for_one_task_refuses_another_tasks_model_by_name() -> None:
+    """verify-grads trains logits against labels: a segmentation model is refused with its task, before
+    anything is built, and an unknown name keeps its own one-line error."""
+    from actbench.studies.gradients import VerifyConfig, verify_grads
+    from actbench.actnn import level_config
+    from actbench.training.tasks import CLASSIFICATION, require_task
+
+    require_task("resnet18", CLASSIFICATION, "verify-grads")
+    with pytest.raises(ValueError, match="verify-grads takes classification models; 'fcn_resnet50' is a "
+                                         "segmentation model"):
+        verify_grads(VerifyConfig("fcn_resnet50", level_config("L3"), 2, 2, 32, "cpu"))
+    with pytest.raises(ValueError, match="unknown model 'resnet19'"):
+        require_task("resnet19", CLASSIFICATION, "verify-grads")

@@ -84,10 +84,12 @@ def verify_grads_command(
     from actbench.store.outputs import OutputError
     from actbench.execution.executors import InProcessExecutor, Task
     from actbench.training.model_names import ModelSpec, validate_model_spec
+    from actbench.training.tasks import CLASSIFICATION, require_task
 
     precision = precision.value
     try:
         validate_model_spec(ModelSpec(model))
+        require_task(model, CLASSIFICATION, "verify-grads")
     except ValueError as exc:
         fail(str(exc))
     _check_batchnorm_batch(model, batch, image_size)

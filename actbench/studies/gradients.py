@@ -192,7 +192,9 @@ def compare_gradients(
 def verify_grads(config: VerifyConfig, progress: Callable[[int, int], None] | None = None) -> list[GradRow]:
     """Build the torchvision model, make a fixed batch, and compare (docs/design.md §3)."""
     from actbench.training.models import ModelSpec, build_model
+    from actbench.training.tasks import CLASSIFICATION, require_task
 
+    require_task(config.model, CLASSIFICATION, "verify-grads")  # it trains logits against labels
     torch.manual_seed(config.data_seed)
     model = build_model(ModelSpec(config.model, num_classes=config.num_classes), config.image_size)
     zeroed = _init_zero_weights(model, config.data_seed + 1)
