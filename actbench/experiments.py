@@ -76,7 +76,7 @@ class HarnessStep:
         first = self.specs[0]
         what = f"dim {first.dim}" if first.dim is not None else f"batch {first.batch}"
         return (f"{first.command} {','.join(self.models)} [{','.join(first.strategies)}]{first.precision_tag()} {what} "
-                f"{first.image_size}px {first.device}" + (f" budget {first.budget}" if first.budget else ""))
+                f"{first.input_size().label()} {first.device}" + (f" budget {first.budget}" if first.budget else ""))
 
 
 #: The keys a measuring step accepts: the spec's fields, ``models`` in place of ``model``.

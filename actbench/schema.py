@@ -38,7 +38,7 @@ DEFAULT_PRECISION = "fp32"
 #: Largest values accepted for each searchable quantity: far beyond any device (a batch of 2^20
 #: images, 65,536 extra blocks, width_per_group 8,192, 16,384-pixel inputs), yet small enough that
 #: a typo like 1:100000000000 is refused instead of expanding into billions of points.
-LIMITS: dict[str, int] = {"batch": 2**20, "depth": 65536, "width": 8192, "resolution": 16384}
+LIMITS: dict[str, int] = {"batch": 2**20, "depth": 65536, "width": 8192, "resolution": 16384, "frames": 4096}
 #: Most values a batch list may expand to (a scan measures each one; --find-max searches a range).
 MAX_LIST_VALUES = 10_000
 
@@ -51,6 +51,57 @@ RETRIED_STATUSES: tuple[str, ...] = ("error", "timeout")
 
 
 # --- the point -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class InputSize:
+    """What one sample's input measures: ``height`` × ``width`` pixels and, for a clip, its ``frames``
+    (None: a still image). Written ``224`` (square), ``512x1024`` (H×W); frames come separately."""
+
+    height: int
+    width: int
+    frames: int | None = None
+
+    @classmethod
+    def parse(cls, text: str | int, frames: int | None = None) -> "InputSize":
+        """``"224"``/``224`` (square) or ``"512x1024"`` (height × width); ValueError (one line) otherwise."""
+        sides = str(text).strip().lower().replace("×", "x").split("x")
+        if len(sides) not in (1, 2) or not all(side.strip().isdigit() for side in sides):
+            raise ValueError(f"image size '{text}' is not N or HxW (e.g. 224 or 512x1024)")
+        height, width = int(sides[0]), int(sides[-1])
+        return cls(height, width, frames)
+
+    @classmethod
+    def of(cls, size: "InputSize | int") -> "InputSize":
+        """``size`` itself, or an int as a square still image of that side."""
+        return size if isinstance(size, InputSize) else cls(size, size)
+
+    def point_fields(self) -> dict[str, int | None]:
+        """The PointConfig fields that hold this size (width and frames only when they add something)."""
+        return {"image_size": self.height, "image_width": None if self.square else self.width,
+                "frames": self.frames}
+
+    @property
+    def square(self) -> bool:
+        return self.height == self.width
+
+    def text(self) -> str:
+        """``224`` or ``512x1024``: what ``--image-size`` takes back."""
+        return str(self.height) if self.square else f"{self.height}x{self.width}"
+
+    def label(self) -> str:
+        """``224px``, ``512x1024px``, or ``16x112px`` for 16 frames of 112² pixels."""
+        clip = "" if self.frames is None else f"{self.frames}x"
+        return f"{clip}{self.text()}px"
+
+    def problem(self, low: int, high: int) -> str | None:
+        """Why these sides (and frames) cannot be trained at, or None: each side in ``low..high``."""
+        for name, value in (("height", self.height), ("width", self.width)):
+            if not low <= value <= high:
+                return f"image {name} must be in {low}..{high} pixels, got {value}"
+        if self.frames is not None and not 1 <= self.frames <= LIMITS["frames"]:
+            return f"frames must be in 1..{LIMITS['frames']}, got {self.frames}"
+        return None
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What to build. ``extra_blocks``/``width_per_group`` apply to resnet152 only (the grown ResNet)."""
@@ -88,6 +139,16 @@ class PointConfig:
     gpu: str | None = None
     #: pinned host memory allowed (swap, save_on_cpu, L4/L5), None: unlimited
     host_budget_bytes: int | None = None
+    #: input width when it differs from ``image_size`` (the height), None: square
+    image_width: int | None = None
+    #: frames per clip (video models), None: still images
+    frames: int | None = None
+
+    @property
+    def size(self) -> InputSize:
+        """The input's height, width and frames."""
+        width = self.image_size if self.image_width is None else self.image_width
+        return InputSize(self.image_size, width, self.frames)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,11 +177,11 @@ class PointConfig:
     def describe(self) -> str:
         precision = "" if self.precision == DEFAULT_PRECISION else f" {self.precision}"
         gpu = "" if self.gpu is None else f" ({self.gpu})"
-        return f"{self.model.label()} {self.strategy}{precision} b{self.batch_size} {self.image_size}px {self.device}{gpu}"
+        return f"{self.model.label()} {self.strategy}{precision} b{self.batch_size} {self.size.label()} {self.device}{gpu}"
 
 
 #: PointConfig fields added after runs were committed: part of the key only when set.
-_KEYED_WHEN_SET = ("gpu", "host_budget_bytes")
+_KEYED_WHEN_SET = ("gpu", "host_budget_bytes", "image_width", "frames")
 
 
 # --- the measurement -----------------------------------------------------------------------------
@@ -208,13 +269,13 @@ def error_line(exc: BaseException, limit: int = MESSAGE_LIMIT) -> str:
 _ROW_OWN = {"key": str, "run_id": str, "env_id": str, "model": str, "finished_at": "str | None"}
 _FROM_MODEL = ("extra_blocks", "width_per_group")
 _FROM_POINT = ("strategy", "batch_size", "image_size", "device", "budget_bytes", "precision", "gpu",
-               "host_budget_bytes", "checkpoint_segments", "warmup_steps", "timed_steps")
+               "host_budget_bytes", "image_width", "frames", "checkpoint_segments", "warmup_steps", "timed_steps")
 #: Columns with a default other than None: rows written before the column existed read as this value.
 _ROW_DEFAULTS = {"precision": DEFAULT_PRECISION}
 COLUMNS: tuple[str, ...] = (
     "key", "run_id", "env_id", "status", "message", "model", "extra_blocks", "width_per_group", "depth",
     "strategy", "batch_size", "image_size", "device", "budget_bytes", "precision", "gpu", "host_budget_bytes",
-    "activation_bytes", "peak_alloc_bytes", "reserved_bytes", "model_bytes", "param_bytes", "grad_bytes",
+    "image_width", "frames", "activation_bytes", "peak_alloc_bytes", "reserved_bytes", "model_bytes", "param_bytes", "grad_bytes",
     "optimizer_state_bytes", "host_bytes", "samples_per_s_median", "samples_per_s_iqr", "step_time_s_median",
     "predicted_step_s", "predicted_samples_per_s", "device_model",
     "flops_per_sample", "forward_flops_per_sample", "num_params", "checkpoint_segments", "warmup_steps",
@@ -259,6 +320,11 @@ def _ok(self: Any) -> bool:
     return self.status == "ok"
 
 
+def _size(self: Any) -> InputSize:
+    width = getattr(self, "image_width", None)
+    return InputSize(self.image_size, self.image_size if width is None else width, getattr(self, "frames", None))
+
+
 _ROW_NAMES = frozenset(COLUMNS)
 
 ResultRow = dataclasses.make_dataclass(
@@ -270,6 +336,7 @@ ResultRow = dataclasses.make_dataclass(
         "build": classmethod(_build),
         "from_dict": classmethod(_from_dict),
         "ok": property(_ok),
+        "size": property(_size),
     },
 )
 
@@ -280,7 +347,8 @@ MAX_COLUMN_VALUE = 2**63 - 1
 #: Columns that count something there is at least one of, with their largest value; other numeric
 #: columns are at least 0 and at most :data:`MAX_COLUMN_VALUE`.
 _AT_LEAST_ONE: dict[str, int] = {
-    "batch_size": LIMITS["batch"], "image_size": LIMITS["resolution"], "width_per_group": LIMITS["width"],
+    "batch_size": LIMITS["batch"], "image_size": LIMITS["resolution"], "image_width": LIMITS["resolution"],
+    "frames": LIMITS["frames"], "width_per_group": LIMITS["width"],
     "depth": 4 * LIMITS["depth"] + 1000, "checkpoint_segments": LIMITS["batch"],
     "budget_bytes": MAX_COLUMN_VALUE, "host_budget_bytes": MAX_COLUMN_VALUE,
 }

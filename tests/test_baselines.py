@@ -18,7 +18,7 @@ from actbench.execution.specs import CommandSpec, SpecError
 from actbench.training.models import build_model
 from actbench.execution.parsing import parse_strategies
 from actbench.planning.point import Point
-from actbench.schema import Measurement, ModelSpec, PointConfig, ResultRow
+from actbench.schema import InputSize, Measurement, ModelSpec, PointConfig, ResultRow
 from actbench.strategies import StrategyOptions
 from actbench.training.step import build_training_step, synthetic_batch
 
@@ -259,7 +259,7 @@ def test_series_are_strategy_by_precision_and_only_fp32_meets_the_paper() -> Non
 
     rows = (row("fp32", "fp32", 160), row("fp32", "fp32", 164, "over_budget"), row("fp32", "bf16", 300),
             row("L3", "bf16", 900), row("L3", "fp32", 880))
-    group = BatchGroup("resnet50", 224, 16 << 30, rows, ("r",))
+    group = BatchGroup("resnet50", InputSize(224, 224), 16 << 30, rows, ("r",))
     assert [s.name for s in group.series()] == ["fp32", "fp32 bf16", "L3", "L3 bf16"]
     assert group.label(Series("L3", "meta", "bf16")) == "L3 bf16 (predicted)"
     table = {e.label: e for e in max_batch_table(group)}

@@ -19,7 +19,7 @@ from actbench.execution.specs import CommandSpec, SpecError
 from actbench.core.gpus import MIB, gpu_spec
 from actbench.measure.accounting import OverBudget
 from actbench.planning.point import Point
-from actbench.schema import MEMORY_FAILURES, STATUSES, Measurement, ModelSpec, PointConfig, ResultRow
+from actbench.schema import InputSize, MEMORY_FAILURES, STATUSES, Measurement, ModelSpec, PointConfig, ResultRow
 
 SMALL = ["resnet18", "--image-size", "32", "--batch", "4", "--device", "meta"]
 
@@ -50,13 +50,13 @@ def test_gpu_sets_the_budget_to_what_the_profile_leaves_and_budget_alone_keeps_o
     settings = spec.settings()
     assert settings.budget_bytes == gpu_spec("t4").usable_bytes and settings.gpu.name == "t4"
     assert settings.host_budget_bytes == 64 << 30
-    point = settings.point(ModelSpec("resnet50"), strategies.get("L5"), 64, 224)
+    point = settings.point(ModelSpec("resnet50"), strategies.get("L5"), 64, InputSize(224, 224))
     assert (point.gpu.name, point.config.gpu, point.host_budget_bytes) == ("t4", "t4", 64 << 30)
     # without --gpu and --host-budget nothing changes: the committed run's directory and keys
     plain = CommandSpec(command="plan", model="resnet50", device="meta", dim="batch", budget="16GiB",
                         strategies=("fp32", "swap", "checkpoint", "L0", "L1", "L2", "L3", "L4", "L5"))
     assert plain.plan().name == "plan-batch_resnet50_meta_224px_fc3bfbdc"  # results/meta/planned_max_batch
-    first = plain.settings().point(ModelSpec("resnet50"), strategies.get("fp32"), 64, 224)
+    first = plain.settings().point(ModelSpec("resnet50"), strategies.get("fp32"), 64, InputSize(224, 224))
     assert first.key() == "cffb3fecd7ab80ac"  # its first row
     assert spec.plan().name != plain.plan().name and point.key() != dataclasses.replace(point.config, gpu=None).key()
 

@@ -25,7 +25,7 @@ from actbench.cli import app
 from actbench.reporting.plots import (PALETTE, PREDICTED_HATCH, figures_for, plot_activation_vs_batch, plot_max_batch,
                             plot_max_scale, plot_memory, plot_throughput_vs_batch, write_figures)
 from actbench.reporting.report import build_accuracy_report, build_report, write_report
-from actbench.schema import ResultRow
+from actbench.schema import InputSize, ResultRow
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -438,12 +438,12 @@ def test_cli_empty_folder_names_both_row_files(tmp_path: Path) -> None:
 
 def test_paper_reference_numbers() -> None:
     assert paper.MAX_BATCH["L5"] / paper.MAX_BATCH["fp32"] == pytest.approx(6.6)
-    assert paper.matches("resnet50", 224, 16 * GIB) and paper.matches("resnet50", 224, 16 * 10**9)
+    assert paper.matches("resnet50", InputSize(224, 224), 16 * GIB) and paper.matches("resnet50", InputSize(224, 224), 16 * 10**9)
     # rows planned for a GPU spec match through the paper GPU's spec, whatever their budget
-    assert paper.matches("resnet50", 224, 1, gpu="t4") and not paper.matches("resnet50", 224, 16 * GIB, gpu="a10")
+    assert paper.matches("resnet50", InputSize(224, 224), 1, gpu="t4") and not paper.matches("resnet50", InputSize(224, 224), 16 * GIB, gpu="a10")
     assert paper.paper_batch_range("L5") == (1056, 1087) and paper.SETTING.host_memory_bytes == 64 * GIB
-    assert not paper.matches("resnet50", 224, None) and not paper.matches("resnet50", 128, 16 * GIB)
-    assert not paper.matches("resnet152", 224, 16 * GIB)
+    assert not paper.matches("resnet50", InputSize(224, 224), None) and not paper.matches("resnet50", InputSize(128, 128), 16 * GIB)
+    assert not paper.matches("resnet152", InputSize(224, 224), 16 * GIB)
     pts = paper.load_throughput()
     assert paper.paper_throughput_at(pts, "swap", 478).samples_per_s == 27.5
     assert paper.paper_throughput_at(pts, "swap", 300) is None

@@ -20,7 +20,7 @@ from actbench.reporting.report import build_report
 from actbench.reporting.runs import find_runs
 from actbench.reporting.speed import actnn_series
 from actbench.reporting.throughput_figure import plot_throughput_vs_batch
-from actbench.schema import ResultRow
+from actbench.schema import InputSize, ResultRow
 
 GIB = 1 << 30
 T4_USABLE = 15569256448
@@ -51,7 +51,7 @@ def levels_rows() -> list[ResultRow]:
 
 
 def group(rows: list[ResultRow]) -> BatchGroup:
-    return BatchGroup(model="resnet50", image_size=224, budget_bytes=T4_USABLE, rows=tuple(rows), run_names=("run",))
+    return BatchGroup(model="resnet50", size=InputSize(224, 224), budget_bytes=T4_USABLE, rows=tuple(rows), run_names=("run",))
 
 
 def test_derived_actnn_series_picks_the_fastest_level_that_fits() -> None:
@@ -64,7 +64,7 @@ def test_derived_actnn_series_picks_the_fastest_level_that_fits() -> None:
 def test_predicted_series_are_dashed_labelled_and_never_mixed_with_measured() -> None:
     cuda = [row("L3", 64, device="cuda", measured=50.0), row("L3", 256, device="cuda", measured=52.0)]
     rows = levels_rows() + cuda
-    fig = plot_throughput_vs_batch(BatchGroup("resnet50", 224, None, tuple(rows), ("run",)))
+    fig = plot_throughput_vs_batch(BatchGroup("resnet50", InputSize(224, 224), None, tuple(rows), ("run",)))
     lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
     predicted = lines["L3 (predicted, t4)"]
     assert predicted.get_linestyle() == "--"

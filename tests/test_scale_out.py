@@ -35,7 +35,7 @@ from actbench.store.results import RunStore
 from actbench.execution.execution_options import ExecutionOptions, SlurmOptions, parse_time_minutes
 from actbench.execution.local_run import run_local, scan_window, split
 from actbench.execution.scaleout import execute
-from actbench.schema import MEMORY_FAILURES, Measurement, ModelSpec, PointConfig
+from actbench.schema import InputSize, MEMORY_FAILURES, Measurement, ModelSpec, PointConfig
 from actbench.planning.configs import GridConfig, SweepConfig
 from actbench.planning.point import Point
 from actbench.planning.search import run_grid, run_sweep
@@ -106,7 +106,7 @@ def names(strategies) -> tuple[str, ...]:
 def sweep(strategies=("fp32", "L3"), batches=tuple(range(2, 18, 2)), stop_after=2, find_max=False,
           budget=None, device="meta") -> SweepConfig:
     settings = MeasureSettings(device=PROFILES[device], budget_bytes=budget, warmup_steps=1, timed_steps=0)
-    return SweepConfig(ModelSpec("resnet18"), resolved(*strategies), batches, 16, settings, stop_after, find_max)
+    return SweepConfig(ModelSpec("resnet18"), resolved(*strategies), batches, InputSize(16, 16), settings, stop_after, find_max)
 
 
 def shape(outcome) -> list[tuple[str, int, str]]:
@@ -161,7 +161,7 @@ def test_guided_searches_and_grids_in_parallel_give_the_serial_answers(tmp_path:
     assert shape(parallel) == shape(serial) and parallel.summary() == serial.summary()
     assert serial.maxima["fp32"] == 148
 
-    grid = GridConfig("memory", ModelSpec("resnet18"), resolved("fp32", "L3"), (2, 4, 6), 16,
+    grid = GridConfig("memory", ModelSpec("resnet18"), resolved("fp32", "L3"), (2, 4, 6), InputSize(16, 16),
                       MeasureSettings(device=PROFILES["meta"], timed_steps=0))
     assert len(split(grid)) == 6  # all points at once
     ex = Scripted({("L3", 4): "oom"}, 0.1)
@@ -176,7 +176,7 @@ def test_a_strategy_predicted_as_another_searches_in_that_strategys_part() -> No
     from actbench.planning.configs import ScaleConfig
 
     def plan(device: str) -> ScaleConfig:
-        return ScaleConfig("batch", "resnet50", resolved("fp32", "L4", "L3", "L5"), 64, 224, 4, 64, 4,
+        return ScaleConfig("batch", "resnet50", resolved("fp32", "L4", "L3", "L5"), 64, InputSize(224, 224), 4, 64, 4,
                            MeasureSettings(device=PROFILES[device], budget_bytes=2**34), command="plan")
 
     assert [names(p.strategies) for p in split(plan("meta"))] == [("fp32",), ("L4", "L5"), ("L3",)]

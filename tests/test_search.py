@@ -17,7 +17,7 @@ import pytest
 
 from actbench import strategies
 from actbench.core.devices import PROFILES
-from actbench.schema import MEMORY_FAILURES, Measurement, ModelSpec, ResultRow
+from actbench.schema import InputSize, MEMORY_FAILURES, Measurement, ModelSpec, ResultRow
 from actbench.planning.configs import multiples_of, ScaleConfig, SweepConfig
 from actbench.planning.point import Point
 from actbench.planning.guided import (binary_search_largest, GROWTH, guided_search_largest, MAX_GUIDED_PROBES,
@@ -310,7 +310,7 @@ class FakeRunner:
 def test_run_plan_summary_says_how_each_maximum_was_reached(dim: str, low: int, high: int, step: int) -> None:
     budget = 16 * GiB
     settings = MeasureSettings(device=PROFILES["meta"], budget_bytes=budget, warmup_steps=1, timed_steps=0)
-    cfg = ScaleConfig(dim, "resnet152", _strategies("fp32", "L3"), 64, 224, low, high, step, settings, command="plan")
+    cfg = ScaleConfig(dim, "resnet152", _strategies("fp32", "L3"), 64, InputSize(224, 224), low, high, step, settings, command="plan")
     runner = FakeRunner(budget)
     outcome = run_plan(cfg, runner)
     summary = outcome.summary()
@@ -330,7 +330,7 @@ def test_max_scale_and_find_max_on_cuda_like_rows() -> None:
     """Out-of-memory rows carry no peak: the line is fitted to rows that fit; few of them run out."""
     budget = 16 * GiB
     settings = MeasureSettings(device=PROFILES["cuda"], budget_bytes=budget)
-    cfg = ScaleConfig("depth", "resnet152", _strategies("fp32", "L3"), 64, 224, 0, 4096, 1, settings)
+    cfg = ScaleConfig("depth", "resnet152", _strategies("fp32", "L3"), 64, InputSize(224, 224), 0, 4096, 1, settings)
     runner = FakeRunner(budget, peaks_on_failure=False)
     outcome = run_max_scale(cfg, runner)
     for strategy, entry in outcome.summary().items():
@@ -339,16 +339,16 @@ def test_max_scale_and_find_max_on_cuda_like_rows() -> None:
         assert entry["max"] == expected and entry["method"] == "model-guided" and entry["probes"] <= 5
     assert sum(r.status == "oom" for r in outcome.rows) <= 3
 
-    sweep = SweepConfig(ModelSpec("resnet50"), _strategies("fp32", "L3"), (16, 4096), 224, settings, find_max=True)
+    sweep = SweepConfig(ModelSpec("resnet50"), _strategies("fp32", "L3"), (16, 4096), InputSize(224, 224), settings, find_max=True)
     runner = FakeRunner(budget, peaks_on_failure=False)
     outcome = run_sweep(sweep, runner)
     for strategy, entry in outcome.summary().items():
         expected = binary_search_largest(sweep.candidates(), lambda v, s=strategy: _synthetic(
-            settings.point(ModelSpec("resnet50"), strategies.get(s), v, 224)) <= budget)
+            settings.point(ModelSpec("resnet50"), strategies.get(s), v, InputSize(224, 224))) <= budget)
         assert entry["max"] == expected and entry["method"] == "model-guided" and entry["fit"] == "a + b·batch"
         assert entry["probes"] <= 5 and entry["bounded"]
     # Without a budget (cpu or cuda without --budget) there is no line to aim: plain bisection, as before.
-    plain = SweepConfig(ModelSpec("resnet50"), _strategies("fp32"), (16, 4096), 224,
+    plain = SweepConfig(ModelSpec("resnet50"), _strategies("fp32"), (16, 4096), InputSize(224, 224),
                         MeasureSettings(device=PROFILES["cpu"]), find_max=True)
     outcome = run_sweep(plain, FakeRunner(None))
     assert outcome.summary()["fp32"]["method"] == "bisection" and outcome.summary()["fp32"]["max"] == 4096
@@ -357,7 +357,7 @@ def test_max_scale_and_find_max_on_cuda_like_rows() -> None:
 
 def test_scan_summary_counts_its_points() -> None:
     settings = MeasureSettings(device=PROFILES["cpu"], budget_bytes=2 * GiB)
-    cfg = SweepConfig(ModelSpec("resnet50"), _strategies("fp32"), (4, 8, 400, 800, 1600), 224, settings, stop_after=2)
+    cfg = SweepConfig(ModelSpec("resnet50"), _strategies("fp32"), (4, 8, 400, 800, 1600), InputSize(224, 224), settings, stop_after=2)
     outcome = run_sweep(cfg, FakeRunner(2 * GiB))
     entry = outcome.summary()["fp32"]
     assert entry["method"] == "scan" and entry["probes"] == len(outcome.rows) == 4 and entry["max"] == 8
@@ -366,7 +366,7 @@ def test_scan_summary_counts_its_points() -> None:
 def test_a_probe_that_errs_ends_a_plan_without_a_maximum() -> None:
     budget = 16 * GiB
     settings = MeasureSettings(device=PROFILES["meta"], budget_bytes=budget, warmup_steps=1, timed_steps=0)
-    cfg = ScaleConfig("batch", "resnet50", _strategies("fp32"), 64, 224, 4, 16384, 4, settings, command="plan")
+    cfg = ScaleConfig("batch", "resnet50", _strategies("fp32"), 64, InputSize(224, 224), 4, 16384, 4, settings, command="plan")
 
     def run(point: Point) -> ResultRow:
         if point.batch_size > 64:

@@ -20,7 +20,7 @@ from actbench.measure.meta import MetaSessions
 from actbench.measure.point import measure_point
 from actbench.planning.point import Point
 from actbench.planning.settings import MeasureSettings
-from actbench.schema import ModelSpec, PointConfig
+from actbench.schema import InputSize, ModelSpec, PointConfig
 from actbench.strategies import get
 from actbench.training.tasks import CLASSIFICATION, TASK_NAMES, model_names, registered, task_of
 from actbench.training.tasks.segmentation import AUX_WEIGHT, IGNORE_INDEX, VOC_CLASSES
@@ -80,8 +80,8 @@ def test_a_point_carries_the_task_of_its_model() -> None:
     config = PointConfig(ModelSpec("fcn_resnet50"), "L3", 2, 64, "meta")
     assert Point.resolve(config).task.name == "segmentation"
     settings = MeasureSettings(device=profile("meta"))
-    assert settings.point(ModelSpec("fcn_resnet50"), get("L3"), 2, 64).task.name == "segmentation"
-    assert settings.point(ModelSpec("resnet18"), get("L3"), 2, 64).task is CLASSIFICATION
+    assert settings.point(ModelSpec("fcn_resnet50"), get("L3"), 2, InputSize(64, 64)).task.name == "segmentation"
+    assert settings.point(ModelSpec("resnet18"), get("L3"), 2, InputSize(64, 64)).task is CLASSIFICATION
 
 
 # --- segmentation's batch and loss ---------------------------------------------------------------

@@ -18,7 +18,7 @@ from rich.console import Console
 from actbench.cli.app import (MEASURE_SMALL_INSTEAD, PREDICT_INSTEAD, app, fail, interrupted_by,
                               interrupted_exit_code, require_device, terminate_like_ctrl_c)
 from actbench.cli.options import (DEFAULT_TEXT, EXECUTION, GROWTH, PLAN_MAX_DEFAULT_JOBS, RUN, SELECTION, STEPS, TARGET,
-                                  ImageSizeOpt, PlanJobsOpt, Shared, SharedOptions, shared_options, shared_values)
+                                  PlanJobsOpt, SIZE, Shared, SharedOptions, shared_options, shared_values)
 from actbench.cli.progress import PointProgress, ensure_extension, plural
 from actbench.cli.tables import (precision_suffix, print_plan, render_maxima, render_memory, render_plan,
                                  render_rows)
@@ -275,11 +275,10 @@ def models_command(pattern: Annotated[Optional[str], typer.Argument(help="Glob f
 
 
 @app.command("sweep-batch")
-@shared_options(SELECTION, TARGET, RUN, GROWTH, STEPS, EXECUTION)
+@shared_options(SELECTION, TARGET, RUN, SIZE, GROWTH, STEPS, EXECUTION)
 def sweep_batch(
     model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
     batch: Annotated[str, typer.Option("--batch", help="START:STOP:STEP, N, or N,M,...")] = "16:1024:16",
-    image_size: ImageSizeOpt = 224,
     stop_after: Annotated[Optional[int], typer.Option("--stop-after", show_default=False, help=(
         "Stop a strategy's scan after k consecutive failures (default 2; not with --find-max)."))] = None,
     find_max: Annotated[bool, typer.Option("--find-max", help="Search for the largest batch (multiples of 4): fit how the peak grows, confirm around the limit.")] = False,
@@ -296,23 +295,22 @@ def sweep_batch(
       actbench sweep-batch resnet50 --levels all --strategies swap --find-max --budget 16GiB
       actbench sweep-batch resnet18 --levels L3 --batch 4:16:4 --image-size 64 --device cpu
     """
-    spec, ran = _launch("sweep-batch", shared, model=model, batch=batch, image_size=image_size, stop_after=stop_after,
+    spec, ran = _launch("sweep-batch", shared, model=model, batch=batch, stop_after=stop_after,
                         find_max=find_max)
     if ran is not None:
         store, outcome = ran
-        render_rows(outcome.rows, f"sweep-batch {spec.model_spec().label()} {image_size}px on {shared.device.value} -> "
+        render_rows(outcome.rows, f"sweep-batch {spec.model_spec().label()} {spec.input_size().label()} on {shared.device.value} -> "
                               f"{store.run_dir}")
         render_maxima(outcome, "batch")
         _finish(outcome, search=True)
 
 
 @app.command("max-scale")
-@shared_options(SELECTION, TARGET, RUN, STEPS, EXECUTION, without=("device_model",))
+@shared_options(SELECTION, TARGET, RUN, SIZE, STEPS, EXECUTION, without=("device_model",))
 def max_scale(
     model: Annotated[str, typer.Argument(help="Model (depth/width: resnet152 only).")] = "resnet152",
     dim: Annotated[Dim, typer.Option("--dim", help="What to grow.")] = Dim.depth,
     batch: Annotated[int, typer.Option("--batch", help="Batch size (upstream: 64).")] = 64,
-    image_size: ImageSizeOpt = 224,
     low: Annotated[Optional[int], typer.Option("--low", help="Smallest value (depth: extra blocks 0; width 64; resolution 224).")] = None,
     high: Annotated[Optional[int], typer.Option("--high", help="Largest value (depth 4096 blocks; width 512; resolution 768).")] = None,
     step: Annotated[Optional[int], typer.Option("--step", help="Granularity (depth 1; width 8; resolution 32).")] = None,
@@ -332,7 +330,7 @@ def max_scale(
       actbench max-scale --dim depth --device meta --budget 16GiB         # predicted, no GPU
       actbench max-scale --dim resolution resnet50 --levels L2,L3 --batch 32 --budget 16GiB
     """
-    spec, ran = _launch("max-scale", shared, model=model, dim=dim, batch=batch, image_size=image_size, low=low,
+    spec, ran = _launch("max-scale", shared, model=model, dim=dim, batch=batch, low=low,
                         high=high, step=step)
     if ran is not None:
         store, outcome = ran
@@ -344,11 +342,10 @@ def max_scale(
 
 
 @app.command("throughput")
-@shared_options(SELECTION, TARGET, RUN, GROWTH, STEPS, EXECUTION)
+@shared_options(SELECTION, TARGET, RUN, SIZE, GROWTH, STEPS, EXECUTION)
 def throughput(
     model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
     batch: Annotated[str, typer.Option("--batch", help="Batch size(s): N, N,M or START:STOP:STEP.")] = "64",
-    image_size: ImageSizeOpt = 224,
     shared: SharedOptions = SharedOptions(),
 ) -> None:
     """Training throughput (images/s, median and IQR) per strategy and batch size.
@@ -360,7 +357,7 @@ def throughput(
       actbench throughput resnet50 --levels L2,L3 --strategies swap,checkpoint --batch 64,128
       actbench throughput resnet18 --batch 8 --image-size 64 --device cpu       # no GPU: small sizes
     """
-    _, ran = _launch("throughput", shared, model=model, batch=batch, image_size=image_size)
+    _, ran = _launch("throughput", shared, model=model, batch=batch)
     if ran is not None:
         store, outcome = ran
         render_rows(outcome.rows, f"throughput {model} on {shared.device.value} -> {store.run_dir}")
@@ -368,12 +365,11 @@ def throughput(
 
 
 @app.command("memory")
-@shared_options(SELECTION, TARGET, RUN, GROWTH, STEPS, EXECUTION, replace=(Shared("timed_steps", Annotated[int, typer.Option(
+@shared_options(SELECTION, TARGET, RUN, SIZE, GROWTH, STEPS, EXECUTION, replace=(Shared("timed_steps", Annotated[int, typer.Option(
     "--timed-steps", help="Timed steps (default 0: memory only).")], 0),))
 def memory(
     model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
     batch: Annotated[str, typer.Option("--batch", help="Batch size(s): N, N,M or START:STOP:STEP.")] = "64",
-    image_size: ImageSizeOpt = 224,
     shared: SharedOptions = SharedOptions(),
 ) -> None:
     """One point's memory breakdown: activations, peak, reserved, parameters, gradients, optimizer state.
@@ -385,7 +381,7 @@ def memory(
       actbench memory resnet50 --levels L0..L5 --batch 64 --device meta     # predicted, no GPU
       actbench memory resnet18 --levels L3 --batch 8 --image-size 64 --device cpu
     """
-    _, ran = _launch("memory", shared, model=model, batch=batch, image_size=image_size)
+    _, ran = _launch("memory", shared, model=model, batch=batch)
     if ran is None:
         return
     store, outcome = ran
@@ -394,7 +390,7 @@ def memory(
 
 
 @app.command("plan")
-@shared_options(SELECTION, TARGET, RUN, STEPS, EXECUTION,
+@shared_options(SELECTION, TARGET, RUN, SIZE, STEPS, EXECUTION,
                 without=("device", "device_model", "warmup_steps", "timed_steps", "timeout"),
                 replace=(Shared("budget", Annotated[Optional[str], typer.Option(
                     "--budget", help="Device memory to plan for, e.g. 16GiB (or --gpu).")], None),
@@ -403,7 +399,6 @@ def plan(
     model: Annotated[str, typer.Argument(help="Model name (depth/width: resnet152 only).")],
     dim: Annotated[PlanDim, typer.Option("--dim", help="What to grow.")] = PlanDim.batch,
     batch: Annotated[int, typer.Option("--batch", help="dim batch: where the search starts; other dims: the batch size.")] = 64,
-    image_size: ImageSizeOpt = 224,
     low: Annotated[Optional[int], typer.Option("--low", help="Smallest value (batch 4; depth 0; width 64; resolution 224).")] = None,
     high: Annotated[Optional[int], typer.Option("--high", help="Largest value (batch 16384; depth 4096; width 512; resolution 768).")] = None,
     step: Annotated[Optional[int], typer.Option("--step", help="Granularity (batch 4; depth 1; width 8; resolution 32).")] = None,
@@ -423,14 +418,14 @@ def plan(
       actbench plan resnet152 --budget 16GiB --dim depth --levels L3 --batch 64
     """
     shared = dataclasses.replace(shared, jobs=plan_jobs(shared.jobs, shared.gpus, shared.executor))
-    spec, ran = _launch("plan", shared, model=model, dim=dim, batch=batch, image_size=image_size, low=low, high=high,
+    spec, ran = _launch("plan", shared, model=model, dim=dim, batch=batch, low=low, high=high,
                         step=step, device=PLAN_DEVICE)
     if ran is None:
         return
     from actbench.schema import format_bytes
 
     store, outcome = ran
-    title = (f"plan {model} {image_size}px{precision_suffix(outcome.rows)} under "
+    title = (f"plan {model} {spec.input_size().label()}{precision_suffix(outcome.rows)} under "
              f"{format_bytes(spec.settings().budget_bytes)}{spec.gpu_tag()} (predicted on meta) -> {store.run_dir}")
     render_plan(outcome, title, dim.value, counted_host=bool(spec.host_budget))
     _finish(outcome, search=True)

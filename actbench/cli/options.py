@@ -35,7 +35,12 @@ StrategiesOpt = Annotated[Optional[str], typer.Option(
     help=f"Comma list of {', '.join(PLAIN_STRATEGIES)} (levels allowed too); results/README.md describes each. "
          f"Default: {DEFAULT_TEXT}.")]
 NoBaselineOpt = Annotated[bool, typer.Option("--no-baseline", help="Do not add fp32 as the baseline.")]
-ImageSizeOpt = Annotated[int, typer.Option("--image-size", help="Input side in pixels.")]
+ImageSizeOpt = Annotated[Optional[str], typer.Option("--image-size", show_default=False, help=(
+    "Input size in pixels: N (square) or HxW, e.g. 512x1024. Default: the model's task's, as torchvision's "
+    "reference trains it (classification 224, segmentation 480; `actbench models --task T` lists each task's "
+    "models)."))]
+FramesOpt = Annotated[Optional[int], typer.Option("--frames", show_default=False, help=(
+    "Video models only: frames per clip (default: the video task's, as torchvision's reference trains)."))]
 DeviceOpt = Annotated[Device, typer.Option(
     "--device", help="; ".join(f"{name} {p.help}" for name, p in PROFILES.items()) + ".")]
 BudgetOpt = Annotated[Optional[str], typer.Option("--budget", help=(
@@ -101,6 +106,7 @@ SELECTION = (Shared("levels", LevelsOpt, None), Shared("strategies", StrategiesO
 TARGET = (Shared("device", DeviceOpt, Device.cuda), Shared("budget", BudgetOpt, None), Shared("gpu", GpuOpt, None),
           Shared("device_model", DeviceModelOpt, None), Shared("host_budget", HostBudgetOpt, None))
 GROWTH = (Shared("extra_blocks", ExtraBlocksOpt, 0), Shared("width_per_group", WidthOpt, None))
+SIZE = (Shared("image_size", ImageSizeOpt, None), Shared("frames", FramesOpt, None))
 STEPS = (Shared("warmup_steps", WarmupOpt, None), Shared("timed_steps", TimedOpt, None),
          Shared("checkpoint_segments", SegmentsOpt, None), Shared("precision", PrecisionOpt, Precision.fp32),
          Shared("timeout", TimeoutOpt, None))
@@ -125,6 +131,8 @@ class SharedOptions:
     host_budget: Optional[str] = None
     extra_blocks: int = 0
     width_per_group: Optional[int] = None
+    image_size: Optional[str] = None
+    frames: Optional[int] = None
     warmup_steps: Optional[int] = None
     timed_steps: Optional[int] = None
     checkpoint_segments: Optional[int] = None

@@ -208,7 +208,7 @@ def _windowed_scan(search: Callable, config: Any, runner: Any, runners: _Runners
     """A one-strategy linear batch scan with its certain next points measured together
     (:func:`scan_window`), then the scan itself replayed over those rows, so its outcome is the
     serial scan's."""
-    points = [config.settings.point(config.model, config.strategies[0], b, config.image_size) for b in config.batches]
+    points = [config.settings.point(config.model, config.strategies[0], b, config.size) for b in config.batch_sizes]
     rows: dict[str, ResultRow] = {}
     i = failures = 0
     while i < len(points):

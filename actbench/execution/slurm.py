@@ -140,7 +140,7 @@ class _RowPoint:
         r = self.row
         model = r.model + (f"-+{r.extra_blocks}blk" if r.extra_blocks else "") + (
             f"-w{r.width_per_group}" if r.width_per_group is not None else "")
-        return f"{model} {r.strategy} b{r.batch_size} {r.image_size}px {r.device}"
+        return f"{model} {r.strategy} b{r.batch_size} {r.size.label()} {r.device}"
 
 
 def _check_script_text(text: str, what: str) -> None:

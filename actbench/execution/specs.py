@@ -80,7 +80,8 @@ class CommandSpec:
     """A measuring command's options, with the CLI's defaults. ``strategies`` is the final list.
 
     ``batch``: "START:STOP:STEP", "N" or "N,M,..."; max-scale and plan: one batch size, which the CLI
-    gives as a number and an experiment file may give as text. ``budget``:
+    gives as a number and an experiment file may give as text. ``image_size``: "N" (square) or "HxW";
+    None: the model's task's default (``frames`` likewise, video models only). ``budget``:
     e.g. "16GiB" (plan: required). ``warmup_steps``/``timed_steps``: None = the device's default.
     ``dim``/``low``/``high``/``step``: max-scale and plan only (None = the dimension's default range).
     """
@@ -89,7 +90,7 @@ class CommandSpec:
     model: str
     strategies: tuple[str, ...]
     batch: str | int = "64"
-    image_size: int = 224
+    image_size: str | int | None = None
     device: str = "cuda"
     budget: str | None = None
     stop_after: int = 2
@@ -107,6 +108,7 @@ class CommandSpec:
     precision: str = DEFAULT_PRECISION
     gpu: str | None = None
     host_budget: str | None = None
+    frames: int | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -150,9 +152,11 @@ class CommandSpec:
 
     def _validate_sizes(self) -> bool:
         """Image size, batches and the searched dimension's range; True for a command that searches a dim."""
-        if self.image_size < MIN_IMAGE_SIZE:
-            raise SpecError("image_size", f"must be >= {MIN_IMAGE_SIZE} pixels, got {self.image_size}")
-        batches = self._checked("batch", self.batches)
+        size = self._checked("image_size", self.input_size)
+        problem = size.problem(MIN_IMAGE_SIZE, LIMITS["resolution"])
+        if problem is not None:
+            raise SpecError("frames" if problem.startswith("frames") else "image_size", problem, whole=True)
+        batches = self._checked("batch", self.batch_sizes)
         searches_a_dim = self.command in ("max-scale", "plan")
         if searches_a_dim:
             if len(batches) != 1:
@@ -162,7 +166,7 @@ class CommandSpec:
                 raise SpecError("dim", f"must be one of {', '.join(allowed)}, got {self.dim!r}")
         elif any(v is not None for v in (self.dim, self.low, self.high, self.step)):
             raise SpecError("dim", f"dim/low/high/step apply to max-scale and plan only, not {self.command}")
-        for name, dim in (("extra_blocks", "depth"), ("width_per_group", "width"), ("image_size", "resolution")):
+        for name, dim in (("extra_blocks", "depth"), ("width_per_group", "width")):
             value = getattr(self, name)
             if value is not None and value > LIMITS[dim]:
                 raise SpecError(name, f"must be at most {LIMITS[dim]}, got {value}")
@@ -273,7 +277,7 @@ class CommandSpec:
         if self.dim == "depth":
             spec = dataclasses.replace(spec, extra_blocks=self.low or 0)
         with torch.device("meta"):
-            model = task_of(spec.name).build(spec, self.image_size)
+            model = task_of(spec.name).build(spec, self.input_size())
         return exact_segment_counts(model)
 
     @staticmethod
@@ -291,7 +295,22 @@ class CommandSpec:
 
         return ModelSpec(self.model, extra_blocks=self.extra_blocks, width_per_group=self.width_per_group)
 
-    def batches(self) -> tuple[int, ...]:
+    def input_size(self):
+        """The size every point trains at: ``image_size`` and ``frames``, or the model's task's defaults.
+        ValueError (one line) for a size that is not N or HxW, or frames for a model without them."""
+        from actbench.schema import InputSize
+        from actbench.training.tasks import task_of
+
+        default = task_of(self.model).default_size
+        if self.frames is not None and default.frames is None:
+            raise ValueError(f"--frames applies to video models; '{self.model}' is a {task_of(self.model).name} "
+                             f"model, got --frames {self.frames}")
+        frames = default.frames if self.frames is None else self.frames
+        if self.image_size is None:
+            return InputSize(default.height, default.width, frames)
+        return InputSize.parse(self.image_size, frames)
+
+    def batch_sizes(self) -> tuple[int, ...]:
         """The batch sizes given (with --find-max, a search range: only its ends matter, any length)."""
         from actbench.execution.parsing import check_int, parse_int_range
 
@@ -343,12 +362,12 @@ class CommandSpec:
     def _search_config(self):
         from actbench.planning.configs import ScaleConfig, plan_defaults, validate_max_scale, validate_plan, with_defaults
 
-        (batch,) = self.batches()
+        (batch_size,) = self.batch_sizes()
         defaults, validate = (plan_defaults, validate_plan) if self.command == "plan" else (with_defaults,
                                                                                              validate_max_scale)
         lo, hi, st = defaults(self.dim, self.low, self.high, self.step)
-        cfg = ScaleConfig(self.dim, self.model, self.resolved_strategies(), batch, self.image_size, lo, hi, st,
-                          self.settings(), command=self.command)
+        cfg = ScaleConfig(self.dim, self.model, self.resolved_strategies(), batch_size, self.input_size(), lo, hi,
+                          st, self.settings(), command=self.command)
         validate(cfg)
         return cfg
 
@@ -361,26 +380,27 @@ class CommandSpec:
 
         settings = self.settings()
         spec = self.model_spec()
+        size = self.input_size()
         if self.command == "sweep-batch":
-            cfg = SweepConfig(spec, self.resolved_strategies(), self.batches(), self.image_size, settings,
+            cfg = SweepConfig(spec, self.resolved_strategies(), self.batch_sizes(), size, settings,
                               self.stop_after, self.find_max)
             cands = cfg.candidates()
             per = search_probes(len(cands)) if self.find_max else len(cands)
             how = (f"model-guided search over {len(cands)} batch sizes {cands[0]}..{cands[-1]} (multiples of 4), "
                    f"usually <= {search_probes(len(cands))} points" if self.find_max
                    else f"batches {', '.join(map(str, cands))}")
-            preview = tuple(f"{s}{self.precision_tag()}: {spec.label()} {self.image_size}px {self.device}: {how}"
+            preview = tuple(f"{s}{self.precision_tag()}: {spec.label()} {size.label()} {self.device}: {how}"
                             for s in self.strategies)
-            name = run_name("sweep-batch", spec.label(), self.device, self.image_size, cfg.identity())
+            name = run_name("sweep-batch", spec.label(), self.device, size, cfg.identity())
             return RunPlan(name, self.command, cfg, run_sweep, per * len(self.strategies), preview,
                            self._summary("max_batch"))
         if self.command == "max-scale":
             cfg = self._search_config()
             cands = cfg.candidates()
-            preview = tuple(f"{s}{self.precision_tag()}: {self.model} batch {cfg.batch}: model-guided search of {self.dim} over {cfg.low}..{cfg.high} "
+            preview = tuple(f"{s}{self.precision_tag()}: {self.model} batch {cfg.batch_size}: model-guided search of {self.dim} over {cfg.low}..{cfg.high} "
                             f"step {cfg.step} ({len(cands)} candidates, usually <= {search_probes(len(cands))} points)"
                             for s in self.strategies)
-            name = run_name(f"max-scale-{self.dim}", self.model, self.device, self.image_size, cfg.identity())
+            name = run_name(f"max-scale-{self.dim}", self.model, self.device, size, cfg.identity())
             return RunPlan(name, self.command, cfg, run_max_scale, search_probes(len(cands)) * len(self.strategies),
                            preview, self._summary("max", dim=self.dim))
         if self.command == "plan":
@@ -388,14 +408,14 @@ class CommandSpec:
 
             cfg = self._search_config()
             cands = cfg.candidates()
-            preview = tuple(f"{s}{self.precision_tag()}: {self.model} {self.image_size}px {PLAN_DEVICE}: search of {self.dim} over "
+            preview = tuple(f"{s}{self.precision_tag()}: {self.model} {size.label()} {PLAN_DEVICE}: search of {self.dim} over "
                             f"{cfg.low}..{cfg.high} step {cfg.step} ({len(cands)} candidates) under "
                             f"{format_bytes(settings.budget_bytes)}{self.gpu_tag()}" for s in self.strategies)
-            name = run_name(f"plan-{self.dim}", self.model, PLAN_DEVICE, self.image_size, cfg.identity())
+            name = run_name(f"plan-{self.dim}", self.model, PLAN_DEVICE, size, cfg.identity())
             return RunPlan(name, self.command, cfg, run_plan, 4 * len(self.strategies), preview,
                            self._summary("max", dim=self.dim, budget_bytes=settings.budget_bytes))
-        cfg = GridConfig(self.command, spec, self.resolved_strategies(), self.batches(), self.image_size, settings)
-        name = run_name(self.command, spec.label(), self.device, self.image_size, cfg.identity())
+        cfg = GridConfig(self.command, spec, self.resolved_strategies(), self.batch_sizes(), size, settings)
+        name = run_name(self.command, spec.label(), self.device, size, cfg.identity())
         return RunPlan(name, self.command, cfg, run_grid, len(cfg.points()), tuple(p.describe() for p in cfg.points()),
                        None)
 
@@ -410,7 +430,7 @@ class CommandSpec:
     def describe(self) -> str:
         what = f"dim {self.dim}" if self.dim is not None else f"batch {self.batch}"
         return (f"{self.command} {self.model_spec().label()} [{','.join(self.strategies)}]{self.precision_tag()} "
-                f"{what} {self.image_size}px {self.device}" + (f" budget {self.budget}" if self.budget else "")
+                f"{what} {self.input_size().label()} {self.device}" + (f" budget {self.budget}" if self.budget else "")
                 + (f" gpu {self.gpu}" if self.gpu else "") + (f" host budget {self.host_budget}" if self.host_budget else ""))
 
 

@@ -141,7 +141,7 @@ class MetaSessions:
         result.num_params, result.depth, result.strategy_note = session.num_params, session.depth, session.note
         with session.mode, META_FAKE_DEVICE:
             result.forward_flops_per_sample, result.flops_per_sample = self._count_flops(point, session.mode)
-            images, targets = point.task.batch(point.model, point.batch_size, point.image_size, META_FAKE_DEVICE,
+            images, targets = point.task.batch(point.model, point.batch_size, point.size, META_FAKE_DEVICE,
                                                point.seed + 1)
             if key != self._key:
                 _warm_optimizer_state(session.step, session.trained)
@@ -167,7 +167,7 @@ class MetaSessions:
             if fault is not None:
                 fault()
             self._count_flops(point, mode, model)
-            names = self._trained[(point.model, point.image_size, point.seed)]
+            names = self._trained[(point.model, point.size, point.seed)]
             trained = None if names is None else tuple(p for n, p in model.named_parameters() if n in names)
             options = StrategyOptions(checkpoint_segments=point.checkpoint_segments)
             host_scope = _CurrentHostScope()
@@ -182,19 +182,19 @@ class MetaSessions:
         (:func:`grown_flops`, exact): a depth search's probes of thousands of layers skip a fake step
         that cost about a sixth of each probe.
         """
-        key = (point.model, point.image_size, point.seed)
+        key = (point.model, point.size, point.seed)
         if key not in self._flops and point.model.name == GROWABLE_MODEL and point.model.extra_blocks > max(FLOP_BASIS):
             basis = [dataclasses.replace(point, config=dataclasses.replace(
                 point.config, model=dataclasses.replace(point.model, extra_blocks=k))) for k in FLOP_BASIS]
             counts = [self._count_flops(p, mode) for p in basis]
-            trained = [self._trained[(p.model, p.image_size, p.seed)] for p in basis]
+            trained = [self._trained[(p.model, p.size, p.seed)] for p in basis]
             if all(t is None for t in trained):  # every parameter trains: so it does at any depth
                 self._flops[key] = grown_flops(point.model.extra_blocks, counts)
                 self._trained[key] = None
         if key not in self._flops:
             if model is None:
                 model = _build_fake_model(point, mode)
-            images, targets = point.task.batch(point.model, 2, point.image_size, META_FAKE_DEVICE, point.seed)
+            images, targets = point.task.batch(point.model, 2, point.size, META_FAKE_DEVICE, point.seed)
             # The same backward tells which parameters a step reaches (GoogLeNet's and Inception's
             # auxiliary heads are not in the loss): only those get optimizer state in the warm-up.
             reached: set[int] = set()
@@ -278,7 +278,7 @@ def _build_fake_model(point: Point, mode: Any) -> torch.nn.Module:
     inside fake mode.
     """
     with compat.dispatch_modes_disabled(), compat.parameters_on_meta(), META_FAKE_DEVICE:
-        model = point.task.build(point.model, point.image_size)  # outside any fake mode, also when called in one
+        model = point.task.build(point.model, point.size)  # outside any fake mode, also when called in one
     with compat.dispatch_modes_disabled():  # its buffers are real tensors until converted
         return compat.fake_module(model, mode, META_FAKE_DEVICE)
 

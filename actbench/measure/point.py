@@ -136,7 +136,7 @@ def _measure_into(point: Point, prof: DeviceProfile, result: Measurement,
     del model  # handed over (Strategy.prepare): on cuda every live tensor counts, so keep only step.model
     if tracker is not None:
         file_offloads_as_host(step.model, tracker)
-    images, targets = point.task.batch(point.model, point.batch_size, point.image_size, device, point.seed + 1)
+    images, targets = point.task.batch(point.model, point.batch_size, point.size, device, point.seed + 1)
 
     # Warm-up first so optimizer state exists and the measured step is a steady-state step.
     warmup_before = max(1, point.warmup_steps) if prof.measures_after_all_warmup else 1
@@ -165,14 +165,14 @@ def _built_and_counted(point: Point, device: torch.device, result: Measurement,
                        fault: Callable[[], None] | None) -> torch.nn.Module:
     """The point's model on ``device``, with its size, depth and FLOPs per sample recorded in ``result``."""
     with device:  # parameters are created (and initialised) on the device: fast for grown ResNets
-        model = point.task.build(point.model, point.image_size)
+        model = point.task.build(point.model, point.size)
     model = model.to(device)
     result.num_params = sum(p.numel() for p in model.parameters())
     result.depth = real_depth(model)
     if fault is not None:
         fault()
     # FLOPs on the unmodified model, batch 2 (BatchNorm in train mode needs > 1 value per channel).
-    f_images, f_targets = point.task.batch(point.model, 2, point.image_size, device, point.seed)
+    f_images, f_targets = point.task.batch(point.model, 2, point.size, device, point.seed)
     fwd, total = count_flops(model, f_images, f_targets, point.task)
     result.forward_flops_per_sample, result.flops_per_sample = fwd / 2, total / 2
     return model

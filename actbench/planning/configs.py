@@ -8,7 +8,7 @@ from typing import Any
 
 from actbench.planning.point import Point
 from actbench.planning.settings import MeasureSettings
-from actbench.schema import DIMENSIONS, GROWABLE_MODEL, PLAN_DIMENSIONS, ModelSpec
+from actbench.schema import DIMENSIONS, GROWABLE_MODEL, PLAN_DIMENSIONS, InputSize, ModelSpec
 from actbench.strategies import Strategy
 
 
@@ -25,25 +25,31 @@ def names(strategies: tuple[Strategy, ...]) -> tuple[str, ...]:
     return tuple(s.name for s in strategies)
 
 
+def size_identity(size: InputSize) -> dict[str, int]:
+    """The size as a config's identity records it: ``image_size`` (the height), and the width and frames
+    only when they add something, so square still-image runs keep the names they had."""
+    return {k: v for k, v in size.point_fields().items() if v is not None}
+
+
 @dataclass(frozen=True)
 class SweepConfig:
     model: ModelSpec
     strategies: tuple[Strategy, ...]
-    batches: tuple[int, ...]
-    image_size: int
+    batch_sizes: tuple[int, ...]
+    size: InputSize
     settings: MeasureSettings
     stop_after: int = 2
     find_max: bool = False
 
     def identity(self) -> dict[str, Any]:
         return {"command": "sweep-batch", "model": asdict(self.model), "strategies": names(self.strategies),
-                "batches": self.batches, "image_size": self.image_size, "stop_after": self.stop_after,
+                "batches": self.batch_sizes, **size_identity(self.size), "stop_after": self.stop_after,
                 "find_max": self.find_max, **self.settings.identity()}
 
     def candidates(self) -> tuple[int, ...]:
         if not self.find_max:
-            return self.batches
-        return multiples_of(4, min(self.batches), max(self.batches))
+            return self.batch_sizes
+        return multiples_of(4, min(self.batch_sizes), max(self.batch_sizes))
 
 
 @dataclass(frozen=True)
@@ -53,16 +59,16 @@ class GridConfig:
     command: str
     model: ModelSpec
     strategies: tuple[Strategy, ...]
-    batches: tuple[int, ...]
-    image_size: int
+    batch_sizes: tuple[int, ...]
+    size: InputSize
     settings: MeasureSettings
 
     def identity(self) -> dict[str, Any]:
         return {"command": self.command, "model": asdict(self.model), "strategies": names(self.strategies),
-                "batches": self.batches, "image_size": self.image_size, **self.settings.identity()}
+                "batches": self.batch_sizes, **size_identity(self.size), **self.settings.identity()}
 
     def points(self) -> list[Point]:
-        return [self.settings.point(self.model, s, b, self.image_size) for s in self.strategies for b in self.batches]
+        return [self.settings.point(self.model, s, b, self.size) for s in self.strategies for b in self.batch_sizes]
 
 
 #: plan's batch range (multiples of 4, as in upstream's max-batch search, up to a size no GPU holds)
@@ -79,8 +85,8 @@ class ScaleConfig:
     dim: str
     model_name: str
     strategies: tuple[Strategy, ...]
-    batch: int
-    image_size: int
+    batch_size: int
+    size: InputSize
     low: int
     high: int
     step: int
@@ -92,10 +98,12 @@ class ScaleConfig:
             raise ValueError(f"a scale search is one of {', '.join(SCALE_COMMANDS)}, got '{self.command}'")
         if self.command == "plan" and self.settings.budget_bytes is None:
             raise ValueError("plan needs a memory budget (--budget, e.g. 16GiB)")
+        if self.dim == "resolution" and not self.size.square:
+            raise ValueError(f"--dim resolution grows square images; got --image-size {self.size.text()}")
 
     def identity(self) -> dict[str, Any]:
         return {"command": self.command, "dim": self.dim, "model_name": self.model_name,
-                "strategies": names(self.strategies), "batch": self.batch, "image_size": self.image_size,
+                "strategies": names(self.strategies), "batch": self.batch_size, **size_identity(self.size),
                 "low": self.low, "high": self.high, "step": self.step, **self.settings.identity()}
 
     def candidates(self) -> tuple[int, ...]:
@@ -103,18 +111,19 @@ class ScaleConfig:
 
     def point(self, strategy: Strategy, value: int) -> Point:
         if self.dim == "batch":
-            return self.settings.point(ModelSpec(self.model_name), strategy, value, self.image_size)
+            return self.settings.point(ModelSpec(self.model_name), strategy, value, self.size)
         if self.dim == "depth":
-            return self.settings.point(ModelSpec(self.model_name, extra_blocks=value), strategy, self.batch,
-                                       self.image_size)
+            return self.settings.point(ModelSpec(self.model_name, extra_blocks=value), strategy, self.batch_size,
+                                       self.size)
         if self.dim == "width":
-            return self.settings.point(ModelSpec(self.model_name, width_per_group=value), strategy, self.batch,
-                                       self.image_size)
-        return self.settings.point(ModelSpec(self.model_name), strategy, self.batch, value)
+            return self.settings.point(ModelSpec(self.model_name, width_per_group=value), strategy, self.batch_size,
+                                       self.size)
+        return self.settings.point(ModelSpec(self.model_name), strategy, self.batch_size,
+                                   InputSize(value, value, self.size.frames))
 
     def first_guess(self) -> int:
-        """Where plan's search starts: the given batch (dim batch) or the low end of the range."""
-        return self.batch if self.dim == "batch" else self.low
+        """Where plan's search starts: the given batch size (dim batch) or the low end of the range."""
+        return self.batch_size if self.dim == "batch" else self.low
 
 
 def plan_defaults(dim: str, low: int | None, high: int | None, step: int | None) -> tuple[int, int, int]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from actbench.core.devices import DeviceProfile, profile
 from actbench.core.gpus import GpuSpec, gpu_spec
 from actbench.planning.device_models import DeviceModel, selected_device_model
-from actbench.schema import ModelSpec, PointConfig
+from actbench.schema import InputSize, ModelSpec, PointConfig
 from actbench.strategies import Strategy, get
 from actbench.training.tasks import Task, task_of
 
@@ -61,6 +61,10 @@ class Point:
     @property
     def image_size(self) -> int:
         return self.config.image_size
+
+    @property
+    def size(self) -> InputSize:
+        return self.config.size
 
     @property
     def seed(self) -> int:

@@ -80,13 +80,13 @@ def linear_scan(points: Sequence[Point], run: RunPoint, stop_after: int) -> list
 def run_sweep(cfg: SweepConfig, run: RunPoint) -> SearchOutcome:
     outcome = SearchOutcome()
     for strategy in cfg.strategies:
-        def point_for(batch: int, s: Strategy = strategy) -> Point:
-            return cfg.settings.point(cfg.model, s, batch, cfg.image_size)
+        def point_for(batch_size: int, s: Strategy = strategy) -> Point:
+            return cfg.settings.point(cfg.model, s, batch_size, cfg.size)
 
         if cfg.find_max:
             _search_strategy(outcome, strategy, cfg.candidates(), point_for, run, cfg.settings.budget_bytes)
             continue
-        rows = linear_scan([point_for(b) for b in cfg.batches], run, cfg.stop_after)
+        rows = linear_scan([point_for(b) for b in cfg.batch_sizes], run, cfg.stop_after)
         outcome.rows.extend(rows)
         ok = [r for r in rows if r.ok]
         best = max(ok, key=lambda r: r.batch_size) if ok else None

@@ -9,7 +9,7 @@ from actbench.core.devices import DeviceProfile
 from actbench.core.gpus import GpuSpec
 from actbench.planning.device_models import DeviceModel
 from actbench.planning.point import Point
-from actbench.schema import DEFAULT_PRECISION, DEFAULT_TIMEOUT_S, ModelSpec, PointConfig
+from actbench.schema import DEFAULT_PRECISION, DEFAULT_TIMEOUT_S, InputSize, ModelSpec, PointConfig
 from actbench.strategies import Strategy
 
 
@@ -30,8 +30,8 @@ class MeasureSettings:
     #: the device model step times are priced on (None: not priced); not part of what is measured
     speed_model: DeviceModel | None = None
 
-    def point(self, model: ModelSpec, strategy: Strategy, batch: int, image_size: int) -> Point:
-        config = PointConfig(model=model, strategy=strategy.name, batch_size=batch, image_size=image_size,
+    def point(self, model: ModelSpec, strategy: Strategy, batch_size: int, size: InputSize) -> Point:
+        config = PointConfig(model=model, strategy=strategy.name, batch_size=batch_size, **size.point_fields(),
                              device=self.device.name, budget_bytes=self.budget_bytes, warmup_steps=self.warmup_steps,
                              timed_steps=self.timed_steps, checkpoint_segments=self.checkpoint_segments,
                              precision=self.precision, gpu=None if self.gpu is None else self.gpu.name,

@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 
 from actbench.core.devices import is_prediction
 from actbench.reporting.runs import Run
-from actbench.schema import DEFAULT_PRECISION, MEMORY_FAILURES, PRECISIONS, ModelSpec, ResultRow, format_bytes
+from actbench.schema import DEFAULT_PRECISION, MEMORY_FAILURES, PRECISIONS, InputSize, ModelSpec, ResultRow, format_bytes
 from actbench.strategies import rank as strategy_rank
 
 
@@ -86,7 +86,7 @@ class BatchGroup:
     """Rows of one setting (model, input size, budget) over batch sizes, from any number of runs."""
 
     model: str
-    image_size: int
+    size: InputSize
     budget_bytes: int | None
     rows: tuple[ResultRow, ...]
     run_names: tuple[str, ...]
@@ -112,11 +112,12 @@ class BatchGroup:
     def title(self, what: str) -> str:
         budget = format_budget(self.budget_bytes) + ("" if self.gpu is None else f" ({self.gpu} spec)")
         return f"{what}: {self.model}, {devices_text(self.devices)}, {budget}, " \
-               f"{self.image_size}×{self.image_size} px"
+               f"{self.size.height}×{self.size.width} px" + ("" if self.size.frames is None else
+                                                            f", {self.size.frames} frames")
 
     def slug(self) -> str:
         budget = "nobudget" if self.budget_bytes is None else format_bytes(self.budget_bytes, decimals=None, sep="")
-        return slug(self.model, f"{self.image_size}px", budget, self.gpu)
+        return slug(self.model, self.size.label(), budget, self.gpu)
 
     def series(self) -> tuple[Series, ...]:
         return series_of(self.rows)
@@ -299,10 +300,10 @@ def batch_groups(runs: Iterable[Run]) -> tuple[BatchGroup, ...]:
     pooled: dict[tuple, list[ResultRow]] = {}
     names: dict[tuple, list[str]] = {}
     for run_name, row in _unique_rows(runs):
-        k = (model_label(row), row.image_size, row.budget_bytes, getattr(row, "gpu", None))
+        k = (model_label(row), row.size, row.budget_bytes, getattr(row, "gpu", None))
         pooled.setdefault(k, []).append(row)
         if run_name not in names.setdefault(k, []):
             names[k].append(run_name)
-    return tuple(BatchGroup(model=k[0], image_size=k[1], budget_bytes=k[2], rows=tuple(pooled[k]),
+    return tuple(BatchGroup(model=k[0], size=k[1], budget_bytes=k[2], rows=tuple(pooled[k]),
                             run_names=tuple(names[k]))
-                 for k in sorted(pooled, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2], k[3] or "")))
+                 for k in sorted(pooled, key=lambda k: (k[0], k[1].height, k[1].width, k[1].frames or 0, -1 if k[2] is None else k[2], k[3] or "")))

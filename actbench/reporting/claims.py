@@ -44,7 +44,7 @@ def _ratio(ours: float | None, theirs: float | None) -> str:
 
 def _setting(group: BatchGroup) -> str:
     where = f"{group.gpu} spec" if group.gpu else ("no budget" if group.budget_bytes is None else "budget")
-    return f"{group.model}, {group.image_size} px, {where}"
+    return f"{group.model}, {group.size.text()} px, {where}"
 
 
 def _memory_basis(device: str, group: BatchGroup) -> str:
@@ -58,7 +58,7 @@ def _preferred(groups: Sequence[BatchGroup]) -> list[BatchGroup]:
 
 def activation_claim(groups: Sequence[BatchGroup]) -> Claim | None:
     """fp32 ÷ L3 activation bytes at one batch (ResNet-50, 224²), measured where the run has it."""
-    for group in _preferred([g for g in groups if paper_ref.matches_model(g.model, g.image_size)]):
+    for group in _preferred([g for g in groups if paper_ref.matches_model(g.model, g.size)]):
         batch, entries = memory_table(group)
         by_series = {e.series: e for e in entries}
         for device in sorted({e.series.device for e in entries}, key=is_prediction):
@@ -74,7 +74,7 @@ def activation_claim(groups: Sequence[BatchGroup]) -> Claim | None:
 def max_batch_claims(groups: Sequence[BatchGroup]) -> list[Claim]:
     """Maximum batch × fp32's per strategy the paper reports, from the first group in its setting."""
     matching = [g for g in groups if g.model == g.base_model
-                and paper_ref.matches(g.base_model, g.image_size, g.budget_bytes, gpu=g.gpu)]
+                and paper_ref.matches(g.base_model, g.size, g.budget_bytes, gpu=g.gpu)]
     base = paper_ref.paper_max_batch("fp32")
     for group in _preferred(matching):
         claims = []
@@ -154,7 +154,7 @@ def speed_claims(groups: Sequence[BatchGroup], points: Sequence[paper_ref.PaperP
     """fp32's images/s and each strategy's throughput ÷ fp32's at the same batch (the largest both fit),
     measured where rows measured it and predicted per device model where rows carry predictions."""
     paper = paper_speed_ratios(points or ())
-    for group in _preferred([g for g in groups if paper_ref.matches_model(g.model, g.image_size)]):
+    for group in _preferred([g for g in groups if paper_ref.matches_model(g.model, g.size)]):
         claims = []
         for device in group.measured_devices:
             mine = [r for r in group.rows if r.device == device]

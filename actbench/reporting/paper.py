@@ -13,6 +13,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
+from actbench.schema import InputSize
+
 CITATION = ("Chen, Zheng et al., \"ActNN: Reducing Training Memory Footprint via 2-Bit Activation "
             "Compressed Training\", ICML 2021, arXiv 2104.14129")
 
@@ -73,11 +75,11 @@ class PaperPoint:
         return self.status == "ok"
 
 
-def matches(model: str, image_size: int | None, budget_bytes: int | None, setting: PaperSetting = SETTING,
+def matches(model: str, size: InputSize, budget_bytes: int | None, setting: PaperSetting = SETTING,
             gpu: str | None = None) -> bool:
     """True when a group of rows was measured in the paper's setting (model, input size, and the budget
     or, for rows planned for a GPU spec, the paper's GPU's spec)."""
-    if model != setting.model or image_size != setting.image_size:
+    if not matches_model(model, size, setting):
         return False
     if gpu is not None:
         return gpu == setting.gpu_spec
@@ -92,9 +94,9 @@ def paper_batch_range(strategy: str, setting: PaperSetting = SETTING) -> tuple[i
     return None if value is None else (value, value + setting.batch_grid - 1)
 
 
-def matches_model(model: str, image_size: int | None, setting: PaperSetting = SETTING) -> bool:
+def matches_model(model: str, size: InputSize, setting: PaperSetting = SETTING) -> bool:
     """Model and input size agree (enough for ratios that do not depend on the budget, e.g. activation)."""
-    return model == setting.model and image_size == setting.image_size
+    return model == setting.model and size == InputSize(setting.image_size, setting.image_size)
 
 
 def paper_max_batch(strategy: str) -> int | None:

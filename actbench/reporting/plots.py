@@ -58,7 +58,7 @@ def plot_max_batch(group: BatchGroup, with_paper: bool = False) -> Figure | None
             text += f"\n{e.multiple_text}× fp32"
         ax.bar_label(bars, labels=[text], fontsize=7, padding=2)
     if with_paper and group.model == group.base_model \
-            and paper_ref.matches(group.base_model, group.image_size, group.budget_bytes, gpu=group.gpu):
+            and paper_ref.matches(group.base_model, group.size, group.budget_bytes, gpu=group.gpu):
         marked = [(i, paper_ref.paper_max_batch(e.series.strategy)) for i, e in enumerate(entries)
                   if e.series.paper_comparable]
         marked = [(i, v) for i, v in marked if v is not None]
@@ -195,7 +195,7 @@ def figures_for(runs: Sequence[Run], paper_points: Sequence[paper_ref.PaperPoint
 def paper_overlay_groups(runs: Sequence[Run]) -> tuple[str, ...]:
     """Slugs of the batch groups measured in the paper's setting (where ``--paper`` overlays anything)."""
     return tuple(g.slug() for g in batch_groups(runs) if g.model == g.base_model
-                 and paper_ref.matches(g.base_model, g.image_size, g.budget_bytes, gpu=g.gpu))
+                 and paper_ref.matches(g.base_model, g.size, g.budget_bytes, gpu=g.gpu))
 
 
 # --- accuracy vs bits (actbench.store.accuracy_rows) ----------------------------------------------------

@@ -70,7 +70,7 @@ def _differences(runs: Sequence[Run]) -> list[str]:
     devices = sorted({row.device for r in runs for row in r.rows})
     strategies = {row.strategy for r in runs for row in r.rows}
     lines = ["## How this set-up differs from the paper's", "",
-             f"Paper: {paper_ref.CITATION}; {setting.model}, {setting.image_size}², {setting.gpu}, "
+             f"Paper: {paper_ref.CITATION}; {setting.model}, {setting.size}², {setting.gpu}, "
              f"PyTorch {setting.torch_version}. Paper numbers are shown only where model, input size and budget "
              "(16 GiB) match; the activation-memory ratio needs model and input size only.", ""]
     lines.append(f"- **GPU**: {', '.join(gpus) if gpus else 'no GPU (rows measured on ' + _md(', '.join(devices)) + ')'}"
@@ -287,13 +287,13 @@ def _settings(runs: Sequence[Run], report_dir: Path, figures: Sequence[Path],
     lines: list[str] = []
     kinds = ("throughput_vs_batch", "max_batch", "memory", "activation_vs_batch")
     for group in batch_groups(runs):
-        paper_ok = paper_ref.matches(group.model, group.image_size, group.budget_bytes, gpu=group.gpu)
+        paper_ok = paper_ref.matches(group.model, group.size, group.budget_bytes, gpu=group.gpu)
         lines += [f"## {_md(group.title('Setting'))}", "", "Runs: " + ", ".join(_code(n) for n in group.run_names), ""]
         if paper_ok:
             how = (f"the {group.gpu} spec" if group.gpu is not None else "16 GiB")
             lines += [f"Setting matches the paper (ResNet-50, 224², {how}): paper numbers and ratios shown.", ""]
         lines += _max_batch_section(group, paper_ok)
-        lines += _memory_section(group, paper_ref.matches_model(group.model, group.image_size))
+        lines += _memory_section(group, paper_ref.matches_model(group.model, group.size))
         lines += _throughput_section(group, paper_points if paper_ok else None)
         lines += _predicted_section(group)
         lines += _figure_links(figures, (f"{k}__{group.slug()}" for k in kinds), report_dir)

@@ -60,7 +60,7 @@ class ScaleGroup:
         return tuple(sorted({r.device for r in self.rows}))
 
     def title(self, what: str) -> str:
-        size = "" if self.dim == "resolution" else f", {self.rows[0].image_size}×{self.rows[0].image_size} px"
+        size = "" if self.dim == "resolution" else f", {self.rows[0].size.height}×{self.rows[0].size.width} px"
         return f"{what}: {self.model}, batch {self.batch_size}, {devices_text(self.devices)}, " \
                f"{format_budget(self.budget_bytes)}{size}"
 

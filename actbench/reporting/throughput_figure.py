@@ -36,7 +36,7 @@ def plot_throughput_vs_batch(group: BatchGroup,
     if not measured and not predicted:
         return None
     overlay = bool(paper_points) and group.model == group.base_model \
-        and paper_ref.matches(group.base_model, group.image_size, group.budget_bytes, gpu=group.gpu)
+        and paper_ref.matches(group.base_model, group.size, group.budget_bytes, gpu=group.gpu)
     fig = new_figure(10.0 if overlay else 8.0, 4.8 if not predicted else 5.6)
     ax = fig.add_subplot()
     fp32_max = _fp32_max(group)

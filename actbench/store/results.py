@@ -42,7 +42,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from actbench.core.devices import DEVICE_NAMES
 from actbench.core.gpus import GPU_NAMES
-from actbench.schema import COLUMNS, STATUSES, ResultRow, row_value_problem
+from actbench.schema import COLUMNS, STATUSES, InputSize, ResultRow, row_value_problem
 from actbench.store.outputs import OutputError, atomic_output, atomic_write_text
 from actbench.store.reading import (MAX_LINE_BYTES, RunFileError, check_kind, load_json, parse_jsonl,
                                     read_json_file, row_problem, warn_incomplete_tail)
@@ -61,10 +61,10 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
-def run_name(command: str, model: str, device: str, image_size: int | str, config: dict[str, Any]) -> str:
+def run_name(command: str, model: str, device: str, size: InputSize, config: dict[str, Any]) -> str:
     """Deterministic directory name, e.g. ``sweep-batch_resnet18_cpu_64px_1a2b3c4d``."""
     safe_model = re.sub(r"[^A-Za-z0-9_.+-]", "_", model)
-    return f"{command}_{safe_model}_{device}_{image_size}px_{config_hash(config)}"
+    return f"{command}_{safe_model}_{device}_{size.label()}_{config_hash(config)}"
 
 
 #: What a run directory holds that a reader of it uses or a writer of it owns: no output may replace one.

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from actbench.training.model_names import check_growth
-from actbench.schema import GROWABLE_MODEL, ModelSpec
+from actbench.schema import GROWABLE_MODEL, InputSize, ModelSpec
 
 #: ResNet-152's bottleneck stages; docs/design.md §5 grows stage 2 and 3 in upstream's 8:36 split.
 RESNET152_LAYERS: tuple[int, int, int, int] = (3, 8, 36, 3)
@@ -50,20 +50,23 @@ def grown_resnet152_layers(extra_blocks: int) -> tuple[int, int, int, int]:
     return (a, b + to_stage2, c + to_stage3, d)
 
 
-def _builder_kwargs(name: str, image_size: int) -> dict[str, Any]:
+def _builder_kwargs(name: str, size: InputSize) -> dict[str, Any]:
     """Per-family arguments so a model accepts the requested input resolution."""
     if name.startswith("vit_"):
-        return {"image_size": image_size}
+        if not size.square:
+            raise ValueError(f"{name} takes square images (its position embedding is built for one side), "
+                             f"got {size.text()}")
+        return {"image_size": size.height}
     if name.startswith("maxvit"):
-        return {"input_size": (image_size, image_size)}
+        return {"input_size": (size.height, size.width)}
     if name in ("googlenet", "inception_v3"):
         return {"init_weights": True}  # silences the weights=None init warning; same shapes
     return {}
 
 
-def build_model(spec: ModelSpec, image_size: int) -> nn.Module:
-    """Build the classifier ``spec`` with random weights on CPU, ready for inputs of ``image_size``² pixels
-    (the classification task's builder; other tasks build their own)."""
+def build_model(spec: ModelSpec, size: InputSize | int) -> nn.Module:
+    """Build the classifier ``spec`` with random weights on CPU, ready for inputs of ``size`` (an int: a
+    square side); the classification task's builder, other tasks build their own."""
     import torchvision
     from torchvision.models.resnet import Bottleneck, ResNet
 
@@ -73,7 +76,7 @@ def build_model(spec: ModelSpec, image_size: int) -> nn.Module:
         return ResNet(
             Bottleneck, layers, num_classes=spec.num_classes, width_per_group=spec.width_per_group or 64
         )
-    kwargs = _builder_kwargs(spec.name, image_size)
+    kwargs = _builder_kwargs(spec.name, InputSize.of(size))
     return torchvision.models.get_model(spec.name, weights=None, num_classes=spec.num_classes, **kwargs)
 
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from actbench.core import compat
 from actbench.training.models import logits_of
-from actbench.schema import DEFAULT_PRECISION
+from actbench.schema import DEFAULT_PRECISION, InputSize
 from actbench.strategies import HostScope, Strategy, StrategyOptions
 from actbench.training.precision import autocast, check_precision, make_scaler
 from actbench.training.tasks import CLASSIFICATION, Task
@@ -148,10 +148,12 @@ def build_training_step(
                         scaler=scaler, task=task), prepared.note
 
 
-def synthetic_batch(batch: int, image_size: int, num_classes: int, device: torch.device,
+def synthetic_batch(batch_size: int, size: InputSize | int, num_classes: int, device: torch.device,
                     seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random images [batch, 3, H, W] float32 and labels [batch] int64, made on ``device`` (classification's)."""
+    """Random images [batch_size, 3, H, W] float32 and labels [batch_size] int64, made on ``device``
+    (classification's; an int ``size`` is a square side)."""
+    size = InputSize.of(size)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    images = torch.randn(batch, 3, image_size, image_size, generator=gen).to(device)
-    targets = torch.randint(0, num_classes, (batch,), generator=gen).to(device)
+    images = torch.randn(batch_size, 3, size.height, size.width, generator=gen).to(device)
+    targets = torch.randint(0, num_classes, (batch_size,), generator=gen).to(device)
     return images, targets

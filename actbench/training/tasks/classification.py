@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from actbench.schema import ModelSpec
+from actbench.schema import InputSize, ModelSpec
 from actbench.training.tasks.registry import Task, register
 
 if TYPE_CHECKING:
@@ -40,16 +40,16 @@ class Classification(Task):
 
         return tuple(sorted(torchvision.models.list_models(module=torchvision.models)))
 
-    def build(self, spec: ModelSpec, image_size: int) -> "nn.Module":
+    def build(self, spec: ModelSpec, size: InputSize) -> "nn.Module":
         from actbench.training.models import build_model
 
-        return build_model(spec, image_size)
+        return build_model(spec, size)
 
-    def batch(self, spec: ModelSpec, batch_size: int, image_size: int, device: "torch.device",
+    def batch(self, spec: ModelSpec, batch_size: int, size: InputSize, device: "torch.device",
               seed: int) -> tuple[Any, Any]:
         from actbench.training.step import synthetic_batch
 
-        return synthetic_batch(batch_size, image_size, self.num_classes(spec), device, seed)
+        return synthetic_batch(batch_size, size, self.num_classes(spec), device, seed)
 
     def losses(self, output: Any, targets: Any) -> dict[str, "torch.Tensor"]:
         from torch import nn

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from actbench.schema import ModelSpec
+from actbench.schema import InputSize, ModelSpec
 
 if TYPE_CHECKING:
     import torch
@@ -28,6 +28,8 @@ class Task:
     description: ClassVar[str]
     #: what one sample of a batch is (samples/s counts these)
     sample: ClassVar[str] = "image"
+    #: the size a point trains at when none is given: torchvision's reference training's (frames: video only)
+    default_size: ClassVar[InputSize] = InputSize(224, 224)
     #: the models of the pinned torchvision (pyproject.toml) it answers for, sorted; a test holds
     #: this list equal to :meth:`installed_models`, so names are checked without torch
     pinned_models: ClassVar[tuple[str, ...]]
@@ -40,11 +42,11 @@ class Task:
         """Classes the model's head predicts."""
         return spec.num_classes
 
-    def build(self, spec: ModelSpec, image_size: int) -> "nn.Module":
-        """``spec`` with random weights on the current device, for inputs of ``image_size``² pixels."""
+    def build(self, spec: ModelSpec, size: InputSize) -> "nn.Module":
+        """``spec`` with random weights on the current device, for inputs of ``size``."""
         raise NotImplementedError(f"task '{self.name}' does not say how to build a model")
 
-    def batch(self, spec: ModelSpec, batch_size: int, image_size: int, device: "torch.device",
+    def batch(self, spec: ModelSpec, batch_size: int, size: InputSize, device: "torch.device",
               seed: int) -> tuple[Any, Any]:
         """A synthetic (inputs, targets), made from ``seed`` on ``device`` (no data loading)."""
         raise NotImplementedError(f"task '{self.name}' does not say how to make a batch")

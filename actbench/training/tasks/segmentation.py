@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from actbench.schema import ModelSpec
+from actbench.schema import InputSize, ModelSpec
 from actbench.training.tasks.registry import Task, register
 
 if TYPE_CHECKING:
@@ -36,6 +36,8 @@ class Segmentation(Task):
     name = "segmentation"
     description = "images to a label per pixel (Pascal VOC's 21); cross-entropy on out + 0.5 x on aux"
     pinned_models = TORCHVISION_SEGMENTERS
+    #: the reference's training crop (random resize of the 520 px base, then a 480² crop)
+    default_size = InputSize(480, 480)
 
     def installed_models(self) -> tuple[str, ...]:
         import torchvision
@@ -45,7 +47,7 @@ class Segmentation(Task):
     def num_classes(self, spec: ModelSpec) -> int:
         return VOC_CLASSES if spec.num_classes == _SPEC_DEFAULT_CLASSES else spec.num_classes
 
-    def build(self, spec: ModelSpec, image_size: int) -> "nn.Module":
+    def build(self, spec: ModelSpec, size: InputSize) -> "nn.Module":
         import torchvision
 
         from actbench.training.model_names import check_growth
@@ -55,14 +57,14 @@ class Segmentation(Task):
         return torchvision.models.get_model(spec.name, weights=None, weights_backbone=None,
                                             num_classes=self.num_classes(spec), **kwargs)
 
-    def batch(self, spec: ModelSpec, batch_size: int, image_size: int, device: "torch.device",
+    def batch(self, spec: ModelSpec, batch_size: int, size: InputSize, device: "torch.device",
               seed: int) -> tuple[Any, Any]:
         """Images [B, 3, H, W] float32 and label maps [B, H, W] int64 in [0, classes), on ``device``."""
         import torch
 
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        images = torch.randn(batch_size, 3, image_size, image_size, generator=gen).to(device)
-        labels = torch.randint(0, self.num_classes(spec), (batch_size, image_size, image_size), generator=gen)
+        images = torch.randn(batch_size, 3, size.height, size.width, generator=gen).to(device)
+        labels = torch.randint(0, self.num_classes(spec), (batch_size, size.height, size.width), generator=gen)
         return images, labels.to(device)
 
     def losses(self, output: Any, targets: Any) -> dict[str, "torch.Tensor"]:
