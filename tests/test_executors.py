@@ -61,7 +61,7 @@ def test_the_device_profile_chooses_the_executor() -> None:
     assert isinstance(executor_for(profile("cuda")), ChildProcessExecutor)
 
 
-VERIFY_ARGS = dict(model="resnet18", level="L3", batch=2, seeds=2, image_size=32, device="cpu")
+VERIFY_ARGS = dict(model="resnet18", level="L3", batch_size=2, seeds=2, image_size=32, device="cpu")
 
 
 def test_verify_grads_task_gives_the_same_rows_in_a_child_and_here() -> None:
@@ -168,7 +168,7 @@ def test_task_arguments_survive_json() -> None:
     from actbench.actnn import level_config
     from actbench.studies.gradients import VerifyConfig
 
-    config = VerifyConfig("resnet18", level_config("L2"), batch=2, seeds=2, image_size=32)
+    config = VerifyConfig("resnet18", level_config("L2"), batch_size=2, seeds=2, image_size=32)
     args = json.loads(json.dumps(dataclasses.asdict(config)))
     rows = InProcessExecutor().call(Task("verify-grads", args))["rows"]
     assert rows and all(r["rel_std"] >= 0 for r in rows)

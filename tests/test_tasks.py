@@ -57,7 +57,7 @@ def test_an_unknown_model_is_the_one_line_error_with_close_names() -> None:
                                          r"models` lists all \d+\)$"):
         task_of("fcn_resnet5")
     with pytest.raises(ValueError, match="resnet152 only"):
-        task_of("fcn_resnet50").build(ModelSpec("fcn_resnet50", extra_blocks=2), 64)
+        task_of("fcn_resnet50").build(ModelSpec("fcn_resnet50", extra_blocks=2), InputSize(64, 64))
 
 
 def test_resolving_a_segmentation_name_imports_no_torch() -> None:
@@ -87,11 +87,11 @@ def test_a_point_carries_the_task_of_its_model() -> None:
 # --- segmentation's batch and loss ---------------------------------------------------------------
 def test_segmentation_batch_is_seeded_images_and_label_maps() -> None:
     task, spec = task_of(SMALL_SEGMENTER), ModelSpec(SMALL_SEGMENTER)
-    images, labels = task.batch(spec, 3, 32, CPU, seed=5)
+    images, labels = task.batch(spec, 3, InputSize(32, 32), CPU, seed=5)
     assert images.shape == (3, 3, 32, 32) and images.dtype == torch.float32
     assert labels.shape == (3, 32, 32) and labels.dtype == torch.int64
     assert 0 <= int(labels.min()) and int(labels.max()) < VOC_CLASSES
-    again = task.batch(spec, 3, 32, CPU, seed=5)
+    again = task.batch(spec, 3, InputSize(32, 32), CPU, seed=5)
     assert torch.equal(images, again[0]) and torch.equal(labels, again[1])
     assert task.num_classes(ModelSpec(SMALL_SEGMENTER, num_classes=7)) == 7
 
@@ -100,8 +100,8 @@ def test_deeplab_trains_out_plus_half_aux_and_lraspp_out_alone() -> None:
     torch.manual_seed(0)
     for name, terms in (("deeplabv3_mobilenet_v3_large", {"out", "aux"}), (SMALL_SEGMENTER, {"out"})):
         task, spec = task_of(name), ModelSpec(name)
-        model = task.build(spec, 64)
-        images, labels = task.batch(spec, 2, 64, CPU, seed=0)
+        model = task.build(spec, InputSize(64, 64))
+        images, labels = task.batch(spec, 2, InputSize(64, 64), CPU, seed=0)
         labels[:, :32] = IGNORE_INDEX  # left out of the loss, as VOC's borders are
         with torch.no_grad():
             torch.manual_seed(1)  # the same dropout masks (DeepLabV3's ASPP) in both forwards

@@ -34,7 +34,7 @@ def test_verify_grads_on_every_family(name):
     two or more dimensions varies between draws (its layer kept a compressed input), and no
     parameter's mean is further from fp32 than 3 standard errors (median about 1)."""
     size, batch = SIZES.get(name, (64, 4))
-    rows = verify_grads(VerifyConfig(name, "L3", batch=batch, seeds=4, image_size=size))
+    rows = verify_grads(VerifyConfig(name, "L3", batch_size=batch, seeds=4, image_size=size))
     dims = {n: p.dim() for n, p in build_model(ModelSpec(name, num_classes=10), size).named_parameters()}
     bad = [r.parameter for r in rows if not (math.isfinite(r.rel_bias) and math.isfinite(r.rel_std))]
     assert rows and not bad, f"{len(bad)} of {len(rows)} gradients not finite, first {bad[:3]}"

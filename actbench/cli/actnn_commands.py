@@ -26,10 +26,10 @@ class QuantBackend(str, enum.Enum):
     reference = "oracle"
 
 
-def _check_batchnorm_batch(model: str, batch: int, image_size: int) -> None:
+def _check_batchnorm_batch(model: str, batch_size: int, image_size: int) -> None:
     """One sample is refused up front for a model with BatchNorm: in training it needs more than one
     value per channel, which a batch of one lacks where a feature map shrinks to 1x1."""
-    if batch >= 2:
+    if batch_size >= 2:
         return
     import torch
     from torch import nn
@@ -41,7 +41,7 @@ def _check_batchnorm_batch(model: str, batch: int, image_size: int) -> None:
         built = build_model(ModelSpec(model), image_size)
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in built.modules()):
         fail(f"--batch must be >= 2 for {model}: BatchNorm in training needs more than one value per channel "
-             f"(two samples), got {batch}")
+             f"(two samples), got {batch_size}")
 
 
 def _print_grad_table(rows, title: str) -> None:
@@ -58,7 +58,7 @@ def _print_grad_table(rows, title: str) -> None:
 def verify_grads_command(
     model: Annotated[str, typer.Argument(help="torchvision model name, e.g. resnet18.")],
     level: Annotated[Level, typer.Option("--level", help="ActNN level.")] = Level.L3,
-    batch: Annotated[int, typer.Option("--batch", min=1, help="Batch size.")] = 4,
+    batch_size: Annotated[int, typer.Option("--batch", min=1, help="Batch size.")] = 4,
     seeds: Annotated[int, typer.Option("--seeds", min=2, help="Compressed draws K (>= 2).")] = 8,
     image_size: Annotated[int, typer.Option("--image-size", min=8, help="Input side in pixels.")] = 64,
     device: Annotated[MeasuringDevice, typer.Option(
@@ -92,9 +92,9 @@ def verify_grads_command(
         require_task(model, CLASSIFICATION, "verify-grads")
     except ValueError as exc:
         fail(str(exc))
-    _check_batchnorm_batch(model, batch, image_size)
+    _check_batchnorm_batch(model, batch_size, image_size)
     require_device(device.value)
-    config = VerifyConfig(model, level_config(level.value, backend=backend.value), batch, seeds, image_size,
+    config = VerifyConfig(model, level_config(level.value, backend=backend.value), batch_size, seeds, image_size,
                           device.value, precision=precision)
     tag = "" if precision == DEFAULT_PRECISION else f" {precision}"
     err = Console(stderr=True)
@@ -106,11 +106,11 @@ def verify_grads_command(
         rows = [GradRow(**r) for r in result["rows"]]
     reference = "fp32" if precision == DEFAULT_PRECISION else f"uncompressed {precision}"
     _print_grad_table(rows, f"{model} at {level.value}{tag}: compressed vs {reference} gradients ({seeds} seeds, "
-                            f"batch {batch})")
+                            f"batch {batch_size})")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = f"{model}-{level.value}" + ("" if precision == DEFAULT_PRECISION else f"-{precision}")
     try:
-        path = write_csv(rows, out / f"{name}-b{batch}-k{seeds}-{stamp}.csv")
+        path = write_csv(rows, out / f"{name}-b{batch_size}-k{seeds}-{stamp}.csv")
     except OutputError as exc:
         fail(str(exc))
     err.print(f"wrote {path}")

@@ -191,7 +191,7 @@ def bench_actnn(
         table.add_column(name, justify="right")
     for r in rows:
         verdict = "" if r.met is None else ("[green]met[/]" if r.met else "[red]missed[/]")
-        table.add_row(r.model, str(r.batch), str(r.image_size), r.strategy,
+        table.add_row(r.model, str(r.batch_size), str(r.image_size), r.strategy,
                       "" if r.images_per_s is None else f"{r.images_per_s:.2f}",
                       "" if r.ratio_to_fp32 is None else f"{r.ratio_to_fp32:.2f}", r.target, verdict)
     console.print(table)

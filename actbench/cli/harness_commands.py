@@ -264,7 +264,7 @@ def _finish(outcome, search: bool) -> None:
 def models_command(pattern: Annotated[Optional[str], typer.Argument(help="Glob filter, e.g. 'resnet*'.")] = None,
                    task: Annotated[Optional[TaskChoice], typer.Option("--task", show_default=False, help=(
                        "Only the models of this task."))] = None) -> None:
-    """List the model names every measuring command accepts (torchvision classification and segmentation models)."""
+    """List the model names every measuring command accepts: torchvision's models of every task (--task picks one)."""
     from actbench.training.tasks import model_names
 
     names = model_names(pattern, None if task is None else task.value)

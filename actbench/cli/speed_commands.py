@@ -97,7 +97,7 @@ def _print_model(model, path: Path) -> None:
                + (", ".join(f"{k} {v * 1e6:.0f} us" for k, v in sorted(model.strategy_call_s.items())) or "none"))
 
 
-def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...], batch: int, image_size: int,
+def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...], batch_size: int, image_size: int,
                 precision: str, out: Path, model_path: Path) -> None:
     """``actbench trust --device-model FILE``: predicted ÷ measured step time per point, printed as each
     finishes, ``OUT/speed_vs_<device>.csv`` kept current; exit 1 if a point failed."""
@@ -126,11 +126,11 @@ def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...
     typer.echo(f"timing {len(models) * len(strategies)} points on {device}, each also predicted on meta with "
                f"{speed_model.name} ...", err=True)
     try:
-        rows = compare_speed(device, speed_model, models, strategies, batch, image_size, on_point=on_point,
+        rows = compare_speed(device, speed_model, models, strategies, batch_size, image_size, on_point=on_point,
                              precision=precision)
     except OutputError as exc:  # a full disk: the CSV keeps the points written before
         fail(str(exc))
-    table = Table(title=f"predicted ({speed_model.name}) ÷ measured step time on {device}, batch {batch}, "
+    table = Table(title=f"predicted ({speed_model.name}) ÷ measured step time on {device}, batch {batch_size}, "
                         f"{image_size}px -> {path}")
     for col in ("model", "strategy", "predicted s", "measured s", "ratio", "status"):
         table.add_column(col)
@@ -160,7 +160,7 @@ FASTEST_DEFAULT = "fp32,checkpoint,swap,L0,L1,L2,L3,L4,L5"
 def fastest_command(
     model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
     gpu: Annotated[Gpu, typer.Option("--gpu", help="The GPU to plan for (a profile of actbench/core/gpus.py).")],
-    batch: Annotated[int, typer.Option("--batch", help="Batch size to train at.")],
+    batch_size: Annotated[int, typer.Option("--batch", help="Batch size to train at.")],
     image_size: Annotated[int, typer.Option("--image-size", help="Input side in pixels.")] = 224,
     strategies: Annotated[str, typer.Option("--strategies", help="Comma list of strategies and levels.")] = FASTEST_DEFAULT,
 ) -> None:
@@ -186,16 +186,16 @@ def fastest_command(
         chosen = parse_strategies(strategies)
     except ValueError as exc:
         fail(str(exc))
-    if not 2 <= batch <= LIMITS["batch"]:
-        fail(f"--batch must be in 2..{LIMITS['batch']} (BatchNorm in train mode needs two samples), got {batch}")
+    if not 2 <= batch_size <= LIMITS["batch"]:
+        fail(f"--batch must be in 2..{LIMITS['batch']} (BatchNorm in train mode needs two samples), got {batch_size}")
     if not MIN_IMAGE_SIZE <= image_size <= LIMITS["resolution"]:
         fail(f"--image-size must be in {MIN_IMAGE_SIZE}..{LIMITS['resolution']} pixels, got {image_size}")
     if not chosen:
         fail("--strategies is empty: give at least one of fp32, swap, checkpoint, L0..L5")
-    _print_choices(model, spec, batch, image_size, _choices(model, spec, batch, image_size, chosen))
+    _print_choices(model, spec, batch_size, image_size, _choices(model, spec, batch_size, image_size, chosen))
 
 
-def _choices(model: str, gpu, batch: int, image_size: int, chosen: tuple[str, ...]) -> list:
+def _choices(model: str, gpu, batch_size: int, image_size: int, chosen: tuple[str, ...]) -> list:
     from actbench.measure.meta import MetaSessions
     from actbench.planning.device_models import gpu_speed_model
     from actbench.planning.point import Point
@@ -205,8 +205,8 @@ def _choices(model: str, gpu, batch: int, image_size: int, chosen: tuple[str, ..
     sessions = MetaSessions(speed_model=gpu_speed_model(gpu.name))
     out = []
     for strategy in chosen:
-        typer.echo(f"predicting {model} {strategy} b{batch} {image_size}px on {gpu.name} ...", err=True)
-        m = sessions.measure_point(Point.resolve(PointConfig(ModelSpec(model), strategy, batch, image_size, "meta",
+        typer.echo(f"predicting {model} {strategy} b{batch_size} {image_size}px on {gpu.name} ...", err=True)
+        m = sessions.measure_point(Point.resolve(PointConfig(ModelSpec(model), strategy, batch_size, image_size, "meta",
                                                              budget_bytes=gpu.usable_bytes, timed_steps=0,
                                                              gpu=gpu.name)))
         out.append(StrategyChoice(strategy, m.status, m.peak_alloc_bytes, m.reserved_bytes,
@@ -214,14 +214,14 @@ def _choices(model: str, gpu, batch: int, image_size: int, chosen: tuple[str, ..
     return out
 
 
-def _print_choices(model: str, gpu, batch: int, image_size: int, choices: list) -> None:
+def _print_choices(model: str, gpu, batch_size: int, image_size: int, choices: list) -> None:
     from rich.console import Console
     from rich.table import Table
 
     from actbench.schema import format_bytes
     from actbench.planning.step_time import fastest_first
 
-    table = Table(title=f"{model} batch {batch}, {image_size}px on {gpu.describe()} (predicted on meta)")
+    table = Table(title=f"{model} batch {batch_size}, {image_size}px on {gpu.describe()} (predicted on meta)")
     for col in ("strategy", "fits", "peak", "reserved", "samples/s (predicted)", "message"):
         table.add_column(col)
     for c in fastest_first(choices):

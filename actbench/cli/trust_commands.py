@@ -29,7 +29,7 @@ def trust_command(
     models: Annotated[str, typer.Option("--models", help="Comma list of model names.")] = ",".join(TRUST_MODELS),
     strategies: Annotated[str, typer.Option(
         "--strategies", help="Comma list of strategies and levels.")] = ",".join(TRUST_STRATEGIES),
-    batch: Annotated[int, typer.Option("--batch", help="Batch size of every point.")] = 2,
+    batch_size: Annotated[int, typer.Option("--batch", help="Batch size of every point.")] = 2,
     image_size: Annotated[int, typer.Option("--image-size", help="Input side in pixels.")] = 32,
     precision: Annotated[Precision, typer.Option("--precision", help=PRECISION_HELP)] = Precision(DEFAULT_PRECISION),
     out: Annotated[Path, typer.Option("--out", parser=checked_out_dir, help=(
@@ -52,7 +52,7 @@ def trust_command(
       actbench trust --device cuda --batch 16 --image-size 224      # on a GPU
       actbench trust --models resnet18 --strategies fp32,L3,swap --batch 4 --image-size 64 --device-model runs/device_models/cpu.json
     """
-    names, chosen = _checked_points(models, strategies, batch, image_size)
+    names, chosen = _checked_points(models, strategies, batch_size, image_size)
     require_device(device.value)
     from actbench.store.outputs import check_writable
 
@@ -61,17 +61,17 @@ def trust_command(
     except ValueError as exc:
         fail(str(exc))
     if device_model is not None:
-        return _speed(device.value, names, chosen, batch, image_size, precision.value, out, device_model)
-    _memory_trust(device.value, names, chosen, batch, image_size, precision.value, out)
+        return _speed(device.value, names, chosen, batch_size, image_size, precision.value, out, device_model)
+    _memory_trust(device.value, names, chosen, batch_size, image_size, precision.value, out)
 
 
-def _checked_points(models: str, strategies: str, batch: int, image_size: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _checked_points(models: str, strategies: str, batch_size: int, image_size: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(model names, strategies) of the points to compare, each refused in one line when out of range."""
     from actbench.execution.parsing import parse_strategies
     from actbench.training.model_names import ModelSpec, validate_model_spec
 
-    if batch < 2:
-        fail(f"--batch must be >= 2 (BatchNorm in train mode needs two samples), got {batch}")
+    if batch_size < 2:
+        fail(f"--batch must be >= 2 (BatchNorm in train mode needs two samples), got {batch_size}")
     if image_size < MIN_IMAGE_SIZE:
         fail(f"--image-size must be >= {MIN_IMAGE_SIZE} pixels, got {image_size}")
     names = tuple(m.strip() for m in models.split(",") if m.strip())
@@ -88,7 +88,7 @@ def _checked_points(models: str, strategies: str, batch: int, image_size: int) -
     return names, chosen
 
 
-def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch: int, image_size: int,
+def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch_size: int, image_size: int,
                   precision: str, out: Path) -> None:
     """meta ÷ measured bytes per point, printed as each finishes, the CSV kept current; exit 1 if one failed."""
     from actbench.store.outputs import OutputError
@@ -114,14 +114,14 @@ def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], 
                 fail(problem, code=1)
             err.print(f"comparing {len(names) * len(chosen)} points, each predicted on meta and measured on "
                       f"{device} ...", markup=False)
-            rows = compare(device, names, chosen, batch_size=batch, image_size=image_size, on_point=on_point,
+            rows = compare(device, names, chosen, batch_size=batch_size, image_size=image_size, on_point=on_point,
                            precision=precision)
         except OutputError as exc:  # a full disk: the CSV keeps the points written before
             fail(str(exc))
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP
             err.print(f"{interrupted_by(exc)}: {len(done)} finished points kept in {path}", markup=False)
             raise typer.Exit(interrupted_exit_code(exc))
-    table = Table(title=f"meta ÷ {device}, batch {batch}, {image_size}px{tag} -> {path}")
+    table = Table(title=f"meta ÷ {device}, batch {batch_size}, {image_size}px{tag} -> {path}")
     for col in ("model", "strategy", "activation", "peak", "status (meta/measured)"):
         table.add_column(col)
     for c in rows:
@@ -132,7 +132,7 @@ def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], 
         raise typer.Exit(1)
 
 
-def _speed(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch: int, image_size: int,
+def _speed(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch_size: int, image_size: int,
            precision: str, out: Path, device_model: Path) -> None:
     """--device-model: trust for speed (actbench.cli.speed_commands), with the options checked above."""
     from actbench.cli.speed_commands import speed_trust
@@ -141,4 +141,4 @@ def _speed(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch: 
         problem = ensure_extension(chosen, device, lambda text: typer.echo(text, err=True))
         if problem is not None:
             fail(problem, code=1)
-        speed_trust(device, names, tuple(chosen), batch, image_size, precision, out, device_model)
+        speed_trust(device, names, tuple(chosen), batch_size, image_size, precision, out, device_model)

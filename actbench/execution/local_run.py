@@ -34,8 +34,8 @@ def split(config: Any) -> list[Any]:
 
     strategies = getattr(config, "strategies", None)
     if isinstance(config, GridConfig):
-        return [dataclasses.replace(config, strategies=(s,), batches=(b,))
-                for s in config.strategies for b in config.batches]
+        return [dataclasses.replace(config, strategies=(s,), batch_sizes=(b,))
+                for s in config.strategies for b in config.batch_sizes]
     if not dataclasses.is_dataclass(config) or not strategies or len(strategies) == 1:
         return [config]
     groups: dict[str, list[Any]] = {}

@@ -156,10 +156,10 @@ class CommandSpec:
         problem = size.problem(MIN_IMAGE_SIZE, LIMITS["resolution"])
         if problem is not None:
             raise SpecError("frames" if problem.startswith("frames") else "image_size", problem, whole=True)
-        batches = self._checked("batch", self.batch_sizes)
+        batch_sizes = self._checked("batch", self.batch_sizes)
         searches_a_dim = self.command in ("max-scale", "plan")
         if searches_a_dim:
-            if len(batches) != 1:
+            if len(batch_sizes) != 1:
                 raise SpecError("batch", f"{self.command} takes one batch size, got '{self.batch}'")
             allowed = PLAN_DIMENSIONS if self.command == "plan" else DIMENSIONS
             if self.dim not in allowed:

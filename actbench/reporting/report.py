@@ -70,7 +70,7 @@ def _differences(runs: Sequence[Run]) -> list[str]:
     devices = sorted({row.device for r in runs for row in r.rows})
     strategies = {row.strategy for r in runs for row in r.rows}
     lines = ["## How this set-up differs from the paper's", "",
-             f"Paper: {paper_ref.CITATION}; {setting.model}, {setting.size}², {setting.gpu}, "
+             f"Paper: {paper_ref.CITATION}; {setting.model}, {setting.image_size}², {setting.gpu}, "
              f"PyTorch {setting.torch_version}. Paper numbers are shown only where model, input size and budget "
              "(16 GiB) match; the activation-memory ratio needs model and input size only.", ""]
     lines.append(f"- **GPU**: {', '.join(gpus) if gpus else 'no GPU (rows measured on ' + _md(', '.join(devices)) + ')'}"

@@ -32,7 +32,7 @@ class ActnnBenchRow:
     """One strategy of one model: images/s and its ratio to fp32 measured in the same run."""
 
     model: str
-    batch: int
+    batch_size: int
     image_size: int
     device: str
     strategy: str
@@ -44,9 +44,9 @@ class ActnnBenchRow:
     command: str
 
 
-def throughput_args(model: str, batch: int, image_size: int, device: str, strategies: str, quick: bool) -> tuple[str, ...]:
+def throughput_args(model: str, batch_size: int, image_size: int, device: str, strategies: str, quick: bool) -> tuple[str, ...]:
     """The ``actbench throughput`` arguments of one model (serial points: timings must not overlap)."""
-    args = ("throughput", model, "--strategies", strategies, "--batch", str(batch), "--image-size", str(image_size),
+    args = ("throughput", model, "--strategies", strategies, "--batch", str(batch_size), "--image-size", str(image_size),
             "--device", device, "--jobs", "1")
     return args + (("--warmup-steps", "1", "--timed-steps", "1") if quick else ())
 
@@ -75,7 +75,7 @@ def run(device: str, quick: bool, log: Callable[[str], None] = lambda _: None) -
     cases, size, strategies = (QUICK_CASES, QUICK_IMAGE_SIZE, QUICK_STRATEGIES) if quick else (CASES, IMAGE_SIZE, STRATEGIES)
     rows: list[ActnnBenchRow] = []
     with tempfile.TemporaryDirectory(prefix="actbench-bench-actnn-") as tmp:
-        for model, batch in cases:
-            args = throughput_args(model, batch, size, device, strategies, quick)
-            rows.extend(bench_model(args, Path(tmp) / f"{model}_{batch}", log))
+        for model, batch_size in cases:
+            args = throughput_args(model, batch_size, size, device, strategies, quick)
+            rows.extend(bench_model(args, Path(tmp) / f"{model}_{batch_size}", log))
     return rows

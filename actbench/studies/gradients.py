@@ -29,11 +29,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class VerifyConfig:
-    """One verification: model (torchvision name), level, batch, K seeds, input side, device, precision."""
+    """One verification: model (torchvision name), level, batch size, K seeds, input side, device, precision."""
 
     model: str
     level: str | LevelConfig = "L3"
-    batch: int = 4
+    batch_size: int = 4
     seeds: int = 8
     image_size: int = 64
     device: str = "cpu"
@@ -43,8 +43,8 @@ class VerifyConfig:
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
-        if self.batch < 1:
-            raise ValueError(f"batch must be >= 1, got {self.batch}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
         if self.seeds < 2:
             raise ValueError(f"seeds must be >= 2 (a variance needs two draws), got {self.seeds}")
         if self.image_size < 8:
@@ -203,10 +203,10 @@ def verify_grads(config: VerifyConfig, progress: Callable[[int, int], None] | No
     device = torch.device(config.device)
     model = model.to(device)
     g = torch.Generator().manual_seed(config.data_seed)
-    x = torch.randn(config.batch, 3, config.image_size, config.image_size, generator=g).to(device)
-    y = torch.randint(0, config.num_classes, (config.batch,), generator=g).to(device)
+    x = torch.randn(config.batch_size, 3, config.image_size, config.image_size, generator=g).to(device)
+    y = torch.randint(0, config.num_classes, (config.batch_size,), generator=g).to(device)
     log.info("verify-grads %s at %s %s: batch %d, %d seeds, %d px", config.model, resolve(config.level).name,
-             config.precision, config.batch, config.seeds, config.image_size)
+             config.precision, config.batch_size, config.seeds, config.image_size)
     return compare_gradients(model, config.level, x, y, config.seeds, progress, config.precision)
 
 
