@@ -259,3 +259,20 @@ def test_matmul_attention_packs_query_and_key_at_qk_bits(backend) -> None:
     assert sorted(kinds[:2]) == [("qk", 4), ("qk", 4)], kinds  # the first matmul: scaled q, and k
     assert len(kinds) >= 4 and set(kinds[2:]) == {("hook", 2)}, kinds  # softmax's output (twice), v
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("model, size", [
+    ("mc3_18", InputSize(64, 64, 8)), ("r2plus1d_18", InputSize(64, 64, 8)), ("s3d", InputSize(209, 209, 13)),
+    ("mvit_v2_s", InputSize(64, 64, 8)), ("swin3d_t", InputSize(64, 64, 8)),
+])
+def test_each_family_on_meta_keeps_several_times_less_at_L3(model, size) -> None:
+    """One model of each family, predicted at a small clip (observed fp32 / L3: mc3_18 11.3, r2plus1d_18
+    11.8, s3d 12.3, mvit_v2_s 13.1, swin3d_t 8.8; Swin3D's copies of its index slice are most of the rest)."""
+    sessions = MetaSessions()
+    rows = {s: sessions.measure_point(Point.resolve(PointConfig(ModelSpec(model), s, 2, size.height, "meta",
+                                                                warmup_steps=1, timed_steps=0, frames=size.frames)))
+            for s in ("fp32", "L3")}
+    assert rows["fp32"].status == "ok" and rows["L3"].status == "ok", (rows["fp32"].message, rows["L3"].message)
+    assert 5 * rows["L3"].activation_bytes < rows["fp32"].activation_bytes
+    assert "0 unsupported" in rows["L3"].strategy_note, rows["L3"].strategy_note
