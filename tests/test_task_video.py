@@ -9,6 +9,9 @@ index (model state while the window is whole), and attention written as ``q @ k.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -112,6 +115,13 @@ def test_a_size_a_model_cannot_take_is_one_line(model, size, what) -> None:
     assert len(lines) == 1 and what in lines[0] and f"got {frames}x{size}" in lines[0], result.output
     with pytest.raises(ValueError, match=f"^{what}"):
         task_of(model).build(ModelSpec(model), InputSize(int(size), int(size), int(frames)))
+
+
+def test_checking_a_video_model_and_its_size_imports_no_torch() -> None:
+    code = ("import sys\nfrom actbench.training.tasks import task_of\nfrom actbench.schema import InputSize\n"
+            "print(task_of('s3d').size_problem('s3d', InputSize(64, 64, 8)) is not None, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "False"]
 
 
 def test_frames_are_refused_for_an_image_model() -> None:
