@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torchvision.models.convnext import CNBlock, LayerNorm2d
 from torchvision.models.maxvit import SwapAxes, WindowDepartition, WindowPartition
+from torchvision.models.video.resnet import Conv3DNoTemporal, Conv3DSimple
 from torchvision.ops import StochasticDepth
 from torchvision.ops.misc import Permute
 
@@ -63,6 +64,9 @@ REPLACEMENTS: dict[type[nn.Module], type[nn.Module]] = {
     nn.Softmax: QSoftmax,
     nn.MultiheadAttention: QMultiheadAttention,
     CNBlock: QCNBlock,
+    # ResNet-3D's convs (r3d_18, mc3_18): nn.Conv3d's forward, plus a stride helper used only when built
+    Conv3DSimple: L.QConv3d,
+    Conv3DNoTemporal: L.QConv3d,
 }
 
 # Leaf modules that keep no activation worth compressing (at most a shape, or a small input at

@@ -9,6 +9,7 @@ functions. What is packed, what is rerouted and why: docs/design.md §3 ("The sa
 
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
 from typing import Callable
@@ -25,6 +26,7 @@ from actbench.actnn import saved_arguments as arguments
 from actbench.actnn.controller import (QK_KIND, ROLE_COMPRESSED, Controller, LayerSlot, PackSpec,
                                       saved_role)
 from actbench.actnn.layers import ActNNModule
+from actbench.actnn.pool3d import MaxPool3dFunction, Pool3dParams, triple
 from actbench.actnn.functions import (AvgPool2dFunction, ClampFunction, DerivativeFunction, DropoutFunction,
                                       MaskScaleFunction, MaxPool2dFunction, PoolParams, kept_by_twin, save)
 
@@ -73,6 +75,8 @@ class SavedTensorPacker:
         self._state: set[int] = set()
         #: op -> where its arguments with a role are (saved_arguments.py), rebuilt at each training forward
         self.argument_ops: dict = {}
+        #: the callables of saved_arguments.QUERY_KEY_PRODUCTS
+        self.query_key_products = arguments.query_key_products()
         self._marked: list[arguments.Mark] = []  # arguments with a role of the calls running now
         # Every module, not only the root: a checkpointed segment's recompute in backward calls its
         # modules without the root, and must reroute functional calls as its forward did (checkpoint
@@ -169,10 +173,9 @@ class SavedTensorPacker:
             return SKIP_LEVEL
         return None
 
-    def call_with_roles(self, func, args: tuple, kwargs: dict, locations: arguments.Locations):
+    def call_with_roles(self, func, args: tuple, kwargs: dict, marks: list[arguments.Mark]):
         """Run an op of saved_arguments.py: what it saves from its positions stays exact, its queries
         and keys are packed at ``qk_bits``."""
-        marks = arguments.marks(args, kwargs, locations)
         self._marked.extend(marks)
         try:
             return func(*args, **kwargs)
@@ -240,7 +243,10 @@ class _FunctionalTwins(TorchFunctionMode):
         kwargs = kwargs or {}
         locations = self.packer.argument_ops.get(func)
         if locations is not None:
-            return self.packer.call_with_roles(func, args, kwargs, locations)
+            return self.packer.call_with_roles(func, args, kwargs, arguments.marks(args, kwargs, locations))
+        product = arguments.query_key_product_marks(func, args, kwargs, self.packer.query_key_products)
+        if product is not None and not self.packer.in_twin:
+            return self.packer.call_with_roles(func, args, kwargs, product)
         route = _routes().get(func)
         if route is not None and not self.packer.in_twin and args and isinstance(args[0], torch.Tensor):
             x = args[0]
@@ -330,6 +336,22 @@ def _max_pool2d(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs:
     return MaxPool2dFunction.apply(x, p, packer.functional_slot("max_pool2d", "pool"))
 
 
+def _max_pool3d(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
+    """F.max_pool3d -> int8 window offsets, as the MaxPool3d twin (aten keeps the input and int64 indices)."""
+    kernel = _arg(args, kwargs, 0, "kernel_size", None)
+    stride = _arg(args, kwargs, 1, "stride", None)
+    if (not packer.controller.config.masks or kernel is None or _arg(args, kwargs, 5, "return_indices", False)
+            or x.dim() not in (4, 5)):
+        return NotImplemented
+    k = triple(kernel)
+    if math.prod(k) > 128:
+        return NotImplemented
+    p = Pool3dParams(k, triple(stride) if stride not in (None, [], ()) else k,
+                     triple(_arg(args, kwargs, 2, "padding", 0)), triple(_arg(args, kwargs, 3, "dilation", 1)),
+                     bool(_arg(args, kwargs, 4, "ceil_mode", False)))
+    return MaxPool3dFunction.apply(x, p, packer.functional_slot("max_pool3d", "pool"))
+
+
 def _avg_pool2d(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
     """F.avg_pool2d -> keeps only the input's shape (aten keeps the whole input)."""
     kernel = _arg(args, kwargs, 0, "kernel_size", None)
@@ -404,6 +426,7 @@ def _routes() -> dict:
             F.silu: _smooth("silu", inplace_at=0),
             F.hardswish: _smooth("hardswish", inplace_at=0),
             F.max_pool2d: _max_pool2d,
+            F.max_pool3d: _max_pool3d,
             F.normalize: _normalize,
             F.avg_pool2d: _avg_pool2d, compat.builtin_avg_pool2d(): _avg_pool2d,
             torch.sigmoid: _smooth("sigmoid"), torch.Tensor.sigmoid: _smooth("sigmoid"), F.sigmoid: _smooth("sigmoid"),

@@ -78,6 +78,14 @@ QUERY_KEY_ARGUMENTS: tuple[SavedArgument, ...] = (
     SavedArgument("aten::scaled_dot_product_attention", 1, "key", ROLE_QUERY_KEY, _QK),
 )
 
+#: Attention written as ``q @ k.transpose(-2, -1)`` (Swin3D's ``q.matmul``, MViT's ``torch.matmul``): a
+#: batched matmul whose right operand is its last two dims transposed. What it saves (its operands, or
+#: the copies its batched form makes of them) are the queries and the keys: packed at ``qk_bits``, as
+#: the same attention written with ``F.scaled_dot_product_attention`` keeps them. (Here the softmax's
+#: output is saved on its own, so backward reads Q and K only linearly: at ``act_bits`` they would add
+#: variance, not bias; ``qk_bits`` keeps the two ways of writing attention at the same bits.)
+QUERY_KEY_PRODUCTS: tuple[str, ...] = ("torch.matmul", "torch.Tensor.matmul")
+
 #: where a callable's role arguments are: ((index, name, role), ...)
 Locations = tuple[tuple[int, str, str], ...]
 
@@ -96,8 +104,29 @@ def argument_roles(table: tuple[SavedArgument, ...] = PROTECTED_POSITIONS + QUER
 
 #: a marked argument: (storage identity, view or None, role); positions match any view of the
 #: storage (whatever an op saves from a position stays exact), queries and keys only their own view
-#: (a value that is a view of the same qkv projection is not a key)
-Mark = tuple[int, tuple | None, str]
+#: (a value that is a view of the same qkv projection is not a key); a storage of None marks
+#: everything the call saves (a query-key product: :func:`query_key_product_marks`)
+Mark = tuple[int | None, tuple | None, str]
+
+
+def query_key_product_marks(func: Callable, args: tuple, kwargs: dict,
+                            products: tuple[Callable, ...]) -> list[Mark] | None:
+    """The mark of a call of one of ``products`` (:func:`query_key_products`) that multiplies by a
+    transposed key (both operands batched, the key no parameter), or None for any other call."""
+    if func not in products or len(args) < 2 or kwargs:
+        return None
+    query, key = args[0], args[1]
+    if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)) or min(query.dim(), key.dim()) < 3:
+        return None
+    if isinstance(key, torch.nn.Parameter) or not (query.is_floating_point() and key.is_floating_point()):
+        return None
+    transposed = key.stride(-2) == 1 and key.stride(-1) != 1 and key.shape[-1] > 1
+    return [(None, None, ROLE_QUERY_KEY)] if transposed else None
+
+
+def query_key_products() -> tuple[Callable, ...]:
+    """The callables of :data:`QUERY_KEY_PRODUCTS`."""
+    return tuple(f for op in QUERY_KEY_PRODUCTS for f in compat.torch_callables(op))
 
 
 def view_of(t: torch.Tensor) -> tuple:
@@ -119,6 +148,6 @@ def role_of(t: torch.Tensor, marked: list[Mark]) -> str | None:
     """The role of saved tensor ``t`` under the calls running now (innermost first), or None."""
     storage = compat.storage_identity(t)
     for key, view, role in reversed(marked):
-        if key == storage and (view is None or view == view_of(t)):
+        if key is None or (key == storage and (view is None or view == view_of(t))):
             return role
     return None

@@ -153,7 +153,7 @@ class CommandSpec:
     def _validate_sizes(self) -> bool:
         """Image size, batches and the searched dimension's range; True for a command that searches a dim."""
         size = self._checked("image_size", self.input_size)
-        problem = size.problem(MIN_IMAGE_SIZE, LIMITS["resolution"])
+        problem = size.problem(MIN_IMAGE_SIZE, LIMITS["resolution"]) or self._task_size_problem(size)
         if problem is not None:
             raise SpecError("frames" if problem.startswith("frames") else "image_size", problem, whole=True)
         batch_sizes = self._checked("batch", self.batch_sizes)
@@ -279,6 +279,12 @@ class CommandSpec:
         with torch.device("meta"):
             model = task_of(spec.name).build(spec, self.input_size())
         return exact_segment_counts(model)
+
+    def _task_size_problem(self, size) -> str | None:
+        """What the model's task says of ``size`` (a video model whose builder fixes a size), or None."""
+        from actbench.training.tasks import task_of
+
+        return task_of(self.model).size_problem(self.model, size)
 
     @staticmethod
     def _checked(field: str, fn: Callable[[], Any]) -> Any:

@@ -42,6 +42,11 @@ class Task:
         """Classes the model's head predicts."""
         return spec.num_classes
 
+    def size_problem(self, model: str, size: InputSize) -> str | None:
+        """Why ``model`` cannot be built for ``size`` (one line naming both and what it takes), or None.
+        Imports no torch: a command checks it with its other values, before anything is built."""
+        return None
+
     def build(self, spec: ModelSpec, size: InputSize) -> "nn.Module":
         """``spec`` with random weights on the current device, for inputs of ``size``."""
         raise NotImplementedError(f"task '{self.name}' does not say how to build a model")
