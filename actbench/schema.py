@@ -51,6 +51,21 @@ RETRIED_STATUSES: tuple[str, ...] = ("error", "timeout")
 
 
 # --- the point -----------------------------------------------------------------------------------
+class SizeError(ValueError):
+    """A size a point cannot train at. ``field`` is ``image_size`` or ``frames``; ``problem`` completes
+    the option's name (``--image-size height must be ...``) unless ``whole`` (a sentence of its own)."""
+
+    def __init__(self, field: str, problem: str, whole: bool = False) -> None:
+        super().__init__(problem if whole else f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+        self.whole = whole
+
+    def as_option(self) -> str:
+        """The message in the CLI's words: ``--image-size height must be in 16..16384 pixels, got 8``."""
+        return self.problem if self.whole else f"--{self.field.replace('_', '-')} {self.problem}"
+
+
 @dataclass(frozen=True)
 class InputSize:
     """What one sample's input measures: ``height`` × ``width`` pixels and, for a clip, its ``frames``
@@ -62,10 +77,10 @@ class InputSize:
 
     @classmethod
     def parse(cls, text: str | int, frames: int | None = None) -> "InputSize":
-        """``"224"``/``224`` (square) or ``"512x1024"`` (height × width); ValueError (one line) otherwise."""
+        """``"224"``/``224`` (square) or ``"512x1024"`` (height × width); SizeError (one line) otherwise."""
         sides = str(text).strip().lower().replace("×", "x").split("x")
         if len(sides) not in (1, 2) or not all(side.strip().isdigit() for side in sides):
-            raise ValueError(f"image size '{text}' is not N or HxW (e.g. 224 or 512x1024)")
+            raise SizeError("image_size", f"must be N or HxW (e.g. 224 or 512x1024), got '{text}'")
         height, width = int(sides[0]), int(sides[-1])
         return cls(height, width, frames)
 
@@ -92,14 +107,13 @@ class InputSize:
         clip = "" if self.frames is None else f"{self.frames}x"
         return f"{clip}{self.text()}px"
 
-    def problem(self, low: int, high: int) -> str | None:
-        """Why these sides (and frames) cannot be trained at, or None: each side in ``low..high``."""
+    def check(self, low: int, high: int) -> None:
+        """SizeError unless each side is in ``low..high`` pixels and the frames (if any) in 1..LIMITS."""
         for name, value in (("height", self.height), ("width", self.width)):
             if not low <= value <= high:
-                return f"image {name} must be in {low}..{high} pixels, got {value}"
+                raise SizeError("image_size", f"{name} must be in {low}..{high} pixels, got {value}")
         if self.frames is not None and not 1 <= self.frames <= LIMITS["frames"]:
-            return f"frames must be in 1..{LIMITS['frames']}, got {self.frames}"
-        return None
+            raise SizeError("frames", f"must be in 1..{LIMITS['frames']}, got {self.frames}")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ def invoke(args: list[str]):
     (["memory", "resnet18", "--batch", "99999999999999999999", "--device", "meta"], "at most 1048576"),
     (["memory", "resnet152", "--width-per-group", "100000000", "--device", "meta"], "--width-per-group must be at most"),
     (["memory", "resnet152", "--extra-blocks", "100000000", "--device", "meta"], "--extra-blocks must be at most"),
-    (["memory", "resnet18", "--image-size", "100000", "--device", "meta"], "--image-size must be at most"),
+    (["memory", "resnet18", "--image-size", "100000", "--device", "meta"], "--image-size height must be in 16..16384 pixels, got 100000"),
     (["sweep-batch", "resnet18", "--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
     (["sweep-batch", "resnet18", "--timeout", "inf"], "--timeout must be a positive number of seconds, got inf"),
 ])

@@ -82,7 +82,7 @@ GOOD_STEP = '[[steps]]\ncommand = "memory"\nmodels = ["resnet18"]\nstrategies = 
     (GOOD_HEAD + "[[steps]\n", "bad TOML"),
     (GOOD_HEAD + "colour = 1\n" + GOOD_STEP, "unknown top-level key(s) colour"),
     (GOOD_HEAD + GOOD_STEP + "batchsize = 4\n", "unknown key(s) batchsize"),
-    (GOOD_HEAD + GOOD_STEP + "image_size = \"big\"\n", "image_size: image size 'big' is not N or HxW"),
+    (GOOD_HEAD + GOOD_STEP + "image_size = \"big\"\n", "image_size: must be N or HxW (e.g. 224 or 512x1024), got 'big'"),
     (GOOD_HEAD + GOOD_STEP.replace('"fp32"', '"fp16"'), "unknown strategy 'fp16'"),
     (GOOD_HEAD + GOOD_STEP.replace('"resnet18"', '"resnet19"'), "unknown model 'resnet19'"),
     (GOOD_HEAD + GOOD_STEP.replace('"memory"', '"train"'), "command: must be one of"),

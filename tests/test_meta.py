@@ -135,7 +135,7 @@ def test_trust_command_keeps_finished_points_and_exits_1_on_a_failed_one(tmp_pat
     (["--models", "resnet1800"], "resnet1800"),
     (["--strategies", "fp33"], "unknown strategy 'fp33'"),
     (["--batch", "1"], "--batch must be >= 2"),
-    (["--image-size", "8"], "--image-size must be >= 16"),
+    (["--image-size", "8"], "--image-size height must be in 16..16384 pixels, got 8"),
 ])
 def test_trust_command_bad_input_is_one_line(tmp_path, args, message):
     result = CliRunner().invoke(app, ["trust", *args, "--out", str(tmp_path / "t")])

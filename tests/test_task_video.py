@@ -22,7 +22,7 @@ from actbench.actnn import convert, level_config, saved_tensor_census
 from actbench.actnn.hooks import packer_of
 from actbench.actnn.layers import ActNNModule
 from actbench.cli import app
-from actbench.execution.specs import CommandSpec
+from actbench.execution.specs import CommandSpec, SpecError
 from actbench.measure.meta import MetaSessions
 from actbench.measure.point import measure_point
 from actbench.planning.point import Point
@@ -125,8 +125,10 @@ def test_checking_a_video_model_and_its_size_imports_no_torch() -> None:
 
 
 def test_frames_are_refused_for_an_image_model() -> None:
-    with pytest.raises(ValueError, match="--frames applies to video models; 'resnet18' is a classification"):
+    with pytest.raises(SpecError) as refused:
         CommandSpec("memory", "resnet18", ("L3",), batch="2", device="meta", frames=8)
+    assert refused.value.as_option() == ("--frames applies to video models; 'resnet18' is a classification model, "
+                                         "got 8")
 
 
 # --- measured and predicted ----------------------------------------------------------------------

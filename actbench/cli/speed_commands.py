@@ -97,7 +97,7 @@ def _print_model(model, path: Path) -> None:
                + (", ".join(f"{k} {v * 1e6:.0f} us" for k, v in sorted(model.strategy_call_s.items())) or "none"))
 
 
-def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...], batch_size: int, image_size: int,
+def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...], batch_size: int, image_size: str,
                 precision: str, out: Path, model_path: Path) -> None:
     """``actbench trust --device-model FILE``: predicted ÷ measured step time per point, printed as each
     finishes, ``OUT/speed_vs_<device>.csv`` kept current; exit 1 if a point failed."""

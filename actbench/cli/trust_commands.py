@@ -16,7 +16,7 @@ from actbench.cli.app import (PRECISION_HELP, MeasuringDevice, Precision, app, c
                               interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
 from actbench.cli.progress import ensure_extension
 from actbench.studies.trust import TRUST_MODELS, TRUST_STRATEGIES
-from actbench.schema import DEFAULT_PRECISION, MIN_IMAGE_SIZE
+from actbench.schema import DEFAULT_PRECISION
 
 
 def _ratio(value: float | None) -> str:
@@ -30,7 +30,8 @@ def trust_command(
     strategies: Annotated[str, typer.Option(
         "--strategies", help="Comma list of strategies and levels.")] = ",".join(TRUST_STRATEGIES),
     batch_size: Annotated[int, typer.Option("--batch", help="Batch size of every point.")] = 2,
-    image_size: Annotated[int, typer.Option("--image-size", help="Input side in pixels.")] = 32,
+    image_size: Annotated[str, typer.Option("--image-size", help=(
+        "Input size of every point: N (square) or HxW; a video model's clip has its task's frames."))] = "32",
     precision: Annotated[Precision, typer.Option("--precision", help=PRECISION_HELP)] = Precision(DEFAULT_PRECISION),
     out: Annotated[Path, typer.Option("--out", parser=checked_out_dir, help=(
         "Folder for meta_vs_<device>.csv (meta_vs_<device>_<precision>.csv at bf16, fp16)."))] = Path("runs/trust"),
@@ -65,21 +66,25 @@ def trust_command(
     _memory_trust(device.value, names, chosen, batch_size, image_size, precision.value, out)
 
 
-def _checked_points(models: str, strategies: str, batch_size: int, image_size: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _checked_points(models: str, strategies: str, batch_size: int, image_size: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(model names, strategies) of the points to compare, each refused in one line when out of range."""
     from actbench.execution.parsing import parse_strategies
     from actbench.training.model_names import ModelSpec, validate_model_spec
+    from actbench.schema import SizeError
+    from actbench.training.tasks import input_size_for
 
     if batch_size < 2:
         fail(f"--batch must be >= 2 (BatchNorm in train mode needs two samples), got {batch_size}")
-    if image_size < MIN_IMAGE_SIZE:
-        fail(f"--image-size must be >= {MIN_IMAGE_SIZE} pixels, got {image_size}")
     names = tuple(m.strip() for m in models.split(",") if m.strip())
     if not names:
         fail("--models is empty: give at least one model name (see `actbench models`)")
     try:
         for name in names:
             validate_model_spec(ModelSpec(name))
+            try:
+                input_size_for(name, image_size)
+            except SizeError as exc:
+                fail(exc.as_option())
         chosen = parse_strategies(strategies)
     except ValueError as exc:
         fail(str(exc))
@@ -88,7 +93,7 @@ def _checked_points(models: str, strategies: str, batch_size: int, image_size: i
     return names, chosen
 
 
-def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch_size: int, image_size: int,
+def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch_size: int, image_size: str,
                   precision: str, out: Path) -> None:
     """meta ÷ measured bytes per point, printed as each finishes, the CSV kept current; exit 1 if one failed."""
     from actbench.store.outputs import OutputError
@@ -132,7 +137,7 @@ def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], 
         raise typer.Exit(1)
 
 
-def _speed(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch_size: int, image_size: int,
+def _speed(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch_size: int, image_size: str,
            precision: str, out: Path, device_model: Path) -> None:
     """--device-model: trust for speed (actbench.cli.speed_commands), with the options checked above."""
     from actbench.cli.speed_commands import speed_trust

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from actbench.core.devices import DEVICE_NAMES, PROFILES
 from actbench.schema import DEFAULT_PRECISION, PRECISIONS
-from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, LIMITS, MAX_LIST_VALUES, MIN_IMAGE_SIZE, PLAN_DIMENSIONS
+from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, LIMITS, MAX_LIST_VALUES, PLAN_DIMENSIONS
 
 #: Commands that measure (or predict) points through the runner.
 MEASURING_COMMANDS: tuple[str, ...] = ("sweep-batch", "throughput", "memory", "max-scale", "plan")
@@ -152,10 +152,12 @@ class CommandSpec:
 
     def _validate_sizes(self) -> bool:
         """Image size, batches and the searched dimension's range; True for a command that searches a dim."""
-        size = self._checked("image_size", self.input_size)
-        problem = size.problem(MIN_IMAGE_SIZE, LIMITS["resolution"]) or self._task_size_problem(size)
-        if problem is not None:
-            raise SpecError("frames" if problem.startswith("frames") else "image_size", problem, whole=True)
+        from actbench.schema import SizeError
+
+        try:
+            self.input_size()
+        except SizeError as exc:
+            raise SpecError(exc.field, exc.problem, whole=exc.whole) from None
         batch_sizes = self._checked("batch", self.batch_sizes)
         searches_a_dim = self.command in ("max-scale", "plan")
         if searches_a_dim:
@@ -280,12 +282,6 @@ class CommandSpec:
             model = task_of(spec.name).build(spec, self.input_size())
         return exact_segment_counts(model)
 
-    def _task_size_problem(self, size) -> str | None:
-        """What the model's task says of ``size`` (a video model whose builder fixes a size), or None."""
-        from actbench.training.tasks import task_of
-
-        return task_of(self.model).size_problem(self.model, size)
-
     @staticmethod
     def _checked(field: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -302,19 +298,11 @@ class CommandSpec:
         return ModelSpec(self.model, extra_blocks=self.extra_blocks, width_per_group=self.width_per_group)
 
     def input_size(self):
-        """The size every point trains at: ``image_size`` and ``frames``, or the model's task's defaults.
-        ValueError (one line) for a size that is not N or HxW, or frames for a model without them."""
-        from actbench.schema import InputSize
-        from actbench.training.tasks import task_of
+        """The size every point trains at (the model's task's default where not given); ValueError (one
+        line) for one it cannot train at."""
+        from actbench.training.tasks import input_size_for
 
-        default = task_of(self.model).default_size
-        if self.frames is not None and default.frames is None:
-            raise ValueError(f"--frames applies to video models; '{self.model}' is a {task_of(self.model).name} "
-                             f"model, got --frames {self.frames}")
-        frames = default.frames if self.frames is None else self.frames
-        if self.image_size is None:
-            return InputSize(default.height, default.width, frames)
-        return InputSize.parse(self.image_size, frames)
+        return input_size_for(self.model, self.image_size, self.frames)
 
     def batch_sizes(self) -> tuple[int, ...]:
         """The batch sizes given (with --find-max, a search range: only its ends matter, any length)."""

@@ -47,6 +47,9 @@ class Comparison:
     message: str
     precision: str = DEFAULT_PRECISION
     meta_reserved_bytes: int | None = None
+    #: the input's width where it is not ``image_size`` (the height), and a clip's frames
+    image_width: int | None = None
+    frames: int | None = None
 
     @property
     def activation_ratio(self) -> float | None:
@@ -71,23 +74,26 @@ PREDICTING_DEVICE = next(name for name, p in PROFILES.items() if p.predicts)
 
 
 def compare(device: str, models=TRUST_MODELS, strategies=TRUST_STRATEGIES, batch_size: int = 2,
-            image_size: int = 32, on_point: Callable[[Comparison], None] | None = None,
+            image_size: str | int = 32, on_point: Callable[[Comparison], None] | None = None,
             precision: str = DEFAULT_PRECISION) -> list[Comparison]:
     """Measure every (model, strategy) on meta and on ``device`` (memory only, no timed steps), both
-    at ``precision``."""
+    at ``precision``; ``image_size`` is N or HxW, a clip's frames its task's default."""
+    from actbench.training.tasks import input_size_for
+
     executor = InProcessExecutor()  # an exception becomes an ``error`` measurement: one bad point ends nothing
     out = []
     for model in models:
+        size = input_size_for(model, image_size)
         for strategy in strategies:
-            predicted = PointConfig(ModelSpec(model), strategy, batch_size, image_size, PREDICTING_DEVICE,
-                                    timed_steps=0, precision=precision)
-            measured = PointConfig(ModelSpec(model), strategy, batch_size, image_size, device, warmup_steps=1,
-                                   timed_steps=0, precision=precision)
+            predicted = PointConfig(ModelSpec(model), strategy, batch_size, **size.point_fields(),
+                                    device=PREDICTING_DEVICE, timed_steps=0, precision=precision)
+            measured = PointConfig(ModelSpec(model), strategy, batch_size, **size.point_fields(), device=device,
+                                   warmup_steps=1, timed_steps=0, precision=precision)
             meta, real = executor.measure([Point.resolve(predicted), Point.resolve(measured)])
-            out.append(Comparison(model, strategy, batch_size, image_size, device, meta.status, real.status,
+            out.append(Comparison(model, strategy, batch_size, size.height, device, meta.status, real.status,
                                   meta.activation_bytes, real.activation_bytes, meta.peak_alloc_bytes,
                                   real.peak_alloc_bytes, real.reserved_bytes, one_line(meta.message or real.message, 120),
-                                  precision, meta.reserved_bytes))
+                                  precision, meta.reserved_bytes, predicted.image_width, size.frames))
             if on_point is not None:
                 on_point(out[-1])
     return out
@@ -102,8 +108,9 @@ def write_csv(rows: list[Comparison], path: Path) -> None:
     """Columns as before precision existed, then ``precision``, then the reserved-bytes comparison (readers by
     position keep working)."""
     later = ("precision", "meta_reserved_bytes")
-    fields = [n for n in Comparison.__dataclass_fields__ if n not in later]
-    names = fields + ["activation_ratio", "peak_ratio", *later, "reserved_ratio"]
+    sizes = ("image_width", "frames")
+    fields = [n for n in Comparison.__dataclass_fields__ if n not in later + sizes]
+    names = fields + ["activation_ratio", "peak_ratio", *later, "reserved_ratio", *sizes]
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_csv(path, names, ([_cell(getattr(r, n), ".4f") for n in names] for r in rows), "CSV")
 
@@ -141,7 +148,7 @@ class SpeedComparison:
 
 
 def compare_speed(device: str, speed_model: "DeviceModel", models=("resnet18",), strategies=SPEED_STRATEGIES,
-                  batch_size: int = 4, image_size: int = 64, timed_steps: int = 3,
+                  batch_size: int = 4, image_size: str | int = 64, timed_steps: int = 3,
                   on_point: Callable[[SpeedComparison], None] | None = None,
                   precision: str = DEFAULT_PRECISION) -> list[SpeedComparison]:
     """Predict every (model, strategy) on meta priced on ``speed_model`` and time it on ``device``."""
@@ -149,22 +156,26 @@ def compare_speed(device: str, speed_model: "DeviceModel", models=("resnet18",),
     from actbench.measure.point import measure_point
     from actbench.worker import error_measurement
 
+    from actbench.training.tasks import input_size_for
+
     sessions = MetaSessions(speed_model=speed_model)
     out = []
     for model in models:
+        size = input_size_for(model, image_size)
         for strategy in strategies:
             predicted = sessions.measure_point(Point.resolve(PointConfig(
-                ModelSpec(model), strategy, batch_size, image_size, PREDICTING_DEVICE, timed_steps=0,
-                precision=precision)))
-            point = Point.resolve(PointConfig(ModelSpec(model), strategy, batch_size, image_size, device,
-                                              warmup_steps=1, timed_steps=timed_steps, precision=precision))
+                ModelSpec(model), strategy, batch_size, **size.point_fields(), device=PREDICTING_DEVICE,
+                timed_steps=0, precision=precision)))
+            point = Point.resolve(PointConfig(ModelSpec(model), strategy, batch_size, **size.point_fields(),
+                                              device=device, warmup_steps=1, timed_steps=timed_steps,
+                                              precision=precision))
             try:
                 real = measure_point(point)
             except Exception as exc:  # one bad point is a row, not the end of the comparison
                 real = error_measurement(exc)
             spread = (real.samples_per_s_iqr / real.samples_per_s_median
                       if real.samples_per_s_iqr is not None and real.samples_per_s_median else None)
-            out.append(SpeedComparison(model, strategy, batch_size, image_size, device, speed_model.name,
+            out.append(SpeedComparison(model, strategy, batch_size, size.height, device, speed_model.name,
                                        predicted.status, real.status, predicted.predicted_step_s,
                                        real.step_time_s_median, spread, one_line(predicted.message or real.message, 120),
                                        precision))

@@ -12,6 +12,7 @@ import fnmatch
 import importlib
 import pkgutil
 
+from actbench.schema import LIMITS, MIN_IMAGE_SIZE, InputSize, SizeError
 from actbench.training.tasks.registry import Task, register, registered
 
 for _module in pkgutil.iter_modules(__path__):
@@ -38,6 +39,24 @@ def task_of(model_name: str) -> Task:
     raise ValueError(f"unknown model '{model_name}'{hint} (`actbench models` lists all {len(names)})")
 
 
+def input_size_for(model_name: str, image_size: str | int | None = None, frames: int | None = None) -> InputSize:
+    """The size ``model_name`` trains at: ``image_size`` (N or HxW) and ``frames``, each defaulting to its
+    task's. SizeError (one line) for a size that is not N or HxW, frames for a model without them, or a
+    size the model cannot be built for (the task's ``size_problem``)."""
+    task = task_of(model_name)
+    default = task.default_size
+    if frames is not None and default.frames is None:
+        raise SizeError("frames", f"applies to video models; '{model_name}' is a {task.name} model, got {frames}")
+    frames = default.frames if frames is None else frames
+    size = (InputSize(default.height, default.width, frames) if image_size is None
+            else InputSize.parse(image_size, frames))
+    size.check(MIN_IMAGE_SIZE, LIMITS["resolution"])
+    problem = task.size_problem(model_name, size)
+    if problem is not None:
+        raise SizeError("image_size", problem, whole=True)
+    return size
+
+
 def require_task(model_name: str, task: Task, purpose: str) -> None:
     """ValueError (one line) unless ``model_name`` is one of ``task``'s models: for work that only one task
     supports (``purpose`` says which), a model of another task is refused by name, with its task."""
@@ -54,4 +73,4 @@ def model_names(pattern: str | None = None, task: str | None = None) -> tuple[st
     return tuple(n for n in names if not pattern or fnmatch.fnmatch(n, pattern))
 
 
-__all__ = ["CLASSIFICATION", "TASK_NAMES", "Task", "model_names", "register", "registered", "require_task", "task_of"]
+__all__ = ["CLASSIFICATION", "TASK_NAMES", "Task", "input_size_for", "model_names", "register", "registered", "require_task", "task_of"]
