@@ -297,7 +297,8 @@ class CommandSpec:
 
     def input_size(self):
         """The size every point trains at: ``image_size`` and ``frames``, or the model's task's defaults.
-        ValueError (one line) for a size that is not N or HxW, or frames for a model without them."""
+        ValueError (one line) for a size that is not N or HxW, one the model's task refuses
+        (``Task.check_size``: RAFT's multiples of 8), or frames for a model without them."""
         from actbench.schema import InputSize
         from actbench.training.tasks import task_of
 
@@ -308,7 +309,9 @@ class CommandSpec:
         frames = default.frames if self.frames is None else self.frames
         if self.image_size is None:
             return InputSize(default.height, default.width, frames)
-        return InputSize.parse(self.image_size, frames)
+        size = InputSize.parse(self.image_size, frames)
+        task_of(self.model).check_size(size)
+        return size
 
     def batch_sizes(self) -> tuple[int, ...]:
         """The batch sizes given (with --find-max, a search range: only its ends matter, any length)."""

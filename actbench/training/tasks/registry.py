@@ -42,6 +42,10 @@ class Task:
         """Classes the model's head predicts."""
         return spec.num_classes
 
+    def check_size(self, size: InputSize) -> None:
+        """ValueError (one line, naming the size and what is allowed) for a size the task's models cannot
+        train at; any size by default. The spec calls it, so a bad size is refused before anything is built."""
+
     def build(self, spec: ModelSpec, size: InputSize) -> "nn.Module":
         """``spec`` with random weights on the current device, for inputs of ``size``."""
         raise NotImplementedError(f"task '{self.name}' does not say how to build a model")
