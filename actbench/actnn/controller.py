@@ -221,6 +221,9 @@ class Controller:
             # the split across samples follows the range, which the rank match does see.
             cost = torch.cat([self._cost_factor(i) * self._calls_per_step(i) * stats[i][0].mean() * stats[i][1]
                               for i in indices])
+            # A diverging run's ranges overflow fp32 sums (inf, and inf x 0 = nan): an overflowed statistic
+            # counts 0, as record_grad counts an overflowed gradient norm, instead of failing the step.
+            cost = torch.nan_to_num(cost, nan=0.0, posinf=0.0)
             weight = torch.cat([torch.full((stats[i][0].numel(),), float(self._elements[i]), dtype=torch.float64) for i in indices])
             budget = target * float(weight.sum())
             bits = ops.allocate_bits(cost, weight, budget, self.config.min_bits, self.config.max_bits)
