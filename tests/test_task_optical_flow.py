@@ -164,7 +164,7 @@ def test_raft_small_meta_predicts_cpu_bytes(flow_rows, strategy) -> None:
     _assert_meta_predicts_cpu(flow_rows, strategy)
 
 
-@pytest.mark.heavy  # four raft_small points at the reference's 12 updates: about 80 s on 2 cores
+@pytest.mark.heavy  # four raft_small points at the reference's 12 updates: about 2 minutes on 2 shared cores
 @pytest.mark.parametrize("strategy", ["fp32", "L3"])
 def test_raft_small_meta_predicts_cpu_bytes_at_12_updates(strategy) -> None:
     _assert_meta_predicts_cpu(_rows(NUM_FLOW_UPDATES), strategy)

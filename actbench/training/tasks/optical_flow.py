@@ -9,6 +9,12 @@ FlyingChairs crop, 368x496.
 
 RAFT computes its features at 1/8 of the input and pools their correlation volume three times, so a
 side must be a multiple of 8 and at least 128 (torchvision's own check fails later, inside forward).
+
+Under ActNN the correlation lookup's coordinates stay exact: every update samples the pyramid with
+``grid_sample`` at coordinates RAFT detaches, and its grid is a position (``actnn/saved_arguments.py``);
+tests/test_task_optical_flow.py holds an L3 step's gradients to one that keeps every detached tensor
+exact. Those grids (4 levels x 12 updates x B x H/8 x W/8 x (2r+1)^2 x 2 floats) are the largest
+share of what L3 leaves uncompressed.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ if TYPE_CHECKING:
 TORCHVISION_FLOW_MODELS: tuple[str, ...] = ("raft_large", "raft_small")
 #: Updates of the recurrent unit per forward: the reference trains with 12 (``--num_flow_updates``).
 NUM_FLOW_UPDATES = 12
-#: Weight decay of the sequence loss over updates: prediction i of N weighs GAMMA^(N-1-i).
+#: Discount of the sequence loss over updates: prediction i of N weighs GAMMA^(N-1-i).
 GAMMA = 0.8
 #: Ground-truth flows of this norm or more are left out of the loss (extremely large displacements).
 MAX_FLOW = 400.0
@@ -68,10 +74,11 @@ def drop_correlation_pyramids(model: "nn.Module") -> None:
     """Let go of the correlation pyramid torchvision's ``CorrBlock`` keeps as an attribute after forward.
 
     Backward reads the pyramid from what autograd saved (grid_sample's input), never from the
-    attribute, so dropping it changes no number. Kept, it would hold a full-precision copy of every
-    level (B x (H/8 x W/8)^2 x 4/3 floats: 41 MiB a pair at 368x496) through backward beside the
-    compressed one under L1-L5, and from one step to the next under every strategy, where the live
-    storages of a measured step do not see it.
+    attribute, so dropping it changes no number. Kept, the attribute holds a full-precision copy of
+    every level (B x (H/8 x W/8)^2 x 4/3 floats: 41 MiB a pair at 368x496) alive through backward
+    beside the 2-bit copy the saved-tensor hook path packs under L1-L5 (raft_small at L3, 368x496:
+    152 MiB of activations instead of 111 MiB), and from one step into the next under every strategy:
+    a GPU's allocator would hold it, while the storages a cpu or meta step tracks do not include it.
     """
     from torchvision.models.optical_flow.raft import CorrBlock
 
