@@ -65,6 +65,51 @@ def test_l3_first_step_uniform_then_adaptive_with_network_mean_at_target(backend
     assert any(len(set(a.bits_desc)) > 1 for a in alloc.values())  # samples differ
 
 
+class _Recurrent(nn.Module):
+    """A convolution applied three times in one forward (a recurrent unit's, as RAFT's update block), then a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.cell = nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        h = self.stem(x)
+        for _ in range(3):
+            h = torch.tanh(self.cell(h))
+        return self.head(h.flatten(1))
+
+
+def test_l3_weighs_a_layer_by_all_its_calls_in_a_step(backend):
+    """The cell saves three inputs a step: it weighs three calls' elements in the shared budget (weighed as
+    one, the split spent other than the target on the bytes a step really packs), and the mean over what a
+    step packs stays at the target."""
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))
+    conv = convert(_Recurrent(), level_config("L3", backend=backend))
+    _step(conv.model, x, y)
+    _step(conv.model, x, y)
+    alloc = conv.controller.allocation()
+    assert alloc["cell"].elements_per_sample == 3 * 8 * 8 * 8, alloc["cell"]
+    assert alloc["stem"].elements_per_sample == 3 * 8 * 8 and alloc["head"].elements_per_sample == 8 * 8 * 8
+    assert 1.9 <= conv.controller.network_mean_bits() <= 2.0
+
+
+def test_l3_an_overflowed_statistic_does_not_fail_the_step(backend):
+    """A diverging run (RAFT under SGD at lr 0.1 reaches activations whose squared ranges overflow fp32)
+    leaves an infinite range statistic: the allocation counts it 0 instead of raising in allocate_bits."""
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))
+    conv = convert(_net(), level_config("L3", backend=backend))
+    c = conv.controller
+    _step(conv.model, x, y)
+    c._range_sq[0] = torch.full_like(c._range_sq[0], math.inf)
+    c._grad_sq[3] = torch.zeros_like(c._grad_sq[3])
+    c._range_sq[3] = torch.full_like(c._range_sq[3], math.inf)  # 0 x inf
+    assert math.isfinite(_step(conv.model, x, y))
+    assert 1.9 <= c.network_mean_bits() <= 2.0
+
+
 def test_l3_rank_match_gives_wide_samples_more_bits(backend):
     x = torch.randn(8, 3, 8, 8)
     x[5] *= 50

@@ -83,6 +83,9 @@ class Controller:
         self._grad_sq: dict[int, torch.Tensor] = {}
         self._range_sq: dict[int, torch.Tensor] = {}
         self._elements: dict[int, int] = {}
+        #: per layer: (step, its forward calls in that step); a layer run several times in one forward
+        #: (a recurrent unit's convolutions) saves an input per call
+        self._calls: dict[int, tuple[int, int]] = {}
         self._positions: dict[int, int] = {}
         self._allocation: dict[int, LayerAllocation] = {}
         self._dynamic: dict[str, LayerSlot] = {}
@@ -216,7 +219,11 @@ class Controller:
             # A sample's bits are chosen in forward, before its own gradient exists: last step's
             # per-sample norms belong to other samples, so each layer's cost uses their mean and
             # the split across samples follows the range, which the rank match does see.
-            cost = torch.cat([self._cost_factor(i) * stats[i][0].mean() * stats[i][1] for i in indices])
+            cost = torch.cat([self._cost_factor(i) * self._calls_per_step(i) * stats[i][0].mean() * stats[i][1]
+                              for i in indices])
+            # A diverging run's ranges overflow fp32 sums (inf, and inf x 0 = nan): an overflowed statistic
+            # counts 0, as record_grad counts an overflowed gradient norm, instead of failing the step.
+            cost = torch.nan_to_num(cost, nan=0.0, posinf=0.0)
             weight = torch.cat([torch.full((stats[i][0].numel(),), float(self._elements[i]), dtype=torch.float64) for i in indices])
             budget = target * float(weight.sum())
             bits = ops.allocate_bits(cost, weight, budget, self.config.min_bits, self.config.max_bits)
@@ -242,6 +249,12 @@ class Controller:
         are starved of bits.
         """
         return self.layers[index].cost_factor / self._positions.get(index, 1)
+
+    def _calls_per_step(self, index: int) -> int:
+        """How many inputs layer ``index`` saved in its last step: a layer called k times in one forward
+        (RAFT's update block, 12 times) costs k times the bytes and k times the gradient variance of
+        one call, so its weight and cost in the shared budget are both k times one call's."""
+        return self._calls.get(index, (0, 1))[1]
 
     def record_packed_ranges(self, index: int, packed: ops.PackedTensor) -> None:
         """The range statistic (per sample, the sum over groups of range^2) from a packed tensor's
@@ -280,7 +293,10 @@ class Controller:
         kind = self.layers[index].kind
         target = self.target_bits(kind)
         n = x.shape[0]
-        self._elements[index] = x.numel() // n
+        step, calls = self._calls.get(index, (-1, 0))
+        calls = calls + 1 if step == self.step else 1
+        self._calls[index] = (self.step, calls)
+        self._elements[index] = calls * (x.numel() // n)  # per sample, over this step's calls so far
         self._positions[index] = _positions(kind, x)
         if not self.config.mixed_precision:
             return BitPlan(int(target))

@@ -133,7 +133,8 @@ def build_training_step(
     precision: str = DEFAULT_PRECISION,
     task: Task = CLASSIFICATION,
 ) -> tuple[TrainingStep, str | None]:
-    """Prepare ``model`` (already on ``device``) for ``strategy`` and pair it with SGD(momentum 0.9).
+    """Prepare ``model`` (already on ``device``) for ``strategy`` and pair it with its task's optimizer
+    (SGD with momentum 0.9 unless the task trains otherwise).
 
     ``precision``: fp32, bf16 or fp16 (autocast; fp16 with a gradient scaler); ``task``: the loss trained
     (the point's, ``Point.task``). Returns (step, note):
@@ -141,7 +142,7 @@ def build_training_step(
     """
     check_precision(precision)
     prepared = strategy.prepare(model, device, options, host_scope)
-    optimizer = torch.optim.SGD(prepared.model.parameters(), lr=options.lr, momentum=options.momentum)
+    optimizer = task.optimizer(prepared.model.parameters(), options.lr, options.momentum)
     first = next(iter(prepared.model.parameters()), None)
     scaler = make_scaler(precision, device, fake=first is not None and compat.is_fake(first))
     return TrainingStep(prepared.model, optimizer, prepared.forward_context, precision=precision,

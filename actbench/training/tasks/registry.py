@@ -12,7 +12,7 @@ loss is a dict of named terms, summed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
 from actbench.schema import InputSize, ModelSpec
 
@@ -47,6 +47,13 @@ class Task:
         Imports no torch: a command checks it with its other values, before anything is built."""
         return None
 
+    def require_size(self, model: str, size: InputSize) -> None:
+        """ValueError (one line) for a size :meth:`size_problem` refuses: ``build`` and ``batch`` call it for
+        callers that come without a command (the Python API, tests)."""
+        problem = self.size_problem(model, size)
+        if problem is not None:
+            raise ValueError(problem)
+
     def build(self, spec: ModelSpec, size: InputSize) -> "nn.Module":
         """``spec`` with random weights on the current device, for inputs of ``size``."""
         raise NotImplementedError(f"task '{self.name}' does not say how to build a model")
@@ -55,6 +62,14 @@ class Task:
               seed: int) -> tuple[Any, Any]:
         """A synthetic (inputs, targets), made from ``seed`` on ``device`` (no data loading)."""
         raise NotImplementedError(f"task '{self.name}' does not say how to make a batch")
+
+    def optimizer(self, params: "Iterable[torch.Tensor]", lr: float, momentum: float) -> "torch.optim.Optimizer":
+        """What trains the model: SGD with momentum (the ActNN paper's, and torchvision's classification and
+        segmentation references'); a task whose reference trains with another optimizer says so here,
+        since its state is part of the step's memory."""
+        import torch
+
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
 
     def forward(self, model: "nn.Module", inputs: Any, targets: Any) -> Any:
         """The model's training output (detection models take the targets too)."""

@@ -81,9 +81,7 @@ class VideoClassification(Task):
         from actbench.training.model_names import check_growth
 
         check_growth(spec)
-        problem = self.size_problem(spec.name, size)
-        if problem is not None:
-            raise ValueError(problem)
+        self.require_size(spec.name, size)
         classes = self.num_classes(spec)
         if spec.name.startswith("mvit"):
             return _sized_mvit(spec.name, classes, clip_size(size, self.default_size))
