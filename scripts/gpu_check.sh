@@ -135,6 +135,15 @@ SEG=(fcn_resnet50 --batch 4 --image-size 256 --strategies fp32 --levels L3 --out
 step segmentation_cuda 90 "$PY" -m actbench memory "${SEG[@]}" --device cuda
 step segmentation_meta 60 "$PY" -m actbench memory "${SEG[@]}" --device meta
 cat "$SCRATCH"/segmentation/*/rows.jsonl >"$KEPT/segmentation_rows.jsonl" 2>/dev/null
+# one short point per other task, on cuda and predicted on meta (fp32 and L3): a video clip at the
+# reference's 16x112, a RAFT frame pair at 368x496 (its default), a detector at 512x640
+for task in "video r3d_18 --batch 4" "flow raft_small --batch 2" "detection fasterrcnn_mobilenet_v3_large_fpn --batch 2 --image-size 512x640"; do
+    set -- $task
+    name=$1; shift
+    step "${name}_cuda" 120 "$PY" -m actbench memory "$@" --strategies fp32 --levels L3 --device cuda --out "$SCRATCH/$name"
+    step "${name}_meta" 90 "$PY" -m actbench memory "$@" --strategies fp32 --levels L3 --device meta --out "$SCRATCH/$name"
+    cat "$SCRATCH/$name"/*/rows.jsonl >"$KEPT/${name}_rows.jsonl" 2>/dev/null
+done
 cat "$SCRATCH"/baselines/*/rows.jsonl >"$KEPT/baselines_rows.jsonl" 2>/dev/null
 pack
 

@@ -126,8 +126,9 @@ def test_trust_csv_compares_predicted_and_measured_reserved_bytes(tmp_path: Path
     write_csv([row, dataclasses.replace(row, measured_reserved_bytes=None)], tmp_path / "t.csv")
     header, *lines = (tmp_path / "t.csv").read_text().splitlines()
     names = header.split(",")
-    # the columns before keep their places; the reserved comparison comes after precision
-    assert names[-5:] == ["activation_ratio", "peak_ratio", "precision", "meta_reserved_bytes", "reserved_ratio"]
+    # the columns before keep their places; the reserved comparison comes after precision, the sizes last
+    assert names[-7:] == ["activation_ratio", "peak_ratio", "precision", "meta_reserved_bytes", "reserved_ratio",
+                          "image_width", "frames"]
     first, second = (dict(zip(names, line.split(","))) for line in lines)
     assert first["reserved_ratio"] == "0.7500" and first["meta_reserved_bytes"] == str(120 * MIB)
     assert second["reserved_ratio"] == ""  # not measured (cpu): no ratio, not zero

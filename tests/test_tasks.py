@@ -6,6 +6,7 @@ L3 keeps several times fewer activation bytes than fp32, and meta predicts cpu's
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -153,16 +154,16 @@ def test_segmentation_meta_predicts_cpu_bytes(segmentation_rows, strategy) -> No
     assert meta.flops_per_sample == cpu.flops_per_sample and meta.model_bytes == cpu.model_bytes
 
 
-def test_work_for_one_task_refuses_another_tasks_model_by_name() -> None:
-    """verify-grads trains logits against labels: a segmentation model is refused with its task, before
-    anything is built, and an unknown name keeps its own one-line error."""
-    from actbench.studies.gradients import VerifyConfig, verify_grads
+def test_verify_grads_trains_a_segmentation_models_own_loss() -> None:
+    """verify-grads builds the model, batch and loss of its task: every parameter the segmentation loss
+    trains gets a finite compressed gradient (the auxiliary head's too), and an unknown name is one line."""
     from actbench.actnn import level_config
-    from actbench.training.tasks import CLASSIFICATION, require_task
+    from actbench.studies.gradients import VerifyConfig, verify_grads
 
-    require_task("resnet18", CLASSIFICATION, "verify-grads")
-    with pytest.raises(ValueError, match="verify-grads takes classification models; 'fcn_resnet50' is a "
-                                         "segmentation model"):
-        verify_grads(VerifyConfig("fcn_resnet50", level_config("L3"), 2, 2, 32, "cpu"))
+    rows = verify_grads(VerifyConfig("deeplabv3_mobilenet_v3_large", level_config("L3"), 2, 2, 32, "cpu"))
+    names = {r.parameter for r in rows}
+    assert any(n.startswith("aux_classifier.") for n in names) and any(n.startswith("classifier.") for n in names)
+    assert all(math.isfinite(r.rel_bias) and math.isfinite(r.rel_std) for r in rows)
+    assert any(r.rel_std > 0 for r in rows)
     with pytest.raises(ValueError, match="unknown model 'resnet19'"):
-        require_task("resnet19", CLASSIFICATION, "verify-grads")
+        VerifyConfig("resnet19")

@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -26,7 +26,23 @@ class QuantBackend(str, enum.Enum):
     reference = "oracle"
 
 
-def _check_batchnorm_batch(model: str, batch_size: int, image_size: int) -> None:
+def _check_model_and_size(model: str, batch_size: int, image_size: str, frames: int | None) -> None:
+    """The model's name, its size (its task's rules) and, for one sample, BatchNorm: one line each."""
+    from actbench.schema import SizeError
+    from actbench.training.model_names import ModelSpec, validate_model_spec
+    from actbench.training.tasks import input_size_for
+
+    try:
+        validate_model_spec(ModelSpec(model))
+        size = input_size_for(model, image_size, frames)
+    except SizeError as exc:
+        fail(exc.as_option())
+    except ValueError as exc:
+        fail(str(exc))
+    _check_batchnorm_batch(model, batch_size, size)
+
+
+def _check_batchnorm_batch(model: str, batch_size: int, size) -> None:
     """One sample is refused up front for a model with BatchNorm: in training it needs more than one
     value per channel, which a batch of one lacks where a feature map shrinks to 1x1."""
     if batch_size >= 2:
@@ -34,11 +50,11 @@ def _check_batchnorm_batch(model: str, batch_size: int, image_size: int) -> None
     import torch
     from torch import nn
 
-    from actbench.training.models import build_model
     from actbench.training.model_names import ModelSpec
+    from actbench.training.tasks import task_of
 
     with torch.device("meta"):
-        built = build_model(ModelSpec(model), image_size)
+        built = task_of(model).build(ModelSpec(model), size)
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in built.modules()):
         fail(f"--batch must be >= 2 for {model}: BatchNorm in training needs more than one value per channel "
              f"(two samples), got {batch_size}")
@@ -60,7 +76,10 @@ def verify_grads_command(
     level: Annotated[Level, typer.Option("--level", help="ActNN level.")] = Level.L3,
     batch_size: Annotated[int, typer.Option("--batch", min=1, help="Batch size.")] = 4,
     seeds: Annotated[int, typer.Option("--seeds", min=2, help="Compressed draws K (>= 2).")] = 8,
-    image_size: Annotated[int, typer.Option("--image-size", min=8, help="Input side in pixels.")] = 64,
+    image_size: Annotated[str, typer.Option("--image-size", help=(
+        "Input size: N (square) or HxW (RAFT: multiples of 8, at least 128)."))] = "64",
+    frames: Annotated[Optional[int], typer.Option("--frames", show_default=False, help=(
+        "Video models only: frames per clip (default: the video task's)."))] = None,
     device: Annotated[MeasuringDevice, typer.Option(
         "--device", help="Where to compute the gradients.")] = MeasuringDevice.cpu,
     backend: Annotated[QuantBackend, typer.Option("--backend", help="Quantizer backend.")] = QuantBackend.extension,
@@ -71,31 +90,26 @@ def verify_grads_command(
 ) -> None:
     """Bias and variance of ActNN's compressed gradients vs fp32, per parameter (table + CSV).
 
-    With --precision bf16 or fp16 both the compressed and the reference gradients come from autocast
+    Any task's model trains its task's loss on its task's synthetic batch (a detector's sampled
+    proposals are drawn alike in every draw). With --precision bf16 or fp16 both the compressed and the reference gradients come from autocast
     at that precision, so the bias and spread are compression's alone.
 
     \b
     Examples:
       actbench verify-grads resnet18 --level L3 --batch 8 --seeds 16
       actbench verify-grads resnet18 --level L3 --batch 8 --seeds 16 --precision bf16
+      actbench verify-grads lraspp_mobilenet_v3_large --level L3 --batch 2 --seeds 4
+      actbench verify-grads raft_small --image-size 128 --batch 1 --seeds 4
     """
     from actbench.actnn import level_config
     from actbench.studies.gradients import GradRow, VerifyConfig, write_csv
     from actbench.store.outputs import OutputError
     from actbench.execution.executors import InProcessExecutor, Task
-    from actbench.training.model_names import ModelSpec, validate_model_spec
-    from actbench.training.tasks import CLASSIFICATION, require_task
-
     precision = precision.value
-    try:
-        validate_model_spec(ModelSpec(model))
-        require_task(model, CLASSIFICATION, "verify-grads")
-    except ValueError as exc:
-        fail(str(exc))
-    _check_batchnorm_batch(model, batch_size, image_size)
+    _check_model_and_size(model, batch_size, image_size, frames)
     require_device(device.value)
     config = VerifyConfig(model, level_config(level.value, backend=backend.value), batch_size, seeds, image_size,
-                          device.value, precision=precision)
+                          device.value, precision=precision, frames=frames)
     tag = "" if precision == DEFAULT_PRECISION else f" {precision}"
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err) as bar:

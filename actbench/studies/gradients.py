@@ -14,32 +14,37 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 
 from actbench.actnn.convert import convert
 from actbench.actnn.levels import LevelConfig, resolve
-from actbench.schema import DEFAULT_PRECISION
+from actbench.schema import DEFAULT_PRECISION, InputSize
 from actbench.training.precision import check_precision, uses_loss_scaling
+
+if TYPE_CHECKING:
+    from actbench.training.tasks import Task
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class VerifyConfig:
-    """One verification: model (torchvision name), level, batch size, K seeds, input side, device, precision."""
+    """One verification: model (torchvision name, any task), level, batch size, K seeds, input size (N or
+    HxW; a clip's frames default to its task's), device, precision."""
 
     model: str
     level: str | LevelConfig = "L3"
     batch_size: int = 4
     seeds: int = 8
-    image_size: int = 64
+    image_size: str | int = 64
     device: str = "cpu"
     num_classes: int = 10
     data_seed: int = 0
     precision: str = DEFAULT_PRECISION
+    frames: int | None = None
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
@@ -47,8 +52,13 @@ class VerifyConfig:
             raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
         if self.seeds < 2:
             raise ValueError(f"seeds must be >= 2 (a variance needs two draws), got {self.seeds}")
-        if self.image_size < 8:
-            raise ValueError(f"image_size must be >= 8, got {self.image_size}")
+        self.size()
+
+    def size(self) -> InputSize:
+        """The input size (ValueError, one line, for one the model cannot train at)."""
+        from actbench.training.tasks import input_size_for
+
+        return input_size_for(self.model, self.image_size, self.frames)
 
 
 @dataclass(frozen=True)
@@ -97,15 +107,20 @@ class LossScale:
         self.value = 2.0**16 if uses_loss_scaling(precision) else 1.0
 
 
-def _grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str = DEFAULT_PRECISION,
-           scale: LossScale | None = None) -> dict[str, torch.Tensor]:
-    """Parameter gradients (float64, cpu) of one cross-entropy step at ``precision``."""
+def _grads(model: nn.Module, x: Any, y: Any, precision: str = DEFAULT_PRECISION,
+           scale: LossScale | None = None, task: "Task | None" = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Parameter gradients (float64, cpu) of one step of ``task``'s loss (classification's cross-entropy by
+    default) at ``precision``. Torch's global generator is reset to ``seed`` first, so what a model draws
+    for itself (a detector's sampled proposals) is the same in every draw: compression's rounding comes
+    from its own generator, and the difference between draws is compression's alone."""
     from actbench.training.step import training_loss
+    from actbench.training.tasks import CLASSIFICATION
 
     scale = scale or LossScale(precision)
     while True:
         model.zero_grad(set_to_none=True)
-        loss = training_loss(model, x, y, precision)
+        torch.manual_seed(seed)
+        loss = training_loss(model, x, y, precision, task or CLASSIFICATION)
         (loss if scale.value == 1.0 else loss * scale.value).backward()
         grads = {n: p.grad.detach().to("cpu", torch.float64) / scale.value
                  for n, p in model.named_parameters() if p.grad is not None}
@@ -164,50 +179,51 @@ def grad_statistics(reference: dict[str, torch.Tensor], draws: list[dict[str, to
 def compare_gradients(
     model: nn.Module,
     level: str | LevelConfig,
-    x: torch.Tensor,
-    y: torch.Tensor,
+    x: Any,
+    y: Any,
     seeds: int,
     progress: Callable[[int, int], None] | None = None,
     precision: str = DEFAULT_PRECISION,
+    task: "Task | None" = None,
 ) -> list[GradRow]:
-    """Gradient of ``model`` on (x, y) vs ``seeds`` compressed draws at ``level``, both at ``precision``."""
+    """Gradient of ``model`` on (x, y) vs ``seeds`` compressed draws at ``level``, both at ``precision``,
+    of ``task``'s loss (classification's by default)."""
     config = resolve(level)
     model = copy.deepcopy(model).train()
     _eval_dropout(model)
     scale = LossScale(check_precision(precision))
-    reference = _grads(copy.deepcopy(model), x, y, precision, scale)
+    reference = _grads(copy.deepcopy(model), x, y, precision, scale, task)
     generator = torch.Generator().manual_seed(0)
     conv = convert(model, config, generator=generator)
     _eval_dropout(conv.model)
-    _grads(conv.model, x, y, precision, scale)  # warm-up: L3's allocation adapts from the second step on
+    _grads(conv.model, x, y, precision, scale, task)  # warm-up: L3's allocation adapts from the second step on
     running = RunningGrads(reference)
     for k in range(seeds):
         generator.manual_seed(1000 + k)
-        running.add(_grads(conv.model, x, y, precision, scale))
+        running.add(_grads(conv.model, x, y, precision, scale, task))
         if progress:
             progress(k + 1, seeds)
     return running.rows()
 
 
 def verify_grads(config: VerifyConfig, progress: Callable[[int, int], None] | None = None) -> list[GradRow]:
-    """Build the torchvision model, make a fixed batch, and compare (docs/design.md §3)."""
-    from actbench.training.models import ModelSpec, build_model
-    from actbench.training.tasks import CLASSIFICATION, require_task
+    """Build the torchvision model, make its task's fixed batch, and compare (docs/design.md §3)."""
+    from actbench.schema import ModelSpec
+    from actbench.training.tasks import task_of
 
-    require_task(config.model, CLASSIFICATION, "verify-grads")  # it trains logits against labels
+    task, size = task_of(config.model), config.size()
+    spec = ModelSpec(config.model, num_classes=config.num_classes)
     torch.manual_seed(config.data_seed)
-    model = build_model(ModelSpec(config.model, num_classes=config.num_classes), config.image_size)
+    model = task.build(spec, size)
     zeroed = _init_zero_weights(model, config.data_seed + 1)
     if zeroed:
         log.info("verify-grads %s: all-zero weights given a small random init: %s", config.model, ", ".join(zeroed))
     device = torch.device(config.device)
     model = model.to(device)
-    g = torch.Generator().manual_seed(config.data_seed)
-    x = torch.randn(config.batch_size, 3, config.image_size, config.image_size, generator=g).to(device)
-    y = torch.randint(0, config.num_classes, (config.batch_size,), generator=g).to(device)
-    log.info("verify-grads %s at %s %s: batch %d, %d seeds, %d px", config.model, resolve(config.level).name,
-             config.precision, config.batch_size, config.seeds, config.image_size)
-    return compare_gradients(model, config.level, x, y, config.seeds, progress, config.precision)
+    x, y = task.batch(spec, config.batch_size, size, device, config.data_seed)
+    log.info("verify-grads %s at %s %s: batch %d, %d seeds, %s", config.model, resolve(config.level).name,
+             config.precision, config.batch_size, config.seeds, size.label())
+    return compare_gradients(model, config.level, x, y, config.seeds, progress, config.precision, task)
 
 
 def verify_task(args: dict, progress: Callable[[int, int], None] | None = None) -> dict:

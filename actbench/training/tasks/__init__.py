@@ -57,15 +57,6 @@ def input_size_for(model_name: str, image_size: str | int | None = None, frames:
     return size
 
 
-def require_task(model_name: str, task: Task, purpose: str) -> None:
-    """ValueError (one line) unless ``model_name`` is one of ``task``'s models: for work that only one task
-    supports (``purpose`` says which), a model of another task is refused by name, with its task."""
-    found = task_of(model_name)
-    if found is not task:
-        raise ValueError(f"{purpose} takes {task.name} models; '{model_name}' is a {found.name} model "
-                         f"(`actbench models --task {task.name}` lists them)")
-
-
 def model_names(pattern: str | None = None, task: str | None = None) -> tuple[str, ...]:
     """Installed model names of every task (or of ``task``), sorted, filtered by a glob such as ``fcn_*``."""
     chosen = [registered()[task]] if task is not None else registered().values()
@@ -73,4 +64,4 @@ def model_names(pattern: str | None = None, task: str | None = None) -> tuple[st
     return tuple(n for n in names if not pattern or fnmatch.fnmatch(n, pattern))
 
 
-__all__ = ["CLASSIFICATION", "TASK_NAMES", "Task", "input_size_for", "model_names", "register", "registered", "require_task", "task_of"]
+__all__ = ["CLASSIFICATION", "TASK_NAMES", "Task", "input_size_for", "model_names", "register", "registered", "task_of"]
