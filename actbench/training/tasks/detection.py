@@ -1,0 +1,148 @@
+"""Object detection (boxes, masks, keypoints): torchvision's detectors, trained as its reference does.
+
+torchvision's ``references/detection/train.py``: COCO's 91 classes (Keypoint R-CNN: person and
+background, 17 keypoints), every backbone layer trainable (no pretrained backbone), the model's own
+loss dict summed, images resized to an 800 px short side, at most 1333 px long.
+
+The point's H×W is what the model trains at. A detector resizes every image inside its forward
+(``GeneralizedRCNNTransform``); built with ``min_size = min(H, W)`` and ``max_size = max(H, W)`` its
+resize scale is exactly 1, so an H×W image stays H×W (the R-CNNs, RetinaNet and FCOS then pad the
+batch to a multiple of 32, as torchvision always does). SSD and SSDlite resize to a fixed size of
+their own (300², 320²) whatever their options say; their transform's fixed size is set to the
+point's H×W instead, so they train at the requested size too (their anchors are relative to the
+image, so any size works; SSD300-VGG16's last extra layers need about 270 px or more).
+
+The batch is synthetic and seeded: :data:`BOXES_PER_IMAGE` boxes per image, each at least
+:data:`MIN_BOX_SIDE` px a side, inside the image; Mask R-CNN's masks fill each box, Keypoint R-CNN's
+17 keypoints lie inside it, all visible.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from actbench.schema import InputSize, ModelSpec
+from actbench.training.tasks.registry import Task, register
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+#: ``torchvision.models.list_models(module=torchvision.models.detection)`` of torchvision 0.29.1, sorted.
+TORCHVISION_DETECTORS: tuple[str, ...] = (
+    "fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_resnet50_fpn",
+    "fasterrcnn_resnet50_fpn_v2", "fcos_resnet50_fpn", "keypointrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn",
+    "maskrcnn_resnet50_fpn_v2", "retinanet_resnet50_fpn", "retinanet_resnet50_fpn_v2", "ssd300_vgg16",
+    "ssdlite320_mobilenet_v3_large",
+)
+#: COCO's classes as torchvision numbers them (background and 90 category ids, some unused).
+COCO_CLASSES = 91
+#: Keypoint R-CNN's classes (background, person) and COCO's keypoints per person.
+KEYPOINT_CLASSES = 2
+COCO_KEYPOINTS = 17
+#: Ground-truth boxes in every synthetic image: a fixed count, so every step sees the same work.
+BOXES_PER_IMAGE = 8
+#: Smallest side of a synthetic box, pixels: a box no wider than this is degenerate for the box coder.
+MIN_BOX_SIDE = 8
+#: ModelSpec's default class count (ImageNet's); a detector left at it predicts COCO's classes.
+_SPEC_DEFAULT_CLASSES = ModelSpec("").num_classes
+
+
+def kind_of(name: str) -> str:
+    """What a detector's targets hold besides boxes and labels: ``masks``, ``keypoints`` or ``boxes``."""
+    if name.startswith("maskrcnn"):
+        return "masks"
+    if name.startswith("keypointrcnn"):
+        return "keypoints"
+    return "boxes"
+
+
+def fixed_size_model(name: str) -> bool:
+    """SSD and SSDlite: models whose transform resizes every image to one fixed size."""
+    return name.startswith("ssd")
+
+
+@register
+class Detection(Task):
+    name = "detection"
+    description = ("images to boxes, labels and masks or keypoints (COCO's 91 classes); torchvision's "
+                   "loss dict, summed")
+    pinned_models = TORCHVISION_DETECTORS
+    #: the reference's resize: 800 px short side, at most 1333 px long side
+    default_size = InputSize(800, 1333)
+
+    def installed_models(self) -> tuple[str, ...]:
+        import torchvision
+
+        return tuple(sorted(torchvision.models.list_models(module=torchvision.models.detection)))
+
+    def num_classes(self, spec: ModelSpec) -> int:
+        if spec.num_classes != _SPEC_DEFAULT_CLASSES:
+            return spec.num_classes
+        return KEYPOINT_CLASSES if kind_of(spec.name) == "keypoints" else COCO_CLASSES
+
+    def build(self, spec: ModelSpec, size: InputSize | int) -> "nn.Module":
+        """torchvision's builder, random weights, resizing to exactly ``size`` (see the module doc)."""
+        import torchvision
+
+        from actbench.training.model_names import check_growth
+
+        check_growth(spec)
+        size = InputSize.of(size)
+        kwargs: dict[str, Any] = {}
+        if not fixed_size_model(spec.name):
+            kwargs = {"min_size": min(size.height, size.width), "max_size": max(size.height, size.width)}
+        if kind_of(spec.name) == "keypoints":
+            kwargs["num_keypoints"] = COCO_KEYPOINTS
+        model = torchvision.models.get_model(spec.name, weights=None, weights_backbone=None,
+                                             num_classes=self.num_classes(spec), **kwargs)
+        if fixed_size_model(spec.name):
+            model.transform.fixed_size = (size.width, size.height)  # (W, H): GeneralizedRCNNTransform's order
+            model.transform.min_size = (min(size.height, size.width),)
+            model.transform.max_size = max(size.height, size.width)
+        return model
+
+    def batch(self, spec: ModelSpec, batch_size: int, size: InputSize | int, device: "torch.device",
+              seed: int) -> tuple[Any, Any]:
+        """A list of B images [3, H, W] float32 in 0..1 and a list of B target dicts: ``boxes``
+        [N, 4] float32 (x1, y1, x2, y2 in pixels), ``labels`` [N] int64 in [1, classes), and for
+        Mask R-CNN ``masks`` [N, H, W] uint8, for Keypoint R-CNN ``keypoints`` [N, 17, 3] float32
+        (x, y, visibility 2); N = :data:`BOXES_PER_IMAGE`."""
+        import torch
+
+        size = InputSize.of(size)
+        h, w = size.height, size.width
+        if min(h, w) < 2 * MIN_BOX_SIDE:
+            raise ValueError(f"detection images need sides of at least {2 * MIN_BOX_SIDE} px, got {size.text()}")
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        kind, classes, n = kind_of(spec.name), self.num_classes(spec), BOXES_PER_IMAGE
+        images, targets = [], []
+        for _ in range(batch_size):
+            images.append(torch.rand(3, h, w, generator=gen).to(device))
+            scale = torch.tensor([w, h], dtype=torch.float32)
+            start = (torch.rand(n, 2, generator=gen) * (scale - MIN_BOX_SIDE)).floor()
+            extent = (MIN_BOX_SIDE + torch.rand(n, 2, generator=gen) * (scale - MIN_BOX_SIDE - start)).floor()
+            boxes = torch.cat([start, start + extent], dim=1)
+            target = {"boxes": boxes.to(device),
+                      "labels": torch.randint(1, classes, (n,), generator=gen).to(device)}
+            if kind == "masks":
+                ys, xs = torch.arange(h)[None, :, None], torch.arange(w)[None, None, :]
+                inside = ((xs >= boxes[:, 0, None, None]) & (xs < boxes[:, 2, None, None])
+                          & (ys >= boxes[:, 1, None, None]) & (ys < boxes[:, 3, None, None]))
+                target["masks"] = inside.to(torch.uint8).to(device)
+            elif kind == "keypoints":
+                where = torch.rand(n, COCO_KEYPOINTS, 2, generator=gen)
+                xy = boxes[:, None, :2] + where * (boxes[:, None, 2:] - boxes[:, None, :2])
+                visible = torch.full((n, COCO_KEYPOINTS, 1), 2.0)
+                target["keypoints"] = torch.cat([xy, visible], dim=2).to(device)
+            targets.append(target)
+        return images, targets
+
+    def forward(self, model: "nn.Module", inputs: Any, targets: Any) -> Any:
+        """A detector in training mode takes the targets and returns its loss dict."""
+        return model(inputs, targets)
+
+    def losses(self, output: Any, targets: Any) -> dict[str, "torch.Tensor"]:
+        """torchvision's own terms (``loss_classifier``, ``loss_box_reg``, ``loss_objectness``, ...),
+        weighted as torchvision weighs them."""
+        return dict(output)
