@@ -104,6 +104,9 @@ class MetaSessions:
         """
         if not point.device.predicts:
             raise ValueError(f"MetaSessions predicts points of a predicting device, got device '{point.device.name}'")
+        problem = point.task.meta_problem(point.model)
+        if problem is not None:
+            raise ValueError(problem)
         twin_name = point.strategy.same_on_meta_as or point.strategy.name
         twin = dataclasses.replace(point.config, strategy=twin_name, budget_bytes=None, gpu=None,
                                    host_budget_bytes=None)
@@ -171,8 +174,10 @@ class MetaSessions:
             trained = None if names is None else tuple(p for n, p in model.named_parameters() if n in names)
             options = StrategyOptions(checkpoint_segments=point.checkpoint_segments)
             host_scope = _CurrentHostScope()
+            assumed = point.task.meta_note(model)  # detection: its data-dependent counts at their upper bounds
             step, note = build_training_step(point.strategy, model, META_FAKE_DEVICE, options, host_scope,
                                              precision=point.precision, task=point.task)
+            note = "; ".join(n for n in (note, assumed) if n) or None
         return _Session(mode, step, host_scope, note, num_params, depth, trained)
 
     def _count_flops(self, point: Point, mode: Any, model: torch.nn.Module | None = None) -> tuple[float, float]:

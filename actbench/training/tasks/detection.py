@@ -15,6 +15,11 @@ image, so any size works; SSD300-VGG16's last extra layers need about 270 px or 
 The batch is synthetic and seeded: :data:`BOXES_PER_IMAGE` boxes per image, each at least
 :data:`MIN_BOX_SIDE` px a side, inside the image; Mask R-CNN's masks fill each box, Keypoint R-CNN's
 17 keypoints lie inside it, all visible.
+
+On ``meta`` (fake tensors) a detector's data-dependent counts (proposals after NMS, sampled anchors
+and RoIs, positives) are fixed at the upper bounds its configuration allows
+(actbench/training/detection_sizing.py): a prediction is an upper bound of the step's memory, and its
+row's note says so. SSDlite is refused there (:data:`META_REFUSED`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ COCO_KEYPOINTS = 17
 BOXES_PER_IMAGE = 8
 #: Smallest side of a synthetic box, pixels: a box no wider than this is degenerate for the box coder.
 MIN_BOX_SIDE = 8
+#: Detectors the meta device refuses (:meth:`Detection.meta_problem`).
+META_REFUSED: frozenset[str] = frozenset({"ssdlite320_mobilenet_v3_large"})
 #: ModelSpec's default class count (ImageNet's); a detector left at it predicts COCO's classes.
 _SPEC_DEFAULT_CLASSES = ModelSpec("").num_classes
 
@@ -138,9 +145,36 @@ class Detection(Task):
             targets.append(target)
         return images, targets
 
+    def meta_problem(self, spec: ModelSpec) -> str | None:
+        """SSDlite's builder runs its backbone on a dummy image to find its widths, which a model
+        built without weights (the meta build, actbench/measure/meta.py) cannot."""
+        if spec.name in META_REFUSED:
+            return (f"meta cannot predict {spec.name}: its builder runs the backbone on an image to size its "
+                    f"head, which a build without weights cannot; measure it on cpu")
+        return None
+
+    def meta_note(self, model: "nn.Module") -> str | None:
+        """A meta step fixes the data-dependent counts at their upper bounds (detection_sizing.py)."""
+        rpn, heads = getattr(model, "rpn", None), getattr(model, "roi_heads", None)
+        if rpn is not None and heads is not None:
+            counts = (f"{rpn.post_nms_top_n()} proposals, {rpn.fg_bg_sampler.batch_size_per_image} anchors and "
+                      f"{heads.fg_bg_sampler.batch_size_per_image} RoIs sampled per image, every RoI positive")
+        else:
+            counts = "every anchor positive"
+        return f"predicted at the upper bounds of its data-dependent counts ({counts}): an upper bound of the step's memory"
+
     def forward(self, model: "nn.Module", inputs: Any, targets: Any) -> Any:
-        """A detector in training mode takes the targets and returns its loss dict."""
-        return model(inputs, targets)
+        """A detector in training mode takes the targets and returns its loss dict. On fake tensors
+        (``meta``) its data-dependent counts are fixed at their upper bounds
+        (actbench/training/detection_sizing.py)."""
+        from actbench.core import compat
+
+        if not compat.is_fake(inputs[0]):
+            return model(inputs, targets)
+        from actbench.training.detection_sizing import upper_bound_shapes
+
+        with upper_bound_shapes(like=inputs[0]):
+            return model(inputs, targets)
 
     def losses(self, output: Any, targets: Any) -> dict[str, "torch.Tensor"]:
         """torchvision's own terms (``loss_classifier``, ``loss_box_reg``, ``loss_objectness``, ...),
