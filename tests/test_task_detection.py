@@ -33,8 +33,8 @@ def test_every_torchvision_detector_is_a_detection_model() -> None:
     task = registered()["detection"]
     assert task.pinned_models == TORCHVISION_DETECTORS == task.installed_models()
     assert model_names(task="detection") == TORCHVISION_DETECTORS
-    for name in ("fasterrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn", "keypointrcnn_resnet50_fpn", "retinanet_resnet50_fpn",
-                 "fcos_resnet50_fpn", "ssd300_vgg16", "ssdlite320_mobilenet_v3_large"):
+    for name in ("fasterrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn", "keypointrcnn_resnet50_fpn",
+                 "retinanet_resnet50_fpn", "fcos_resnet50_fpn", "ssd300_vgg16", "ssdlite320_mobilenet_v3_large"):
         assert task_of(name) is task, name
     assert task.default_size == InputSize(800, 1333) and task.sample == "image"
     assert task.num_classes(ModelSpec("fasterrcnn_resnet50_fpn")) == COCO_CLASSES
@@ -87,6 +87,11 @@ def test_a_detector_trains_at_exactly_the_points_size(name) -> None:
     assert batched.image_sizes == [(128, 160), (128, 160)]
     assert tuple(batched.tensors.shape) == (2, 3, 128, 160)
     torch.testing.assert_close(moved[0]["boxes"], targets[0]["boxes"])  # a resize by 1: boxes unmoved
+
+
+def test_ssd300_below_its_smallest_side_is_one_line_before_building() -> None:
+    with pytest.raises(ValueError, match=r"^ssd300_vgg16 needs image sides of at least 268 px, got 267x400$"):
+        task_of("ssd300_vgg16").build(ModelSpec("ssd300_vgg16"), InputSize(267, 400))
 
 
 def test_ssdlite_trains_torchvisions_two_terms_summed() -> None:

@@ -3,9 +3,9 @@
 A detector's training step has counts that depend on values: how many proposals survive NMS, how many
 anchors and RoIs are sampled, which FPN level each RoI pools from, the scalar checks on the targets.
 Fake tensors (the ``meta`` device, actbench/measure/meta.py) hold no values, so these ops end a fake
-step (``DataDependentOutputException``). :class:`UpperBoundShapes`, a dispatch mode active only while
-a detector runs on fake tensors (``Detection.forward``, through :func:`upper_bound_shapes`), answers each of them with the largest count
-the model's configuration allows, so the predicted step holds at least the tensors of any real step:
+step (``DataDependentOutputException``). :func:`upper_bound_shapes`, active only while a detector runs
+on fake tensors (``Detection.forward``), answers each of them with the largest count the model's
+configuration allows, so the predicted step holds at least the tensors of any real step:
 
 - ``nms`` keeps every box, so the RPN keeps ``rpn_post_nms_top_n_train`` proposals per image (fewer
   only when the image has fewer anchors);
@@ -17,20 +17,22 @@ the model's configuration allows, so the predicted step holds at least the tenso
   element, the others none (each RoI pools from one FPN level; the total is what counts);
 - ``unique`` finds one value (one NMS class: every box kept together);
 - a scalar read (``.item()``, a tensor's truth value) is 0 / False: the transform's random choice of
-  size takes the first (the only one configured), and no synthetic target box is degenerate.
+  size takes the first (the only one configured), and no synthetic target box is degenerate;
+- ``x[mask]`` indexes with the mask's integer indices (at the count above), so backward needs no count:
+  autograd saves int64 indices where a measured step saves the bool mask (more bytes, never fewer).
 
-Only the counts are fixed: every shape that follows from them is the model's own.
+Only the counts are fixed: every shape that follows from them is the model's own. Constants a module
+keeps outside its parameters and buffers (the anchor generator's cell anchors) become fake as they
+are met.
 """
 
 from __future__ import annotations
 
-import weakref
-
-import torch
-
 import contextlib
+import weakref
 from typing import Iterator
 
+import torch
 from torch.overrides import TorchFunctionMode
 
 from actbench.core.compat import TorchDispatchMode, as_fake_like, is_fake

@@ -10,7 +10,7 @@ resize scale is exactly 1, so an H×W image stays H×W (the R-CNNs, RetinaNet an
 batch to a multiple of 32, as torchvision always does). SSD and SSDlite resize to a fixed size of
 their own (300², 320²) whatever their options say; their transform's fixed size is set to the
 point's H×W instead, so they train at the requested size too (their anchors are relative to the
-image, so any size works; SSD300-VGG16's last extra layers need about 270 px or more).
+image, so any size works from SSD300-VGG16's :data:`SSD300_MIN_SIDE` up).
 
 The batch is synthetic and seeded: :data:`BOXES_PER_IMAGE` boxes per image, each at least
 :data:`MIN_BOX_SIDE` px a side, inside the image; Mask R-CNN's masks fill each box, Keypoint R-CNN's
@@ -49,6 +49,9 @@ COCO_KEYPOINTS = 17
 BOXES_PER_IMAGE = 8
 #: Smallest side of a synthetic box, pixels: a box no wider than this is degenerate for the box coder.
 MIN_BOX_SIDE = 8
+#: SSD300-VGG16's smallest image side: its last two extra layers are unpadded 3×3 convolutions on the
+#: stride-64 map, which must be at least 5 px: 268 px through its pools and stride-2 layers.
+SSD300_MIN_SIDE = 268
 #: Detectors the meta device refuses (:meth:`Detection.meta_problem`).
 META_REFUSED: frozenset[str] = frozenset({"ssdlite320_mobilenet_v3_large"})
 #: ModelSpec's default class count (ImageNet's); a detector left at it predicts COCO's classes.
@@ -96,6 +99,8 @@ class Detection(Task):
 
         check_growth(spec)
         size = InputSize.of(size)
+        if spec.name == "ssd300_vgg16" and min(size.height, size.width) < SSD300_MIN_SIDE:
+            raise ValueError(f"ssd300_vgg16 needs image sides of at least {SSD300_MIN_SIDE} px, got {size.text()}")
         kwargs: dict[str, Any] = {}
         if not fixed_size_model(spec.name):
             kwargs = {"min_size": min(size.height, size.width), "max_size": max(size.height, size.width)}
@@ -161,7 +166,8 @@ class Detection(Task):
                       f"{heads.fg_bg_sampler.batch_size_per_image} RoIs sampled per image, every RoI positive")
         else:
             counts = "every anchor positive"
-        return f"predicted at the upper bounds of its data-dependent counts ({counts}): an upper bound of the step's memory"
+        return (f"predicted at the upper bounds of its data-dependent counts ({counts}): "
+                f"an upper bound of the step's memory")
 
     def forward(self, model: "nn.Module", inputs: Any, targets: Any) -> Any:
         """A detector in training mode takes the targets and returns its loss dict. On fake tensors
