@@ -201,7 +201,11 @@ def test_the_sizing_policy_gives_each_count_its_configured_bound() -> None:
             assert torch.where(scores > 0.05)[0].shape == (2008,)  # a threshold keeps every element
             pos, neg = BalancedPositiveNegativeSampler(512, 0.25)([labels])
             assert torch.where(pos[0])[0].shape == (128,) and torch.where(neg[0])[0].shape == (384,)
-            assert torch.where(pos[0] | neg[0])[0].shape == (512,)  # box_batch_size_per_image RoIs
+            sampled = torch.where(pos[0] | neg[0])[0]
+            assert sampled.shape == (512,)  # box_batch_size_per_image RoIs
+            assert torch.where(labels[sampled] > 0)[0].shape == (128,)  # positive_fraction of them
+            both = torch.cat([labels[sampled], labels[sampled]])
+            assert torch.where(both > 0)[0].shape == (256,)  # the box loss's positives over two images
             levels = torch.empty(512, dtype=torch.int64)
             assert [int(torch.where(levels == level)[0].numel()) for level in range(4)] == [512, 0, 0, 0]
             assert not bool(torch.empty(3, dtype=torch.bool).any())  # no degenerate box
@@ -220,7 +224,7 @@ def test_meta_predicts_a_faster_rcnn_step_as_an_upper_bound(meta_rows) -> None:
     assert 0 < l3.activation_bytes < fp32.activation_bytes
     for row in (fp32, l3):
         assert "predicted at the upper bounds of its data-dependent counts (2000 proposals, 256 anchors and 512 " \
-               "RoIs sampled per image, every RoI positive): an upper bound of the step's memory" in row.strategy_note
+               "RoIs sampled per image, 128 of them positive): an upper bound of the step's memory" in row.strategy_note
 
 
 @pytest.mark.heavy  # two measured Faster R-CNN points on cpu: about 45 s on 2 cores

@@ -11,8 +11,11 @@ configuration allows, so the predicted step holds at least the tensors of any re
   only when the image has fewer anchors);
 - ``torch.where``/``nonzero`` of a mask keeps every element, except a mask made by marking ``k``
   indices of a zero tensor (the positive/negative sampler's), which keeps those ``k``: the RPN samples
-  ``rpn_batch_size_per_image`` anchors and the box head ``box_batch_size_per_image`` RoIs per image,
-  and every sampled RoI counts as a positive (the mask and keypoint heads run on all of them);
+  ``rpn_batch_size_per_image`` anchors and the box head ``box_batch_size_per_image`` RoIs per image;
+- positives: the union ``positive | negative`` of two sampler masks (torchvision's order) remembers
+  its first part's count; what it indexes carries that count, and ``labels > 0`` of it keeps that
+  many, so the box loss and the mask and keypoint heads see ``box_batch_size_per_image ×
+  positive_fraction`` positives per image;
 - the masks ``x == v`` made for the values ``v`` of one tensor partition it: the first keeps every
   element, the others none (each RoI pools from one FPN level; the total is what counts);
 - ``unique`` finds one value (one NMS class: every box kept together);
@@ -74,20 +77,27 @@ class UpperBoundShapes(TorchDispatchMode):
         self._like = like
         #: id(tensor) -> (a weak reference to it, how many of its elements may be nonzero)
         self._counts: dict[int, tuple[weakref.ref, int]] = {}
+        #: id(tensor) -> (a weak reference to it, how many positives it holds or selects): a sampler
+        #: union's positive part, followed through the indices and labels it selects
+        self._positives: dict[int, tuple[weakref.ref, int]] = {}
         #: id(tensor) -> a weak reference to it, for tensors a mask ``x == v`` has already been made of
         self._partitioned: dict[int, weakref.ref] = {}
 
-    def _count(self, t: torch.Tensor) -> int | None:
-        entry = self._counts.get(id(t))
+    def _count(self, t: torch.Tensor, table: dict | None = None) -> int | None:
+        entry = (self._counts if table is None else table).get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else None
 
-    def _set_count(self, t: torch.Tensor, count: int) -> None:
-        self._counts[id(t)] = (weakref.ref(t), min(count, t.numel()))
+    def _set_count(self, t: torch.Tensor, count: int, table: dict | None = None) -> None:
+        (self._counts if table is None else table)[id(t)] = (weakref.ref(t), min(count, t.numel()))
 
     def _nonzero(self, mask: torch.Tensor) -> torch.Tensor:
         count = self._count(mask)
         rows = mask.numel() if count is None else count
-        return torch.zeros((rows, mask.dim()), dtype=torch.int64, device=mask.device)
+        out = torch.zeros((rows, mask.dim()), dtype=torch.int64, device=mask.device)
+        positives = self._count(mask, self._positives)
+        if positives is not None:
+            self._set_count(out, positives, self._positives)
+        return out
 
     def _first_partition(self, source: torch.Tensor) -> bool:
         ref = self._partitioned.get(id(source))
@@ -134,13 +144,29 @@ class UpperBoundShapes(TorchDispatchMode):
             if before is not None and len(indices) == 1:
                 self._set_count(out, before + indices[0].numel())
         elif packet is _aten.cat:
-            counts = [self._count(t) for t in args[0]]
-            if counts and all(c is not None for c in counts):
-                self._set_count(out, sum(counts))
+            for table in (None, self._positives):
+                counts = [self._count(t, table) for t in args[0]]
+                if counts and all(c is not None for c in counts):
+                    self._set_count(out, sum(counts), table)
         elif packet in _UNION:
             counts = [self._count(t) for t in args[:2] if isinstance(t, torch.Tensor)]
             if len(counts) == 2 and all(c is not None for c in counts):
                 self._set_count(out, sum(counts))
+                self._set_count(out, counts[0], self._positives)
+        elif packet is _aten.unbind:
+            positives = self._count(args[0], self._positives)
+            if positives is not None:
+                for part in out:
+                    self._set_count(part, positives, self._positives)
+        elif packet is _aten.index:
+            indices = [i for i in args[1] if i is not None]
+            positives = self._count(indices[0], self._positives) if len(indices) == 1 else None
+            if positives is not None:
+                self._set_count(out, positives, self._positives)
+        elif packet is _aten.gt and not isinstance(args[1], torch.Tensor) and args[1] == 0:
+            positives = self._count(args[0], self._positives)
+            if positives is not None:
+                self._set_count(out, positives)
         elif packet is _aten.eq and isinstance(args[0], torch.Tensor) and not isinstance(args[1], torch.Tensor):
             if not self._first_partition(args[0]):
                 self._set_count(out, 0)

@@ -17,7 +17,7 @@ The batch is synthetic and seeded: :data:`BOXES_PER_IMAGE` boxes per image, each
 17 keypoints lie inside it, all visible.
 
 On ``meta`` (fake tensors) a detector's data-dependent counts (proposals after NMS, sampled anchors
-and RoIs, positives) are fixed at the upper bounds its configuration allows
+and RoIs, positive RoIs; a one-stage detector's anchors are all positive) are fixed at the upper bounds its configuration allows
 (actbench/training/detection_sizing.py): a prediction is an upper bound of the step's memory, and its
 row's note says so. SSDlite is refused there (:data:`META_REFUSED`).
 """
@@ -162,8 +162,9 @@ class Detection(Task):
         """A meta step fixes the data-dependent counts at their upper bounds (detection_sizing.py)."""
         rpn, heads = getattr(model, "rpn", None), getattr(model, "roi_heads", None)
         if rpn is not None and heads is not None:
+            rois, fraction = heads.fg_bg_sampler.batch_size_per_image, heads.fg_bg_sampler.positive_fraction
             counts = (f"{rpn.post_nms_top_n()} proposals, {rpn.fg_bg_sampler.batch_size_per_image} anchors and "
-                      f"{heads.fg_bg_sampler.batch_size_per_image} RoIs sampled per image, every RoI positive")
+                      f"{rois} RoIs sampled per image, {int(rois * fraction)} of them positive")
         else:
             counts = "every anchor positive"
         return (f"predicted at the upper bounds of its data-dependent counts ({counts}): "
