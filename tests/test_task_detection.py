@@ -242,3 +242,31 @@ def test_meta_predicts_cpus_bytes_where_cpu_reaches_the_bounds(meta_rows, strate
 def test_meta_refuses_ssdlite_in_one_line_before_building() -> None:
     with pytest.raises(ValueError, match=r"^meta cannot predict ssdlite320_mobilenet_v3_large: .*measure it on cpu$"):
         MetaSessions().measure_point(_point(SMALL_DETECTOR, "fp32", "meta"))
+
+
+@pytest.mark.heavy  # a slower second case of meta's detection path: eleven detectors, about 3 s each
+@pytest.mark.parametrize("name", [n for n in TORCHVISION_DETECTORS if n != SMALL_DETECTOR])
+def test_meta_predicts_every_detector_but_ssdlite(name) -> None:
+    """At 288×320 (SSD300 needs 268 px): each kind of head steps on fake tensors with its counts bounded."""
+    row = MetaSessions().measure_point(_point(name, "fp32", "meta", batch=1, size=InputSize(288, 320)))
+    assert row.status == "ok", row.message
+    assert row.activation_bytes > 0 and row.flops_per_sample > 0
+    assert "an upper bound of the step's memory" in row.strategy_note
+
+
+@pytest.mark.parametrize("name, terms", [
+    ("maskrcnn_resnet50_fpn", {"loss_classifier", "loss_box_reg", "loss_objectness", "loss_rpn_box_reg", "loss_mask"}),
+    ("keypointrcnn_resnet50_fpn", {"loss_classifier", "loss_box_reg", "loss_objectness", "loss_rpn_box_reg",
+                                   "loss_keypoint"}),
+])
+def test_mask_and_keypoint_rcnn_train_their_heads_terms(name, terms) -> None:
+    task, spec, size = task_of(name), ModelSpec(name), InputSize(64, 80)
+    torch.manual_seed(0)
+    model = task.build(spec, size)
+    images, targets = task.batch(spec, 1, size, CPU, seed=0)
+    losses = task.losses(task.forward(model, images, targets), targets)
+    assert set(losses) == terms
+    total = sum(losses.values())
+    assert math.isfinite(float(total.detach()))
+    total.backward()
+    assert all(p.grad is not None for p in model.roi_heads.parameters() if p.requires_grad)

@@ -1,7 +1,8 @@
 """Saved tensors whose treatment is fixed by the op argument they were passed as.
 
-**Positions** (boxes, sampling grids, offsets, box regression targets) are kept exact. An op that reads a tensor as
-coordinates uses it in backward to decide *where* a gradient goes, not how large it is. Quantizing
+**Positions** (boxes, sampling grids, offsets, box regression targets) are kept exact. An op that
+reads a tensor as coordinates uses it in backward to decide *where* a gradient goes, not how large
+it is (a regression loss's target decides where its prediction is pulled). Quantizing
 it is not zero-mean noise on a gradient: boxes move by pixels, a 2-bit batch index of a batch of 2
 can dequantize to 30 or 40 (an out-of-bounds write in roi_align's backward), and a grid samples
 elsewhere. Every floating argument in :data:`PROTECTED_POSITIONS` is kept as it is by the
