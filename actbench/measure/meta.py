@@ -104,9 +104,6 @@ class MetaSessions:
         """
         if not point.device.predicts:
             raise ValueError(f"MetaSessions predicts points of a predicting device, got device '{point.device.name}'")
-        problem = point.task.meta_problem(point.model)
-        if problem is not None:
-            raise ValueError(problem)
         twin_name = point.strategy.same_on_meta_as or point.strategy.name
         twin = dataclasses.replace(point.config, strategy=twin_name, budget_bytes=None, gpu=None,
                                    host_budget_bytes=None)

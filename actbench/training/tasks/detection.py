@@ -17,9 +17,9 @@ The batch is synthetic and seeded: :data:`BOXES_PER_IMAGE` boxes per image, each
 17 keypoints lie inside it, all visible.
 
 On ``meta`` (fake tensors) a detector's data-dependent counts (proposals after NMS, sampled anchors
-and RoIs, positive RoIs; a one-stage detector's anchors are all positive) are fixed at the upper bounds its configuration allows
-(actbench/training/detection_sizing.py): a prediction is an upper bound of the step's memory, and its
-row's note says so. SSDlite is refused there (:data:`META_REFUSED`).
+and RoIs, positive RoIs; a one-stage detector's anchors all count as positive) are fixed at the upper
+bounds its configuration allows (actbench/training/detection_sizing.py): a prediction is an upper
+bound of the step's memory, and its row's note says so.
 """
 
 from __future__ import annotations
@@ -52,8 +52,6 @@ MIN_BOX_SIDE = 8
 #: SSD300-VGG16's smallest image side: its last two extra layers are unpadded 3×3 convolutions on the
 #: stride-64 map, which must be at least 5 px: 268 px through its pools and stride-2 layers.
 SSD300_MIN_SIDE = 268
-#: Detectors the meta device refuses (:meth:`Detection.meta_problem`).
-META_REFUSED: frozenset[str] = frozenset({"ssdlite320_mobilenet_v3_large"})
 #: ModelSpec's default class count (ImageNet's); a detector left at it predicts COCO's classes.
 _SPEC_DEFAULT_CLASSES = ModelSpec("").num_classes
 
@@ -93,6 +91,9 @@ class Detection(Task):
 
     def build(self, spec: ModelSpec, size: InputSize | int) -> "nn.Module":
         """torchvision's builder, random weights, resizing to exactly ``size`` (see the module doc)."""
+        import contextlib
+
+        import torch
         import torchvision
 
         from actbench.training.model_names import check_growth
@@ -106,8 +107,13 @@ class Detection(Task):
             kwargs = {"min_size": min(size.height, size.width), "max_size": max(size.height, size.width)}
         if kind_of(spec.name) == "keypoints":
             kwargs["num_keypoints"] = COCO_KEYPOINTS
-        model = torchvision.models.get_model(spec.name, weights=None, weights_backbone=None,
-                                             num_classes=self.num_classes(spec), **kwargs)
+        # SSDlite's builder runs its backbone on an image to size its head. The meta build makes
+        # parameters on "meta" and buffers real (compat.parameters_on_meta), and that forward would mix
+        # the two: there the whole model is built on "meta" (meta needs only shapes).
+        on_meta = spec.name.startswith("ssdlite") and torch.nn.Linear(1, 1).weight.is_meta
+        with torch.device("meta") if on_meta else contextlib.nullcontext():
+            model = torchvision.models.get_model(spec.name, weights=None, weights_backbone=None,
+                                                 num_classes=self.num_classes(spec), **kwargs)
         if fixed_size_model(spec.name):
             model.transform.fixed_size = (size.width, size.height)  # (W, H): GeneralizedRCNNTransform's order
             model.transform.min_size = (min(size.height, size.width),)
@@ -149,14 +155,6 @@ class Detection(Task):
                 target["keypoints"] = torch.cat([xy, visible], dim=2).to(device)
             targets.append(target)
         return images, targets
-
-    def meta_problem(self, spec: ModelSpec) -> str | None:
-        """SSDlite's builder runs its backbone on a dummy image to find its widths, which a model
-        built without weights (the meta build, actbench/measure/meta.py) cannot."""
-        if spec.name in META_REFUSED:
-            return (f"meta cannot predict {spec.name}: its builder runs the backbone on an image to size its "
-                    f"head, which a build without weights cannot; measure it on cpu")
-        return None
 
     def meta_note(self, model: "nn.Module") -> str | None:
         """A meta step fixes the data-dependent counts at their upper bounds (detection_sizing.py)."""

@@ -59,11 +59,6 @@ class Task:
         """The named loss terms trained, each already weighted."""
         raise NotImplementedError(f"task '{self.name}' does not say what loss it trains")
 
-    def meta_problem(self, spec: ModelSpec) -> str | None:
-        """Why ``meta`` cannot predict ``spec``'s step (one line, naming the model), or None: refused
-        before anything is built."""
-        return None
-
     def meta_note(self, model: "nn.Module") -> str | None:
         """What a ``meta`` prediction of ``model``'s step assumes that a measured step does not (for the
         row's note), or None: it steps the cpu op set as it is."""
