@@ -38,9 +38,10 @@ from typing import Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 
-from actbench.core.compat import TorchDispatchMode, as_fake_like, is_fake
+from actbench.core.compat import TorchDispatchMode, as_fake_like, data_dependent_ops, is_fake
 
 _aten = torch.ops.aten
+_SCALAR_READ, _UNIQUE = data_dependent_ops()
 _ZEROS = {_aten.zeros_like, _aten.zeros, _aten.new_zeros}
 _MARK = {_aten.index_put_, _aten.index_put}
 _UNION = {_aten.bitwise_or, _aten.logical_or}
@@ -120,11 +121,11 @@ class UpperBoundShapes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         packet = func.overloadpacket
-        if packet is _aten._local_scalar_dense:
+        if packet is _SCALAR_READ:
             return False if args[0].dtype == torch.bool else 0
         if packet is _aten.nonzero:
             return self._nonzero(args[0])
-        if packet is _aten._unique2:
+        if packet is _UNIQUE:
             x = args[0]
             inverse = args[2] if len(args) > 2 else kwargs.get("return_inverse", False)
             counts = args[3] if len(args) > 3 else kwargs.get("return_counts", False)

@@ -96,6 +96,7 @@ class Detection(Task):
         import torch
         import torchvision
 
+        from actbench.core.devices import holds_data
         from actbench.training.model_names import check_growth
 
         check_growth(spec)
@@ -110,7 +111,7 @@ class Detection(Task):
         # SSDlite's builder runs its backbone on an image to size its head. The meta build makes
         # parameters on "meta" and buffers real (compat.parameters_on_meta), and that forward would mix
         # the two: there the whole model is built on "meta" (meta needs only shapes).
-        on_meta = spec.name.startswith("ssdlite") and torch.nn.Linear(1, 1).weight.is_meta
+        on_meta = spec.name.startswith("ssdlite") and not holds_data(torch.nn.Linear(1, 1).weight)
         with torch.device("meta") if on_meta else contextlib.nullcontext():
             model = torchvision.models.get_model(spec.name, weights=None, weights_backbone=None,
                                                  num_classes=self.num_classes(spec), **kwargs)
