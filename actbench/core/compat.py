@@ -20,7 +20,8 @@ from torch._ops import OpOverload, OpOverloadPacket, _len_torch_dispatch_stack_p
 from actbench.core.devices import holds_data
 
 __all__ = ["TorchDispatchMode", "tree_flatten", "dispatch_modes_disabled", "memtracker_class", "tensor_version",
-           "fake_tensor_mode", "is_fake", "as_fake_like", "data_dependent_ops", "storage_identity", "parameters_on_meta", "fake_module",
+           "fake_tensor_mode", "is_fake", "as_fake_like", "data_dependent_ops", "storage_identity",
+           "parameters_on_meta", "fake_module",
            "forget_compiled_graphs", "clear_cublas_workspaces", "softmax_backward", "builtin_avg_pool2d",
            "has_dispatch_kernel", "op_flops", "op_bytes_moved", "torch_function_disabled",
            "internal_compute_ops", "torch_callables", "callable_name"]

@@ -167,7 +167,7 @@ class Detection(Task):
         else:
             counts = "every anchor positive"
         return (f"predicted at the upper bounds of its data-dependent counts ({counts}): "
-                f"an upper bound of the step's memory")
+                f"an upper bound of the step's memory and FLOPs")
 
     def forward(self, model: "nn.Module", inputs: Any, targets: Any) -> Any:
         """A detector in training mode takes the targets and returns its loss dict. On fake tensors
