@@ -1,7 +1,8 @@
 """Saved tensors whose treatment is fixed by the op argument they were passed as.
 
-**Positions** (boxes, sampling grids, offsets) are kept exact. An op that reads a tensor as
-coordinates uses it in backward to decide *where* a gradient goes, not how large it is. Quantizing
+**Positions** (boxes, sampling grids, offsets, box regression targets) are kept exact. An op that
+reads a tensor as coordinates uses it in backward to decide *where* a gradient goes, not how large
+it is (a regression loss's target decides where its prediction is pulled). Quantizing
 it is not zero-mean noise on a gradient: boxes move by pixels, a 2-bit batch index of a batch of 2
 can dequantize to 30 or 40 (an out-of-bounds write in roi_align's backward), and a grid samples
 elsewhere. Every floating argument in :data:`PROTECTED_POSITIONS` is kept as it is by the
@@ -48,6 +49,8 @@ class SavedArgument:
 
 _ROIS = "rows of (batch index, x1, y1, x2, y2): backward writes each row's gradient into that box of that image"
 _GRID = "normalised (x, y[, z]) sampling points: backward scatters the gradient to the pixels around each"
+_BOX_TARGET = ("a regression target (a detector's encoded box): backward's gradient is the prediction's distance "
+               "to it, so a rounded target moves where the box is pulled")
 
 
 def _position(op: str, index: int, argument: str, reason: str) -> SavedArgument:
@@ -66,6 +69,10 @@ PROTECTED_POSITIONS: tuple[SavedArgument, ...] = (
     _position("aten::grid_sampler_2d", 1, "grid", _GRID),
     _position("aten::grid_sampler_3d", 1, "grid", _GRID),
     _position("aten::cudnn_grid_sampler", 1, "grid", _GRID),
+    _position("torch.nn.functional.smooth_l1_loss", 1, "target", _BOX_TARGET),
+    _position("aten::smooth_l1_loss", 1, "target", _BOX_TARGET),
+    _position("torch.nn.functional.l1_loss", 1, "target", _BOX_TARGET),
+    _position("aten::l1_loss", 1, "target", _BOX_TARGET),
 )
 
 _QK = "the softmax is recomputed from it in backward: rounding through exp biases the gradient"

@@ -20,7 +20,8 @@ from torch._ops import OpOverload, OpOverloadPacket, _len_torch_dispatch_stack_p
 from actbench.core.devices import holds_data
 
 __all__ = ["TorchDispatchMode", "tree_flatten", "dispatch_modes_disabled", "memtracker_class", "tensor_version",
-           "fake_tensor_mode", "is_fake", "storage_identity", "parameters_on_meta", "fake_module",
+           "fake_tensor_mode", "is_fake", "as_fake_like", "data_dependent_ops", "storage_identity",
+           "parameters_on_meta", "fake_module",
            "forget_compiled_graphs", "clear_cublas_workspaces", "softmax_backward", "builtin_avg_pool2d",
            "has_dispatch_kernel", "op_flops", "op_bytes_moved", "torch_function_disabled",
            "internal_compute_ops", "torch_callables", "callable_name"]
@@ -77,6 +78,19 @@ def is_fake(tensor: object) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(tensor, FakeTensor)
+
+
+def as_fake_like(tensor: "torch.Tensor", fake: "torch.Tensor") -> "torch.Tensor":
+    """Real ``tensor`` as a fake tensor of ``fake``'s mode: a constant a module keeps outside its
+    parameters and buffers (torchvision's anchors), met by an op on fake tensors."""
+    return fake.fake_mode.from_tensor(tensor)
+
+
+def data_dependent_ops() -> tuple[OpOverloadPacket, OpOverloadPacket]:
+    """The private ATen ops a value-dependent step reaches beside ``nonzero``: ``_local_scalar_dense``
+    (``.item()``, a tensor's truth value) and ``_unique2`` (``torch.unique``), for a dispatch mode that
+    answers them on fake tensors (actbench/training/detection_sizing.py)."""
+    return torch.ops.aten._local_scalar_dense, torch.ops.aten._unique2
 
 
 def storage_identity(tensor: "torch.Tensor") -> int:

@@ -171,8 +171,10 @@ class MetaSessions:
             trained = None if names is None else tuple(p for n, p in model.named_parameters() if n in names)
             options = StrategyOptions(checkpoint_segments=point.checkpoint_segments)
             host_scope = _CurrentHostScope()
+            assumed = point.task.meta_note(model)  # detection: its data-dependent counts at their upper bounds
             step, note = build_training_step(point.strategy, model, META_FAKE_DEVICE, options, host_scope,
                                              precision=point.precision, task=point.task)
+            note = "; ".join(n for n in (note, assumed) if n) or None
         return _Session(mode, step, host_scope, note, num_params, depth, trained)
 
     def _count_flops(self, point: Point, mode: Any, model: torch.nn.Module | None = None) -> tuple[float, float]:

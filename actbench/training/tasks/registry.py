@@ -79,6 +79,11 @@ class Task:
         """The named loss terms trained, each already weighted."""
         raise NotImplementedError(f"task '{self.name}' does not say what loss it trains")
 
+    def meta_note(self, model: "nn.Module") -> str | None:
+        """What a ``meta`` prediction of ``model``'s step assumes that a measured step does not (for the
+        row's note), or None: it steps the cpu op set as it is."""
+        return None
+
     def loss(self, model: "nn.Module", inputs: Any, targets: Any) -> "torch.Tensor":
         """Forward and the sum of :meth:`losses`: the one scalar backward starts from."""
         terms = list(self.losses(self.forward(model, inputs, targets), targets).values())
