@@ -7,7 +7,9 @@
 #                   paper's maximum batch planned for the T4 profile with 64 GiB of host memory
 #                   (experiments/paper_t4.toml; meta only, so not in the --quick cpu loop below), and
 #                   ResNet-152's largest depth, width and resolution at batch 64 per strategy
-#                   (experiments/max_scale_resnet152_meta.toml: about 20 minutes with 2 jobs on 2 cores)
+#                   (experiments/max_scale_resnet152_meta.toml: about 20 minutes with 2 jobs on 2 cores),
+#                   and segmentation, detection, video and flow at their reference sizes
+#                   (experiments/dense_tasks.toml)
 #   results/zoo/    ActNN on one model per torchvision family (experiments/model_zoo.toml, meta)
 #   results/cpu/    the full accuracy-vs-bits run (experiments/accuracy_vs_bits.toml: ResNet-8 and a
 #                   small ViT from three seeds, about 11 CPU-minutes)
@@ -21,6 +23,7 @@ PY=${PYTHON:-python3}
 "$PY" -m actbench run experiments/modern_baselines.toml --out results/meta
 "$PY" -m actbench run experiments/paper_t4.toml --out results/meta
 "$PY" -m actbench run experiments/max_scale_resnet152_meta.toml --jobs 2 --out results/meta
+"$PY" -m actbench run experiments/dense_tasks.toml --jobs 2 --out results/meta
 "$PY" -m actbench report results/meta --out results/meta/report.md
 # ActNN on one model per torchvision family, with its own figures and report under results/zoo/model_zoo/
 # (apart from results/meta, whose report covers the paper's grid; about 50 minutes on 2 loaded cores; resumes)

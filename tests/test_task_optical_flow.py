@@ -20,12 +20,11 @@ from actbench.actnn import convert, level_config
 from actbench.actnn import saved_arguments
 from actbench.actnn.hooks import SKIP_POSITION, packer_of
 from actbench.cli import app
-from actbench.measure.meta import MetaSessions
-from actbench.measure.point import measure_point
 from actbench.planning.point import Point
 from actbench.schema import InputSize, ModelSpec, PointConfig
 from actbench.training.tasks import task_of
 from actbench.training.tasks.optical_flow import GAMMA, MAX_FLOW, NUM_FLOW_UPDATES, sequence_loss
+from task_points import assert_l3_keeps_less, assert_meta_predicts_cpu, cpu_and_meta_rows
 
 CPU = torch.device("cpu")
 SMALL = InputSize(128, 128)
@@ -124,13 +123,8 @@ def _point(strategy: str, device: str) -> Point:
 
 
 def _rows(updates: int) -> dict[tuple[str, str], object]:
-    sessions = MetaSessions()
-    rows = {}
     with flow_updates(updates):
-        for strategy in ("fp32", "L3"):
-            rows[strategy, "cpu"] = measure_point(_point(strategy, "cpu"))
-            rows[strategy, "meta"] = sessions.measure_point(_point(strategy, "meta"))
-    return rows
+        return cpu_and_meta_rows(_point)
 
 
 @pytest.fixture(scope="module")
@@ -140,20 +134,8 @@ def flow_rows() -> dict[tuple[str, str], object]:
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_raft_small_step_at_L3_keeps_fewer_activation_bytes(flow_rows, device) -> None:
-    fp32, l3 = flow_rows["fp32", device], flow_rows["L3", device]
-    assert fp32.status == "ok" and l3.status == "ok", (fp32.message, l3.message)
-    assert 2 * l3.activation_bytes < fp32.activation_bytes, (l3.activation_bytes, fp32.activation_bytes)
-    assert l3.peak_alloc_bytes < fp32.peak_alloc_bytes
-    assert fp32.flops_per_sample > 0 and l3.flops_per_sample == fp32.flops_per_sample
-    assert fp32.model_bytes == l3.model_bytes > 0
+    l3 = assert_l3_keeps_less(flow_rows, device, 2)
     assert "positions: kept exact" in l3.strategy_note  # the correlation lookups' grids
-
-
-def _assert_meta_predicts_cpu(rows, strategy: str) -> None:
-    cpu, meta = rows[strategy, "cpu"], rows[strategy, "meta"]
-    assert abs(meta.activation_bytes / cpu.activation_bytes - 1) <= 0.01, (meta.activation_bytes, cpu.activation_bytes)
-    assert abs(meta.peak_alloc_bytes / cpu.peak_alloc_bytes - 1) <= 0.01, (meta.peak_alloc_bytes, cpu.peak_alloc_bytes)
-    assert meta.flops_per_sample == cpu.flops_per_sample and meta.model_bytes == cpu.model_bytes
 
 
 @pytest.mark.parametrize("strategy", ["fp32", "L3"])
@@ -161,13 +143,13 @@ def test_raft_small_meta_predicts_cpu_bytes(flow_rows, strategy) -> None:
     """Within 1 %. At L3 this needs the controller to weigh a layer by all its calls in a step (the update
     block runs once per update): weighed by one call, the mixed-precision split of cpu's measured step
     moved its bytes 1.6 % (2 updates) to 4 % (12) away from meta's uniform first step."""
-    _assert_meta_predicts_cpu(flow_rows, strategy)
+    assert_meta_predicts_cpu(flow_rows, strategy)
 
 
 @pytest.mark.heavy  # four raft_small points at the reference's 12 updates: about 2 minutes on 2 shared cores
 @pytest.mark.parametrize("strategy", ["fp32", "L3"])
 def test_raft_small_meta_predicts_cpu_bytes_at_12_updates(strategy) -> None:
-    _assert_meta_predicts_cpu(_rows(NUM_FLOW_UPDATES), strategy)
+    assert_meta_predicts_cpu(_rows(NUM_FLOW_UPDATES), strategy)
 
 
 # --- ActNN never quantizes a sampling position ------------------------------------------------------

@@ -20,15 +20,14 @@ from typer.testing import CliRunner
 
 from actbench.actnn import convert, level_config, saved_tensor_census
 from actbench.actnn.hooks import packer_of
-from actbench.actnn.layers import ActNNModule
 from actbench.cli import app
 from actbench.execution.specs import CommandSpec, SpecError
 from actbench.measure.meta import MetaSessions
-from actbench.measure.point import measure_point
 from actbench.planning.point import Point
 from actbench.schema import InputSize, ModelSpec, PointConfig
 from actbench.training.tasks import registered, task_of
 from actbench.training.tasks.video import KINETICS_CLASSES
+from task_points import assert_l3_keeps_less, cpu_and_meta_rows
 
 try:
     from test_actnn_standins import patch_ops
@@ -139,23 +138,13 @@ def _video_point(strategy: str, device: str) -> Point:
 
 @pytest.fixture(scope="module")
 def video_rows() -> dict[tuple[str, str], object]:
-    sessions = MetaSessions()
-    rows = {}
-    for strategy in ("fp32", "L3"):
-        rows[strategy, "cpu"] = measure_point(_video_point(strategy, "cpu"))
-        rows[strategy, "meta"] = sessions.measure_point(_video_point(strategy, "meta"))
-    return rows
+    return cpu_and_meta_rows(_video_point)
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_r3d_at_L3_keeps_several_times_less(video_rows, device) -> None:
     """Observed at 4x32², batch 2: fp32 6.9 MB, L3 0.63 MB (every conv through its twin)."""
-    fp32, l3 = video_rows["fp32", device], video_rows["L3", device]
-    assert fp32.status == "ok" and l3.status == "ok", (fp32.message, l3.message)
-    assert 5 * l3.activation_bytes < fp32.activation_bytes, (l3.activation_bytes, fp32.activation_bytes)
-    assert l3.peak_alloc_bytes < fp32.peak_alloc_bytes
-    assert fp32.flops_per_sample > 0 and l3.flops_per_sample == fp32.flops_per_sample
-    assert fp32.model_bytes == l3.model_bytes > 0
+    l3 = assert_l3_keeps_less(video_rows, device, 5)
     assert "0 through the saved-tensor hook path" in l3.strategy_note, l3.strategy_note  # Conv3DSimple converted
 
 

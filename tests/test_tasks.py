@@ -16,9 +16,8 @@ from torch import nn
 from typer.testing import CliRunner
 
 from actbench.cli import app
+from task_points import assert_l3_keeps_less, assert_meta_predicts_cpu, cpu_and_meta_rows
 from actbench.core.devices import profile
-from actbench.measure.meta import MetaSessions
-from actbench.measure.point import measure_point
 from actbench.planning.point import Point
 from actbench.planning.settings import MeasureSettings
 from actbench.schema import InputSize, ModelSpec, PointConfig
@@ -127,31 +126,18 @@ def _segmentation_point(strategy: str, device: str) -> Point:
 
 @pytest.fixture(scope="module")
 def segmentation_rows() -> dict[tuple[str, str], object]:
-    sessions = MetaSessions()
-    rows = {}
-    for strategy in ("fp32", "L3"):
-        rows[strategy, "cpu"] = measure_point(_segmentation_point(strategy, "cpu"))
-        rows[strategy, "meta"] = sessions.measure_point(_segmentation_point(strategy, "meta"))
-    return rows
+    return cpu_and_meta_rows(_segmentation_point)
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_segmentation_memory_point_at_L3_keeps_several_times_less(segmentation_rows, device) -> None:
-    fp32, l3 = segmentation_rows["fp32", device], segmentation_rows["L3", device]
-    assert fp32.status == "ok" and l3.status == "ok", (fp32.message, l3.message)
-    assert 3 * l3.activation_bytes < fp32.activation_bytes, (l3.activation_bytes, fp32.activation_bytes)
-    assert l3.peak_alloc_bytes < fp32.peak_alloc_bytes
-    assert fp32.flops_per_sample > 0 and l3.flops_per_sample == fp32.flops_per_sample
-    assert fp32.model_bytes == l3.model_bytes > 0
+    assert_l3_keeps_less(segmentation_rows, device, 3)
 
 
 @pytest.mark.parametrize("strategy", ["fp32", "L3"])
 def test_segmentation_meta_predicts_cpu_bytes(segmentation_rows, strategy) -> None:
     """Within 1 %: meta steps the cpu op set on fake tensors (observed: fp32 exact, L3 within 0.2 %)."""
-    cpu, meta = segmentation_rows[strategy, "cpu"], segmentation_rows[strategy, "meta"]
-    assert abs(meta.activation_bytes / cpu.activation_bytes - 1) <= 0.01
-    assert abs(meta.peak_alloc_bytes / cpu.peak_alloc_bytes - 1) <= 0.01
-    assert meta.flops_per_sample == cpu.flops_per_sample and meta.model_bytes == cpu.model_bytes
+    assert_meta_predicts_cpu(segmentation_rows, strategy)
 
 
 def test_verify_grads_trains_a_segmentation_models_own_loss() -> None:
@@ -167,3 +153,17 @@ def test_verify_grads_trains_a_segmentation_models_own_loss() -> None:
     assert any(r.rel_std > 0 for r in rows)
     with pytest.raises(ValueError, match="unknown model 'resnet19'"):
         VerifyConfig("resnet19")
+
+
+def test_trust_compares_another_tasks_model_at_a_height_by_width_size(tmp_path) -> None:
+    """actbench trust takes any task's model and an HxW size; its CSV records the width."""
+    import csv
+
+    result = CliRunner().invoke(app, ["trust", "--models", SMALL_SEGMENTER, "--strategies", "fp32",
+                                      "--image-size", "32x48", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (row,) = csv.DictReader((tmp_path / "meta_vs_cpu.csv").open())
+    assert (row["image_size"], row["image_width"], row["frames"]) == ("32", "48", "")
+    assert abs(float(row["peak_ratio"]) - 1) <= 0.01
+    refused = CliRunner().invoke(app, ["trust", "--models", "raft_small", "--image-size", "100"])
+    assert refused.exit_code == 2 and "multiple of 8 and at least 128" in refused.output

@@ -71,7 +71,9 @@ def test_cli_verify_grads_shows_per_layer_bias_and_variance_on_transformers(tmp_
 
 #: One model per task beyond classification: (model, input size, batch, frames). Sizes keep every
 #: BatchNorm channel at 8 values or more; RAFT needs sides of at least 128 (multiples of 8).
-TASK_REPRESENTATIVES = [("lraspp_mobilenet_v3_large", "64", 4, None), ("r3d_18", "48", 2, 4)]
+TASK_REPRESENTATIVES = [("lraspp_mobilenet_v3_large", "64", 4, None), ("r3d_18", "48", 2, 4),
+                        ("ssdlite320_mobilenet_v3_large", "64x80", 2, None),
+                        ("fasterrcnn_mobilenet_v3_large_320_fpn", "160x192", 2, None)]
 
 
 @pytest.mark.heavy
