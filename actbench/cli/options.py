@@ -24,6 +24,7 @@ from actbench.core.gpus import GPU_NAMES
 from actbench.execution.specs import DEFAULT_STRATEGIES
 from actbench.schema import DEFAULT_TIMEOUT_S
 from actbench.strategies import PLAIN_STRATEGIES
+from actbench.training.tasks import registered
 
 #: the strategies compared without --levels and --strategies, in words
 DEFAULT_TEXT = " and ".join(DEFAULT_STRATEGIES)
@@ -35,10 +36,11 @@ StrategiesOpt = Annotated[Optional[str], typer.Option(
     help=f"Comma list of {', '.join(PLAIN_STRATEGIES)} (levels allowed too); results/README.md describes each. "
          f"Default: {DEFAULT_TEXT}.")]
 NoBaselineOpt = Annotated[bool, typer.Option("--no-baseline", help="Do not add fp32 as the baseline.")]
+#: each task's default size, in words (video: frames x side)
+TASK_SIZES = ", ".join(f"{task.name} {task.default_size.label()}" for task in registered().values())
 ImageSizeOpt = Annotated[Optional[str], typer.Option("--image-size", show_default=False, help=(
     "Input size in pixels: N (square) or HxW, e.g. 512x1024. Default: the model's task's, as torchvision's "
-    "reference trains it (classification 224, segmentation 480; `actbench models --task T` lists each task's "
-    "models)."))]
+    f"reference trains it ({TASK_SIZES}; `actbench models --task T` lists each task's models)."))]
 FramesOpt = Annotated[Optional[int], typer.Option("--frames", show_default=False, help=(
     "Video models only: frames per clip (default: the video task's, as torchvision's reference trains)."))]
 DeviceOpt = Annotated[Device, typer.Option(
