@@ -12,7 +12,8 @@
 #                   (experiments/dense_tasks.toml)
 #   results/zoo/    ActNN on one model per torchvision family (experiments/model_zoo.toml, meta)
 #   results/cpu/    the full accuracy-vs-bits run (experiments/accuracy_vs_bits.toml: ResNet-8 and a
-#                   small ViT from three seeds, about 11 CPU-minutes)
+#                   small ViT from three seeds, about 11 CPU-minutes), and meta against cpu for one
+#                   model per task (trust_tasks/meta_vs_cpu.csv)
 #   results/quick/  the --quick CPU version of every experiment in experiments/
 # Each command resumes, so an interrupted run can be restarted.
 set -euo pipefail
@@ -29,6 +30,9 @@ PY=${PYTHON:-python3}
 # (apart from results/meta, whose report covers the paper's grid; about 50 minutes on 2 loaded cores; resumes)
 "$PY" -m actbench run experiments/model_zoo.toml --out results/zoo
 "$PY" -m actbench run experiments/accuracy_vs_bits.toml --device cpu --out results/cpu
+# meta against cpu for one model per task beyond classification, at 160x192, batch 2 (about 4 minutes)
+"$PY" -m actbench trust --models lraspp_mobilenet_v3_large,fasterrcnn_mobilenet_v3_large_fpn,r3d_18,raft_small \
+  --strategies fp32,L3 --image-size 160x192 --out results/cpu/trust_tasks
 for exp in max_batch memory_per_level accuracy_vs_bits resnet50_throughput_vs_batch max_scale_resnet152 planned_max_batch modern_baselines; do
   "$PY" -m actbench run "experiments/$exp.toml" --quick --device cpu --out results/quick
 done

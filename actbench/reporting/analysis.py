@@ -264,18 +264,18 @@ def memory_batch(group: BatchGroup) -> int | None:
     return max(counts, key=lambda b: (counts[b], b))
 
 
-def memory_table(group: BatchGroup, batch: int | None = None) -> tuple[int | None, tuple[MemoryEntry, ...]]:
+def memory_table(group: BatchGroup, batch_size: int | None = None) -> tuple[int | None, tuple[MemoryEntry, ...]]:
     """Activation, peak and model bytes per series at one batch size (default: :func:`memory_batch`)."""
-    batch = memory_batch(group) if batch is None else batch
-    if batch is None:
+    batch_size = memory_batch(group) if batch_size is None else batch_size
+    if batch_size is None:
         return None, ()
     entries = []
     for s in group.series():
-        row = next((r for r in group.ok_points(s) if r.batch_size == batch), None)
+        row = next((r for r in group.ok_points(s) if r.batch_size == batch_size), None)
         if row is not None:
             entries.append(MemoryEntry(s, group.label(s), row.activation_bytes, row.peak_alloc_bytes, row.model_bytes,
                                        row.host_bytes))
-    return batch, tuple(entries)
+    return batch_size, tuple(entries)
 
 
 def _unique_rows(runs: Iterable[Run]) -> list[tuple[str, ResultRow]]:

@@ -59,14 +59,14 @@ def _preferred(groups: Sequence[BatchGroup]) -> list[BatchGroup]:
 def activation_claim(groups: Sequence[BatchGroup]) -> Claim | None:
     """fp32 ÷ L3 activation bytes at one batch (ResNet-50, 224²), measured where the run has it."""
     for group in _preferred([g for g in groups if paper_ref.matches_model(g.model, g.size)]):
-        batch, entries = memory_table(group)
+        batch_size, entries = memory_table(group)
         by_series = {e.series: e for e in entries}
         for device in sorted({e.series.device for e in entries}, key=is_prediction):
             fp32, l3 = by_series.get(Series("fp32", device)), by_series.get(Series("L3", device))
             if fp32 and l3 and fp32.activation_bytes and l3.activation_bytes:
                 ours = fp32.activation_bytes / l3.activation_bytes
                 return Claim("activation memory, fp32 ÷ L3", f"{paper_ref.ACTIVATION_REDUCTION_L3:g}×", f"{ours:.2f}×",
-                             _memory_basis(device, group) + f", batch {batch}",
+                             _memory_basis(device, group) + f", batch {batch_size}",
                              _ratio(ours, paper_ref.ACTIVATION_REDUCTION_L3))
     return None
 

@@ -85,7 +85,7 @@ def plot_memory(group: BatchGroup) -> Figure | None:
     Where a strategy keeps copies in CPU memory (swap, L4/L5), a fourth group of bars shows those
     host bytes beside the device bytes (they are counted in no device column).
     """
-    batch, entries = memory_table(group)
+    batch_size, entries = memory_table(group)
     if not entries:
         return None
     metrics: tuple[tuple[str, str], ...] = (
@@ -103,7 +103,7 @@ def plot_memory(group: BatchGroup) -> Figure | None:
         ax.bar(xs, ys, width=width, label=e.label, **bar_style(e.series))
     ax.set_xticks(range(len(metrics)), [m for m, _ in metrics])
     ax.set_ylabel(f"memory ({unit})" + (": device, and host copies" if len(metrics) > 3 else ""))
-    ax.set_title(group.title(f"Memory at batch {batch}"), fontsize=10, parse_math=False)
+    ax.set_title(group.title(f"Memory at batch {batch_size}"), fontsize=10, parse_math=False)
     ax.legend(fontsize=7, ncols=2)
     return fig
 

@@ -159,7 +159,7 @@ def _reduction(red: float | None) -> str:
 
 
 def _memory_section(group: BatchGroup, paper_model_ok: bool) -> list[str]:
-    batch, entries = memory_table(group)
+    batch_size, entries = memory_table(group)
     if not entries:
         return []
     fp32 = {e.series.device: e for e in entries if e.series == Series("fp32", e.series.device)}
@@ -184,7 +184,7 @@ def _memory_section(group: BatchGroup, paper_model_ok: bool) -> list[str]:
         rows.append(row)
     note = ["Activation = bytes kept on the device for backward; swap's and L4/L5's copies in CPU memory are "
             "the host column, counted in no device column.", ""] if with_host else []
-    return [f"### Memory per strategy at batch {batch}", ""] + note + _table(header, rows)
+    return [f"### Memory per strategy at batch {batch_size}", ""] + note + _table(header, rows)
 
 
 def _throughput_section(group: BatchGroup, paper_points: Sequence[paper_ref.PaperPoint] | None) -> list[str]:
