@@ -247,7 +247,9 @@ def test_every_experiment_plans_with_quick_on_each_device(path: Path, device: st
 HEAVY_ON_META = ("memory_per_level", "max_scale_resnet152", "max_scale_resnet152_meta", "model_zoo", "paper_t4",
                  "modern_baselines",  # its strategies' meta paths are also in tests/test_baselines.py
                  # 5-10 s each: the default run keeps planned_max_batch's (a plan and figures) for the path
-                 "max_batch", "resnet50_throughput_vs_batch")
+                 "max_batch", "resnet50_throughput_vs_batch",
+                 # twelve steps over four tasks (a detector's and RAFT's meta steps take seconds each): 2 minutes
+                 "dense_tasks")
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.heavy) if p.stem in HEAVY_ON_META else p
