@@ -179,7 +179,10 @@ class FunctionalAttention(nn.Module):
         n, length, dim = x.shape
         qkv = self.qkv(x).reshape(n, length, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
-        return F.scaled_dot_product_attention(q, k, v).sum()
+        return self.attend(q, k, v).sum()
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v)
 
 
 def test_functional_attention_packs_query_and_key_at_qk_bits(backend):

@@ -27,6 +27,7 @@ from actbench.planning.point import Point
 from actbench.schema import InputSize, ModelSpec, PointConfig
 from actbench.training.tasks import registered, task_of
 from actbench.training.tasks.video import KINETICS_CLASSES
+from test_actnn_saved_arguments import FunctionalAttention
 from task_points import assert_l3_keeps_less, cpu_and_meta_rows
 
 try:
@@ -232,20 +233,11 @@ def test_swin3d_position_index_is_model_state_while_the_window_is_whole() -> Non
     assert shrunk.bytes_by_category()["integer or bool"] == 4 * 4 * 8, shrunk.groups
 
 
-class MatmulAttention(nn.Module):
+class MatmulAttention(FunctionalAttention):
     """Attention written with matmuls (Swin3D's and MViT's layout): q, k and v views of one projection."""
 
-    def __init__(self, dim: int = 64, heads: int = 4) -> None:
-        super().__init__()
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.heads = heads
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, length, dim = x.shape
-        qkv = self.qkv(x).reshape(n, length, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        attn = (q * 0.25) @ k.transpose(-2, -1)
-        return (F.softmax(attn, dim=-1) @ v).sum()
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.softmax((q * 0.25) @ k.transpose(-2, -1), dim=-1) @ v
 
 
 def test_matmul_attention_packs_query_and_key_at_qk_bits(backend) -> None:
