@@ -11,8 +11,10 @@ import math
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from actbench.actnn import convert, hooks, level_config
+from actbench.cli import app
 from actbench.measure.meta import MetaSessions
 from actbench.measure.point import measure_point
 from actbench.planning.point import Point
@@ -92,6 +94,10 @@ def test_a_detector_trains_at_exactly_the_points_size(name) -> None:
 def test_ssd300_below_its_smallest_side_is_one_line_before_building() -> None:
     with pytest.raises(ValueError, match=r"^ssd300_vgg16 needs image sides of at least 268 px, got 267x400$"):
         task_of("ssd300_vgg16").build(ModelSpec("ssd300_vgg16"), InputSize(267, 400))
+    refused = CliRunner().invoke(app, ["memory", "ssd300_vgg16", "--image-size", "267x400", "--device", "meta",
+                                      "--dry-run"])
+    assert refused.exit_code == 2
+    assert "ssd300_vgg16 needs image sides of at least 268 px, got 267x400" in refused.output
 
 
 def test_ssdlite_trains_torchvisions_two_terms_summed() -> None:

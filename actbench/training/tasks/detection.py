@@ -89,6 +89,11 @@ class Detection(Task):
             return spec.num_classes
         return KEYPOINT_CLASSES if kind_of(spec.name) == "keypoints" else COCO_CLASSES
 
+    def size_problem(self, model: str, size: InputSize) -> str | None:
+        if model == "ssd300_vgg16" and min(size.height, size.width) < SSD300_MIN_SIDE:
+            return f"ssd300_vgg16 needs image sides of at least {SSD300_MIN_SIDE} px, got {size.text()}"
+        return None
+
     def build(self, spec: ModelSpec, size: InputSize | int) -> "nn.Module":
         """torchvision's builder, random weights, resizing to exactly ``size`` (see the module doc)."""
         import contextlib
@@ -101,8 +106,7 @@ class Detection(Task):
 
         check_growth(spec)
         size = InputSize.of(size)
-        if spec.name == "ssd300_vgg16" and min(size.height, size.width) < SSD300_MIN_SIDE:
-            raise ValueError(f"ssd300_vgg16 needs image sides of at least {SSD300_MIN_SIDE} px, got {size.text()}")
+        self.require_size(spec.name, size)
         kwargs: dict[str, Any] = {}
         if not fixed_size_model(spec.name):
             kwargs = {"min_size": min(size.height, size.width), "max_size": max(size.height, size.width)}
