@@ -89,6 +89,11 @@ class InputSize:
         """``size`` itself, or an int as a square still image of that side."""
         return size if isinstance(size, InputSize) else cls(size, size)
 
+    @classmethod
+    def from_fields(cls, image_size: int, image_width: int | None, frames: int | None) -> "InputSize":
+        """The size a point's (or a row's) ``image_size``, ``image_width`` and ``frames`` hold."""
+        return cls(image_size, image_size if image_width is None else image_width, frames)
+
     def point_fields(self) -> dict[str, int | None]:
         """The PointConfig fields that hold this size (width and frames only when they add something)."""
         return {"image_size": self.height, "image_width": None if self.square else self.width,
@@ -161,8 +166,7 @@ class PointConfig:
     @property
     def size(self) -> InputSize:
         """The input's height, width and frames."""
-        width = self.image_size if self.image_width is None else self.image_width
-        return InputSize(self.image_size, width, self.frames)
+        return InputSize.from_fields(self.image_size, self.image_width, self.frames)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -335,8 +339,7 @@ def _ok(self: Any) -> bool:
 
 
 def _size(self: Any) -> InputSize:
-    width = getattr(self, "image_width", None)
-    return InputSize(self.image_size, self.image_size if width is None else width, getattr(self, "frames", None))
+    return InputSize.from_fields(self.image_size, self.image_width, self.frames)
 
 
 _ROW_NAMES = frozenset(COLUMNS)
