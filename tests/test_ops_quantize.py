@@ -245,6 +245,34 @@ def test_random_stream_matches_oracle_for_any_chunk_count_and_64_bit_seed(group_
     assert torch.equal(ext.codes, ref.codes)
 
 
+def _edge_values(rows: int, per_row: int) -> torch.Tensor:
+    """Groups of plain, constant, clamped, signed-zero, tiny and non-finite values."""
+    x = _x((rows, per_row), torch.float32, seed=9)
+    x[0, :128] = 0.75  # a constant stretch: span 0, the largest scale
+    x[0, 128:256] = -0.0
+    x[1, 5] = float("nan")
+    x[1, 300] = float("inf")
+    x[2, :512] = torch.linspace(-1e-30, 1e-30, 512)
+    x[3, ::7] = 1e30  # one huge value per few: every other value rounds to the bottom levels
+    return x
+
+
+@pytest.mark.parametrize("group_size", [64, 256, 512, 1024])
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_codes_and_values_of_edge_groups_match_oracle(bits, group_size):
+    """fp32 at 1, 2 and 4 bits goes through the CPU's 64-value blocks where a stretch is whole and
+    finite, and through the per-value loop elsewhere; both must give the oracle's codes and values."""
+    x = _edge_values(4, 1100)
+    for seed_offset in ((3, 4), (0x7EDCBA9876543211, 0x0123456789ABCDEF)):
+        ext = ops.quantize(x, bits, group_size=group_size, seed_offset=seed_offset)
+        ref = ops.quantize(x, bits, group_size=group_size, seed_offset=seed_offset, backend="oracle")
+        assert torch.equal(ext.codes, ref.codes)
+        assert torch.equal(ext.scale.view(torch.int16), ref.scale.view(torch.int16))
+        got, want = ops.dequantize(ext), ops.dequantize(ref, backend="oracle")
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+
+
 def test_group_minmax_matches_oracle_and_torch():
     x = _x((4, 1000), torch.float32)
     mn, mx = ops.group_minmax(x)

@@ -21,10 +21,8 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>  // AVX2 intrinsics, used only in functions compiled for AVX2 and chosen at run time
-#define ACTBENCH_X86_AVX2 1
-#endif
+// AVX2 blocks (ACTBENCH_X86_AVX2 on x86 with GCC/Clang), compiled for AVX2 and chosen at run time
+#include "avx2_blocks.h"
 
 namespace actbench {
 namespace {
@@ -36,6 +34,16 @@ constexpr int64_t kGroupGrain = 16;  // groups per parallel task: ~16 KiB of fp3
 // may alias any of them, so the compiler reloads them on every iteration and does not vectorize.
 // Loops that store bytes therefore copy the pointers they use into locals of the body first.
 
+// Whether this CPU runs the AVX2 functions (asked once).
+inline bool has_avx2() {
+#if defined(ACTBENCH_X86_AVX2)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2;
+#else
+  return false;
+#endif
+}
+
 // Min and max of one group of len values (NaN for both when it holds NaN or +-inf). Eight
 // independent lanes so the loop vectorizes; v * 0 is NaN exactly for NaN and +-inf.
 template <int D>
@@ -46,8 +54,17 @@ inline void group_range(const typename Format<D>::T* p, int64_t len, float* mn_o
     lmx[j] = bits_float(0xFF800000u);
     lbad[j] = 0.0f;
   }
-  int64_t full = len / 8 * 8;
-  for (int64_t i = 0; i < full; i += 8) {
+  const int64_t full = len / 8 * 8;
+  int64_t done = 0;
+#if defined(ACTBENCH_X86_AVX2)
+  if constexpr (D == kF32) {
+    if (has_avx2()) {
+      avx2::range_f32(p, full, lmn, lmx, lbad);
+      done = full;
+    }
+  }
+#endif
+  for (int64_t i = done; i < full; i += 8) {
     for (int j = 0; j < 8; ++j) {
       float v = Format<D>::load(p[i + j]);
       lmn[j] = v < lmn[j] ? v : lmn[j];
@@ -116,68 +133,23 @@ void philox_uniforms_portable(uint64_t first_chunk, int64_t chunks, uint64_t see
 }
 
 #if defined(ACTBENCH_X86_AVX2)
-
-// 32 x 32 -> 64-bit products of eight lanes: high and low words, lane by lane.
-__attribute__((target("avx2"))) inline void mulhilo8(__m256i a, __m256i m, __m256i* hi, __m256i* lo) {
-  const __m256i even = _mm256_mul_epu32(a, m);                          // lanes 0, 2, 4, 6 as 64 bits
-  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);    // lanes 1, 3, 5, 7
-  *hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
-  *lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
-}
-
-__attribute__((target("avx2"))) void philox_uniforms_avx2(uint64_t first_chunk, int64_t chunks, uint64_t seed,
-                                                          uint64_t offset, float* u) {
+ACTBENCH_AVX2 void philox_uniforms_avx2(uint64_t first_chunk, int64_t chunks, uint64_t seed, uint64_t offset,
+                                        float* u) {
   const int64_t whole = chunks / 8 * 8;
-  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
-  const __m256 unit = _mm256_set1_ps(1.0f / 65536.0f);
-  const __m256i low16 = _mm256_set1_epi32(0xFFFF);
+  avx2::PhiloxKeys keys;
+  avx2::philox_keys(seed, &keys);
   for (int64_t c = 0; c < whole; c += 8) {
-    alignas(32) uint32_t lo_words[8], hi_words[8];
-    for (int l = 0; l < 8; ++l) {
-      const uint64_t chunk = first_chunk + static_cast<uint64_t>(c + l);
-      lo_words[l] = static_cast<uint32_t>(chunk);
-      hi_words[l] = static_cast<uint32_t>(chunk >> 32);
-    }
-    __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo_words));
-    __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi_words));
-    __m256i c2 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset)));
-    __m256i c3 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset >> 32)));
-    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-    for (int r = 0; r < 10; ++r) {
-      __m256i hi0, lo0, hi1, lo1;
-      mulhilo8(c0, m0, &hi0, &lo0);
-      mulhilo8(c2, m1, &hi1, &lo1);
-      c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
-      c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
-      c1 = lo1;
-      c3 = lo0;
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    // Word w of chunk c + l gives values 2w (low half) and 2w + 1 (high half) of that chunk.
-    alignas(32) float halves[8][8];  // [value j][lane l]
-    const __m256i words[4] = {c0, c1, c2, c3};
-    for (int w = 0; w < 4; ++w) {
-      _mm256_store_ps(halves[2 * w], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(words[w], low16)), unit));
-      _mm256_store_ps(halves[2 * w + 1], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words[w], 16)), unit));
-    }
-    for (int l = 0; l < 8; ++l)
-      for (int j = 0; j < 8; ++j) u[(c + l) * 8 + j] = halves[j][l];
+    __m256i words[4];
+    __m256 v[8];  // v[j]: value j of chunks c..c+7; transposed, v[l]: chunk c + l's 8 values
+    avx2::philox8(first_chunk + static_cast<uint64_t>(c), keys, offset, words);
+    avx2::uniforms8(words, v);
+    avx2::transpose8(v);
+    for (int l = 0; l < 8; ++l) _mm256_storeu_ps(u + (c + l) * 8, v[l]);
   }
   philox_uniforms_portable(first_chunk + static_cast<uint64_t>(whole), chunks - whole, seed, offset, u + whole * 8);
 }
 #endif
 
-// Whether this CPU runs the AVX2 functions (asked once).
-inline bool has_avx2() {
-#if defined(ACTBENCH_X86_AVX2)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  return avx2;
-#else
-  return false;
-#endif
-}
 
 void philox_uniforms(uint64_t first_chunk, int64_t chunks, uint64_t seed, uint64_t offset, float* u) {
 #if defined(ACTBENCH_X86_AVX2)
@@ -190,9 +162,22 @@ template <int D>
 void quantize_block(const typename Format<D>::T* sample, int64_t per_sample, int64_t first, int64_t len,
                     const GroupParams& p, int bits, uint64_t first_chunk, uint64_t seed, uint64_t offset,
                     uint8_t* out) {
+  const int64_t chunks = len / 8;
+#if defined(ACTBENCH_X86_AVX2)
+  if constexpr (D == kF32) {  // whole 64-value stretches of a finite group: the AVX2 block
+    if (p.finite && chunks % 8 == 0 && first + len <= per_sample && avx2::packs_in_word(bits) && has_avx2()) {
+      const float* x = sample + first;
+      switch (bits) {
+        case 1: avx2::quantize_chunks_f32<1>(x, chunks, p, first_chunk, seed, offset, out); return;
+        case 2: avx2::quantize_chunks_f32<2>(x, chunks, p, first_chunk, seed, offset, out); return;
+        case 4: avx2::quantize_chunks_f32<4>(x, chunks, p, first_chunk, seed, offset, out); return;
+        default: TORCH_CHECK(false, "actbench::quantize: no 64-value block for ", bits, " bits");
+      }
+    }
+  }
+#endif
   float u[kBlock];
   uint32_t q[kBlock];
-  const int64_t chunks = len / 8;
   philox_uniforms(first_chunk, chunks, seed, offset, u);
   const int64_t valid = std::max<int64_t>(0, std::min(len, per_sample - first));
   for (int64_t i = 0; i < valid; ++i) q[i] = stochastic_code(Format<D>::load(sample[first + i]), p, u[i], bits);
@@ -227,6 +212,20 @@ __attribute__((target("avx2"))) void dequantize_table_f32_avx2(const uint32_t* q
 template <int D>
 void dequantize_block(const uint8_t* in, int bits, float lo, float scale, int64_t per_sample, int64_t first,
                       int64_t len, typename Format<D>::T* sample) {
+#if defined(ACTBENCH_X86_AVX2)
+  if constexpr (D == kF32) {  // whole 64-value stretches: the AVX2 block looks each code up
+    if (len % 64 == 0 && first + len <= per_sample && avx2::packs_in_word(bits) && has_avx2()) {
+      alignas(32) float table[16] = {};
+      for (uint32_t level = 0; level < (1u << bits); ++level) table[level] = dequantize_code(level, lo, scale);
+      switch (bits) {
+        case 1: avx2::dequantize_chunks_f32<1>(in, len / 8, table, sample + first); return;
+        case 2: avx2::dequantize_chunks_f32<2>(in, len / 8, table, sample + first); return;
+        case 4: avx2::dequantize_chunks_f32<4>(in, len / 8, table, sample + first); return;
+        default: TORCH_CHECK(false, "actbench::dequantize: no 64-value block for ", bits, " bits");
+      }
+    }
+  }
+#endif
   uint32_t q[kBlock];
   switch (bits) {
     case 1: unpack_block<1>(in, len / 8, q); break;
