@@ -134,6 +134,24 @@ def test_bench_actnn_quick_writes_ratios_to_fp32(tmp_path):
     assert all(float(r["images_per_s"]) > 0 and float(r["ratio_to_fp32"]) > 0 for r in rows)
     assert by_strategy["L3"]["target"] == ">= 0.8" and by_strategy["L3"]["met"] in ("True", "False")
     assert "actbench throughput resnet18" in by_strategy["L0"]["command"]
+    assert all(r["rounds"] == "1" and r["ratio_min"] == r["ratio_to_fp32"] == r["ratio_max"] for r in rows)
+
+
+def test_bench_actnn_rounds_give_the_median_ratio_and_its_range():
+    """Rounds combine per (model, strategy): the median rate and ratio, the ratio's range, the target on the median."""
+    from actbench.studies.actnn_cost import ActnnBenchRow, combine_rounds
+
+    def row(strategy, rate, ratio, iqr=0.1):
+        need = {"L3": ">= 0.8"}.get(strategy, "")
+        return ActnnBenchRow("resnet50", 8, 112, "cpu", strategy, rate, iqr, ratio, need, None, "cmd", 1, ratio, ratio)
+
+    rounds = [[row("fp32", 10.0, 1.0), row("L3", 7.0, 0.70, 0.3)],
+              [row("fp32", 12.0, 1.0), row("L3", 10.2, 0.85, 0.2)],
+              [row("fp32", 11.0, 1.0), row("L3", 9.0, 0.82, 0.1)]]
+    fp32, l3 = combine_rounds(rounds)
+    assert (fp32.images_per_s, fp32.ratio_to_fp32, fp32.met, fp32.rounds) == (11.0, 1.0, None, 3)
+    assert (l3.images_per_s, l3.images_per_s_iqr, l3.ratio_to_fp32) == (9.0, 0.1, 0.82)
+    assert (l3.ratio_min, l3.ratio_max, l3.met) == (0.70, 0.85, True)
 
 
 def test_bench_actnn_bad_device_is_one_line(tmp_path):

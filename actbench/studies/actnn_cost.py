@@ -4,12 +4,15 @@ Runs ``actbench throughput`` as a user does (a fresh ``python -m actbench`` proc
 fresh run directory) for fp32, ActNN L0, L1, L3 and checkpointing, and puts each strategy's images/s
 beside fp32's from the same run: the ratio is what a change to the ActNN hot path is judged by.
 Targets: L0 >= 0.95x fp32 (it compresses only masks and the pool's window index), L3 >= 0.80x.
+The table runs several rounds and reports each ratio's median and range: on a shared machine the
+load drifts between one point and the next, which moves one round's ratio by up to 0.15.
 """
 
 from __future__ import annotations
 
+import statistics
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -36,12 +39,15 @@ class ActnnBenchRow:
     image_size: int
     device: str
     strategy: str
-    images_per_s: float | None
-    images_per_s_iqr: float | None
-    ratio_to_fp32: float | None
+    images_per_s: float | None  # median over rounds
+    images_per_s_iqr: float | None  # of the round whose rate is the median (one round: its own)
+    ratio_to_fp32: float | None  # median over rounds of the round's ratio
     target: str
-    met: bool | None
+    met: bool | None  # the median ratio against the target
     command: str
+    rounds: int = 1
+    ratio_min: float | None = None  # the lowest and highest round's ratio
+    ratio_max: float | None = None
 
 
 def throughput_args(model: str, batch_size: int, image_size: int, device: str, strategies: str, quick: bool) -> tuple[str, ...]:
@@ -66,16 +72,41 @@ def bench_model(args: tuple[str, ...], out: Path, log: Callable[[str], None]) ->
         result.append(ActnnBenchRow(
             r.model, r.batch_size, r.image_size, r.device, r.strategy, rate, r.samples_per_s_iqr if r.ok else None,
             None if ratio is None else round(ratio, 3), f">= {need}" if need else "",
-            None if need is None or ratio is None else ratio >= need, "actbench " + " ".join(args)))
+            None if need is None or ratio is None else ratio >= need, "actbench " + " ".join(args), 1, ratio, ratio))
     return result
 
 
-def run(device: str, quick: bool, log: Callable[[str], None] = lambda _: None) -> list[ActnnBenchRow]:
-    """Every case's rows, in order, measured in a scratch folder (removed afterwards)."""
+def combine_rounds(rounds: list[list[ActnnBenchRow]]) -> list[ActnnBenchRow]:
+    """One row per (model, strategy): the median rate and ratio over the rounds and the ratio's range."""
+    combined = []
+    for same in zip(*rounds):
+        rates = [r.images_per_s for r in same if r.images_per_s is not None]
+        ratios = [r.ratio_to_fp32 for r in same if r.ratio_to_fp32 is not None]
+        middle = sorted((r for r in same if r.images_per_s is not None), key=lambda r: r.images_per_s)
+        ratio = round(statistics.median(ratios), 3) if ratios else None
+        need = TARGETS.get(same[0].strategy)
+        combined.append(replace(
+            same[0], images_per_s=statistics.median(rates) if rates else None,
+            images_per_s_iqr=middle[len(middle) // 2].images_per_s_iqr if middle else None,
+            ratio_to_fp32=ratio, met=None if need is None or ratio is None else ratio >= need, rounds=len(same),
+            ratio_min=min(ratios) if ratios else None, ratio_max=max(ratios) if ratios else None))
+    return combined
+
+
+def run(device: str, quick: bool, rounds: int = 1, log: Callable[[str], None] = lambda _: None) -> list[ActnnBenchRow]:
+    """Every case's rows, in order, over ``rounds`` rounds (each case once per round, models taking
+    turns), measured in a scratch folder (removed afterwards)."""
+    if rounds < 1:
+        raise ValueError(f"bench-actnn: rounds must be at least 1, got {rounds}")
     cases, size, strategies = (QUICK_CASES, QUICK_IMAGE_SIZE, QUICK_STRATEGIES) if quick else (CASES, IMAGE_SIZE, STRATEGIES)
-    rows: list[ActnnBenchRow] = []
+    measured: list[list[ActnnBenchRow]] = []
     with tempfile.TemporaryDirectory(prefix="actbench-bench-actnn-") as tmp:
-        for model, batch_size in cases:
-            args = throughput_args(model, batch_size, size, device, strategies, quick)
-            rows.extend(bench_model(args, Path(tmp) / f"{model}_{batch_size}", log))
-    return rows
+        for k in range(rounds):
+            rows: list[ActnnBenchRow] = []
+            for model, batch_size in cases:
+                args = throughput_args(model, batch_size, size, device, strategies, quick)
+                if rounds > 1:
+                    log(f"round {k + 1} of {rounds}: {model}")
+                rows.extend(bench_model(args, Path(tmp) / f"{model}_{batch_size}_{k}", log))
+            measured.append(rows)
+    return combine_rounds(measured)
