@@ -80,14 +80,13 @@ def combine_rounds(rounds: list[list[ActnnBenchRow]]) -> list[ActnnBenchRow]:
     """One row per (model, strategy): the median rate and ratio over the rounds and the ratio's range."""
     combined = []
     for same in zip(*rounds):
-        rates = [r.images_per_s for r in same if r.images_per_s is not None]
         ratios = [r.ratio_to_fp32 for r in same if r.ratio_to_fp32 is not None]
-        middle = sorted((r for r in same if r.images_per_s is not None), key=lambda r: r.images_per_s)
+        measured = sorted((r for r in same if r.images_per_s is not None), key=lambda r: r.images_per_s)
         ratio = round(statistics.median(ratios), 3) if ratios else None
         need = TARGETS.get(same[0].strategy)
         combined.append(replace(
-            same[0], images_per_s=statistics.median(rates) if rates else None,
-            images_per_s_iqr=middle[len(middle) // 2].images_per_s_iqr if middle else None,
+            same[0], images_per_s=statistics.median(r.images_per_s for r in measured) if measured else None,
+            images_per_s_iqr=measured[len(measured) // 2].images_per_s_iqr if measured else None,
             ratio_to_fp32=ratio, met=None if need is None or ratio is None else ratio >= need, rounds=len(same),
             ratio_min=min(ratios) if ratios else None, ratio_max=max(ratios) if ratios else None))
     return combined

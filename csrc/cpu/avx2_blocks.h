@@ -191,6 +191,15 @@ ACTBENCH_AVX2 inline __m256 lookup16(__m256i q, __m256 low, __m256 high) {
   return _mm256_blendv_ps(_mm256_permutevar8x32_ps(low, q), _mm256_permutevar8x32_ps(high, q), from_high);
 }
 
+// out[i] = table[q[i]] for n codes below 16, eight at a time.
+ACTBENCH_AVX2 inline void lookup_f32(const uint32_t* q, int64_t n, const float* table, float* out) {
+  const __m256 low = _mm256_load_ps(table), high = _mm256_load_ps(table + 8);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, lookup16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i)), low, high));
+  for (; i < n; ++i) out[i] = table[q[i]];
+}
+
 // dequantize_block's values for `chunks` (a multiple of 8) whole chunks: table[code], the table
 // holding dequantize_code of each level.
 template <int B>

@@ -150,7 +150,6 @@ ACTBENCH_AVX2 void philox_uniforms_avx2(uint64_t first_chunk, int64_t chunks, ui
 }
 #endif
 
-
 void philox_uniforms(uint64_t first_chunk, int64_t chunks, uint64_t seed, uint64_t offset, float* u) {
 #if defined(ACTBENCH_X86_AVX2)
   if (has_avx2()) return philox_uniforms_avx2(first_chunk, chunks, seed, offset, u);
@@ -165,7 +164,7 @@ void quantize_block(const typename Format<D>::T* sample, int64_t per_sample, int
   const int64_t chunks = len / 8;
 #if defined(ACTBENCH_X86_AVX2)
   if constexpr (D == kF32) {  // whole 64-value stretches of a finite group: the AVX2 block
-    if (p.finite && chunks % 8 == 0 && first + len <= per_sample && avx2::packs_in_word(bits) && has_avx2()) {
+    if (p.finite && len % 64 == 0 && first + len <= per_sample && avx2::packs_in_word(bits) && has_avx2()) {
       const float* x = sample + first;
       switch (bits) {
         case 1: avx2::quantize_chunks_f32<1>(x, chunks, p, first_chunk, seed, offset, out); return;
@@ -191,21 +190,40 @@ void unpack_block(const uint8_t* in, int64_t chunks, uint32_t* q) {
   for (int64_t c = 0; c < chunks; ++c) unpack8(in + c * B, B, q + c * 8);
 }
 
-#if defined(ACTBENCH_X86_AVX2)
-// out[i] = table[q[i]] for codes below 16: the table's two halves in two registers, an 8-lane
-// permute from each and a select by bit 3. The table holds dequantize_code of each level, so the
-// values are those of the division per value.
-__attribute__((target("avx2"))) void dequantize_table_f32_avx2(const uint32_t* q, int64_t n, const float* table,
-                                                               float* out) {
-  const __m256 low = _mm256_load_ps(table), high = _mm256_load_ps(table + 8);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i));
-    const __m256 from_high = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));  // bit 3 -> sign bit
-    _mm256_storeu_ps(out + i, _mm256_blendv_ps(_mm256_permutevar8x32_ps(low, idx),
-                                               _mm256_permutevar8x32_ps(high, idx), from_high));
+// The codes of len / 8 chunks of `bits` bits each, one per value.
+inline void unpack_codes(const uint8_t* in, int bits, int64_t chunks, uint32_t* q) {
+  switch (bits) {
+    case 1: unpack_block<1>(in, chunks, q); break;
+    case 2: unpack_block<2>(in, chunks, q); break;
+    case 3: unpack_block<3>(in, chunks, q); break;
+    case 4: unpack_block<4>(in, chunks, q); break;
+    case 5: unpack_block<5>(in, chunks, q); break;
+    case 6: unpack_block<6>(in, chunks, q); break;
+    case 7: unpack_block<7>(in, chunks, q); break;
+    case 8: unpack_block<8>(in, chunks, q); break;
+    default: TORCH_CHECK(false, "actbench::dequantize: bits must be in 1..8, got ", bits);
   }
-  for (; i < n; ++i) out[i] = table[q[i]];
+}
+
+#if defined(ACTBENCH_X86_AVX2)
+// dequantize_block for fp32 at up to 4 bits (at most 16 levels): dequantize_code of each level once,
+// into a table, then a lookup per value instead of a division, so the values are the division's.
+// Whole 64-value stretches at 1, 2 and 4 bits unpack in registers; the rest unpacks code by code.
+ACTBENCH_AVX2 void dequantize_block_f32_avx2(const uint8_t* in, int bits, float lo, float scale, int64_t per_sample,
+                                             int64_t first, int64_t len, float* sample) {
+  alignas(32) float table[16] = {};
+  for (uint32_t level = 0; level < (1u << bits); ++level) table[level] = dequantize_code(level, lo, scale);
+  if (len % 64 == 0 && first + len <= per_sample && avx2::packs_in_word(bits)) {
+    switch (bits) {
+      case 1: avx2::dequantize_chunks_f32<1>(in, len / 8, table, sample + first); return;
+      case 2: avx2::dequantize_chunks_f32<2>(in, len / 8, table, sample + first); return;
+      case 4: avx2::dequantize_chunks_f32<4>(in, len / 8, table, sample + first); return;
+      default: TORCH_CHECK(false, "actbench::dequantize: no 64-value block for ", bits, " bits");
+    }
+  }
+  uint32_t q[kBlock];
+  unpack_codes(in, bits, len / 8, q);
+  avx2::lookup_f32(q, std::max<int64_t>(0, std::min(len, per_sample - first)), table, sample + first);
 }
 #endif
 
@@ -213,42 +231,13 @@ template <int D>
 void dequantize_block(const uint8_t* in, int bits, float lo, float scale, int64_t per_sample, int64_t first,
                       int64_t len, typename Format<D>::T* sample) {
 #if defined(ACTBENCH_X86_AVX2)
-  if constexpr (D == kF32) {  // whole 64-value stretches: the AVX2 block looks each code up
-    if (len % 64 == 0 && first + len <= per_sample && avx2::packs_in_word(bits) && has_avx2()) {
-      alignas(32) float table[16] = {};
-      for (uint32_t level = 0; level < (1u << bits); ++level) table[level] = dequantize_code(level, lo, scale);
-      switch (bits) {
-        case 1: avx2::dequantize_chunks_f32<1>(in, len / 8, table, sample + first); return;
-        case 2: avx2::dequantize_chunks_f32<2>(in, len / 8, table, sample + first); return;
-        case 4: avx2::dequantize_chunks_f32<4>(in, len / 8, table, sample + first); return;
-        default: TORCH_CHECK(false, "actbench::dequantize: no 64-value block for ", bits, " bits");
-      }
-    }
+  if constexpr (D == kF32) {
+    if (bits <= 4 && has_avx2()) return dequantize_block_f32_avx2(in, bits, lo, scale, per_sample, first, len, sample);
   }
 #endif
   uint32_t q[kBlock];
-  switch (bits) {
-    case 1: unpack_block<1>(in, len / 8, q); break;
-    case 2: unpack_block<2>(in, len / 8, q); break;
-    case 3: unpack_block<3>(in, len / 8, q); break;
-    case 4: unpack_block<4>(in, len / 8, q); break;
-    case 5: unpack_block<5>(in, len / 8, q); break;
-    case 6: unpack_block<6>(in, len / 8, q); break;
-    case 7: unpack_block<7>(in, len / 8, q); break;
-    case 8: unpack_block<8>(in, len / 8, q); break;
-    default: TORCH_CHECK(false, "actbench::dequantize: bits must be in 1..8, got ", bits);
-  }
+  unpack_codes(in, bits, len / 8, q);
   const int64_t valid = std::max<int64_t>(0, std::min(len, per_sample - first));
-#if defined(ACTBENCH_X86_AVX2)
-  if constexpr (D == kF32) {
-    if (bits <= 4 && has_avx2()) {  // at most 16 levels: a table instead of a division per value
-      alignas(32) float table[16] = {};
-      for (uint32_t level = 0; level < (1u << bits); ++level) table[level] = dequantize_code(level, lo, scale);
-      dequantize_table_f32_avx2(q, valid, table, sample + first);
-      return;
-    }
-  }
-#endif
   for (int64_t i = 0; i < valid; ++i) sample[first + i] = Format<D>::store(dequantize_code(q[i], lo, scale));
 }
 
