@@ -130,13 +130,16 @@ step bf16_cuda 120 "$PY" -m actbench memory "${BASE[@]}" --strategies fp32 --lev
 step sac_cuda 90 "$PY" -m actbench memory "${BASE[@]}" --strategies sac --device cuda
 step bf16_meta 60 "$PY" -m actbench memory "${BASE[@]}" --strategies fp32 --levels L3 --precision bf16 --device meta
 step sac_meta 60 "$PY" -m actbench memory "${BASE[@]}" --strategies sac --device meta
-# a segmentation model through the task seam on cuda and its meta prediction (fp32 and L3, 256 px)
+# a segmentation model through the task seam on cuda and its meta prediction (fp32 and L3, 256 px;
+# L3 runs the loss scope: the map cross-entropy's 2-bit direction, actnn/loss_functions.py)
 SEG=(fcn_resnet50 --batch 4 --image-size 256 --strategies fp32 --levels L3 --out "$SCRATCH/segmentation")
 step segmentation_cuda 90 "$PY" -m actbench memory "${SEG[@]}" --device cuda
 step segmentation_meta 60 "$PY" -m actbench memory "${SEG[@]}" --device meta
 cat "$SCRATCH"/segmentation/*/rows.jsonl >"$KEPT/segmentation_rows.jsonl" 2>/dev/null
 # one short point per other task, on cuda and predicted on meta (fp32 and L3): a video clip at the
-# reference's 16x112, a RAFT frame pair at 368x496 (its default), a detector at 512x640
+# reference's 16x112, a RAFT frame pair at 368x496 (its default; L3's lookup keeps centres and
+# rebuilds grids in backward, actnn/correlation.py), a detector at 512x640 (its FPN frees the
+# top-down temporaries, actnn/pyramid.py)
 for task in "video r3d_18 --batch 4" "flow raft_small --batch 2" "detection fasterrcnn_mobilenet_v3_large_fpn --batch 2 --image-size 512x640"; do
     set -- $task
     name=$1; shift

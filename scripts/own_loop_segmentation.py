@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.models import segmentation
 
-from actbench.actnn import LEVEL_NAMES, convert, last_forward_census, level_config
+from actbench.actnn import LEVEL_NAMES, convert, last_forward_census, level_config, loss_scope
 
 CLASSES = 3  # background and two rectangle classes
 
@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
     model.train()
     for step in range(1, args.steps + 1):
-        out = model(images)  # {"out": [N, C, H, W], "aux": [N, C, H, W]}, upsampled to the input
-        loss = F.cross_entropy(out["out"], labels) + 0.5 * F.cross_entropy(out["aux"], labels)
+        with loss_scope(model):  # the cross-entropy over the label map is compressed too
+            out = model(images)  # {"out": [N, C, H, W], "aux": [N, C, H, W]}, upsampled to the input
+            loss = F.cross_entropy(out["out"], labels) + 0.5 * F.cross_entropy(out["aux"], labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

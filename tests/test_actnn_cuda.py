@@ -101,3 +101,22 @@ def test_attention_twin_on_cuda_packs_q_k_and_v_apart_and_trains():
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
     out.square().mean().backward()
     assert torch.isfinite(x.grad).all() and all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_the_map_cross_entropy_twin_on_cuda_gives_torchs_loss_and_zero_on_ignored_pixels():
+    """The loss twin (actnn/loss_functions.py) on cuda: torch's loss value, and an ignored pixel's
+    gradient exactly 0 after the 2-bit direction is unpacked with its 1-bit mask."""
+    from actbench.actnn.controller import Controller
+    from actbench.actnn.loss_functions import DenseCrossEntropyFunction
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 16, 32, generator=gen).cuda().requires_grad_(True)
+    labels = torch.randint(0, 5, (2, 16, 32), generator=gen)
+    labels[:, :4] = 255
+    labels = labels.cuda()
+    controller = Controller(level_config("L3"), generator=torch.Generator().manual_seed(1))
+    loss = DenseCrossEntropyFunction.apply(logits, labels, 255, "mean", controller.dynamic_slot("ce", "act"),
+                                           controller.dynamic_slot("ce_counted", "mask"))
+    torch.testing.assert_close(loss, F.cross_entropy(logits.detach(), labels, ignore_index=255))
+    loss.backward()
+    assert (logits.grad[:, :, :4] == 0).all() and (logits.grad[:, :, 4:] != 0).any()

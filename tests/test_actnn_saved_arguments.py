@@ -200,3 +200,37 @@ def test_functional_attention_packs_query_and_key_at_qk_bits(backend):
     head = 64 // 4
     assert found == {0: ("qk", 4), head * 4: ("qk", 4), 2 * head * 4: ("hook", 2)}, found
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+class EinsumAttention(FunctionalAttention):
+    """The same attention with its products written as einsums (MaxViT's way)."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        scores = torch.einsum("b h i d, b h j d -> b h i j", q, k * q.shape[-1] ** -0.5)
+        return torch.einsum("bhij,bhjd->bhid", F.softmax(scores, dim=-1), v)
+
+
+def test_einsum_attention_packs_what_its_score_product_saves_at_qk_bits(backend):
+    """What the score einsum saves (its query and key) is packed at ``qk_bits``; what the value einsum
+    saves (the softmax output, the value) stays at the 2-bit target. Without the einsum entry both
+    would be 2 bits (this test can fail)."""
+    conv = convert(EinsumAttention(), level_config("L3", backend=backend))
+    seen = []
+    packer_of(conv.model).observer = lambda t, packed, reason, owner: seen.append(packed)
+    x = torch.randn(2, 64, 64, requires_grad=True)
+    conv.model(x).backward()
+    kinds = sorted((p.slot.info.kind, p.spec.bits) for p in {id(p): p for p in seen if p is not None}.values())
+    # query and key at 4 bits; the softmax output (its own saving, and the value einsum's view of it) and the
+    # value at 2
+    assert kinds == [("hook", 2)] * 3 + [("qk", 4)] * 2, kinds
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("equation, scores", [
+    ("b h i d, b h j d -> b h i j", True), ("bhid,bhjd->bhij", True), ("BGHID,BGHJD->BGHIJ", True),
+    ("bhij,bhjd->bhid", False), ("bid,bjd->bji", False), ("bythwc,hkc->bythwk", False), ("...id,...jd->...ij", False),
+    ("bhid,bhjd,bhjd->bhij", False), ("bhid,bhjd", False),
+])
+def test_an_einsum_is_attentions_scores_only_in_its_one_form(equation, scores):
+    from actbench.actnn.saved_arguments import is_score_equation
+    assert is_score_equation(equation) is scores

@@ -342,3 +342,32 @@ def test_normalize_with_zero_rows_gradient_mean_converges(backend):
     x, y = _tokens()
     ratios = error_ratios(_CosineAttention(), level_config("L3", backend=backend, hook_min_elements=256), x, y)
     assert all(r < RATIO_BOUND for r in ratios.values()), ratios
+
+
+class _GatedCell(nn.Module):
+    """A GRU-style update written with functions (RAFT's ConvGRU): torch.tanh and torch.sigmoid."""
+
+    def __init__(self, dim=32, tokens=16):
+        super().__init__()
+        self.embed, self.z, self.q = nn.Linear(12, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.head = nn.Linear(dim * tokens, 10)
+
+    def forward(self, x):
+        h = self.embed(x)
+        z = torch.sigmoid(self.z(h))
+        h = (1 - z) * h + z * torch.tanh(self.q(h))
+        return self.head(h.flatten(1))
+
+
+def test_functional_tanh_keeps_its_derivative_and_the_gradient_mean_converges(backend):
+    """torch.tanh is rerouted to the derivative twin (1 - tanh² at 2 bits, linear in backward) instead of
+    the hook path's 2-bit output, which tanh's backward squares (biased)."""
+    torch.manual_seed(0)
+    x, y = _tokens()
+    config = level_config("L3", backend=backend, hook_min_elements=256)
+    conv = convert(_GatedCell(), config)
+    F.cross_entropy(conv.model(x), y).backward()
+    names = [layer.name for layer in conv.controller.layers]
+    assert any(":tanh:" in n for n in names) and any(":sigmoid:" in n for n in names), names
+    ratios = error_ratios(_GatedCell(), config, x, y)
+    assert all(r < RATIO_BOUND for r in ratios.values()), ratios

@@ -7,10 +7,12 @@ The exactness check runs Faster R-CNN once per side at 64×80, batch 1; meta ste
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
 import torch
+from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork
 from typer.testing import CliRunner
 
 from actbench.actnn import convert, hooks, level_config
@@ -296,3 +298,42 @@ def test_mask_and_keypoint_rcnn_train_their_heads_terms(name, terms) -> None:
     assert math.isfinite(float(total.detach()))
     total.backward()
     assert all(p.grad is not None for p in model.roi_heads.parameters() if p.requires_grad)
+
+
+# --- the converted feature pyramid ------------------------------------------------------------------
+def _l0_step(model: torch.nn.Module, images, targets) -> tuple[float, dict[str, torch.Tensor]]:
+    converted = convert(model, level_config("L0")).model
+    torch.manual_seed(1)  # the detector's own sampling of anchors and proposals
+    loss = task_of(SMALL_RCNN).loss(converted, images, targets)
+    loss.backward()
+    return float(loss.detach()), {n: p.grad.clone() for n, p in converted.named_parameters() if p.grad is not None}
+
+
+def test_the_converted_pyramid_gives_torchvisions_loss_and_gradients(monkeypatch) -> None:
+    """The converted FeaturePyramidNetwork frees its top-down temporaries and computes the same values: at
+    L0 the loss and every gradient are torchvision's bit for bit."""
+    task, spec = task_of(SMALL_RCNN), ModelSpec(SMALL_RCNN)
+    torch.manual_seed(0)
+    model = task.build(spec, SIZE)
+    images, targets = task.batch(spec, 2, SIZE, CPU, seed=0)
+    loss, grads = _l0_step(model, images, targets)
+    monkeypatch.delitem(importlib.import_module("actbench.actnn.convert").LEAN_FORWARDS, FeaturePyramidNetwork)
+    torchvisions_loss, torchvisions = _l0_step(model, images, targets)
+    assert loss == torchvisions_loss and grads.keys() == torchvisions.keys() and len(grads) > 50
+    assert all(torch.equal(grads[n], torchvisions[n]) for n in grads)
+
+
+@pytest.mark.heavy  # two Faster R-CNN points at 800x1333 on meta: about 10 s
+def test_the_converted_pyramid_lowers_an_l3_detectors_peak(monkeypatch) -> None:
+    """An L3 step of Faster R-CNN (meta, 800x1333, batch 1) peaks inside the pyramid without the converted
+    FPN; with it, at least one finest-level map lower, at the same activation bytes."""
+    point = _point("fasterrcnn_resnet50_fpn", "L3", "meta", batch=1, size=InputSize(800, 1333))
+    with_lean = MetaSessions().measure_point(point)
+    monkeypatch.delitem(importlib.import_module("actbench.actnn.convert").LEAN_FORWARDS, FeaturePyramidNetwork)
+    without = MetaSessions().measure_point(point)
+    assert with_lean.status == without.status == "ok"
+    assert with_lean.activation_bytes == without.activation_bytes
+    # a 256-channel map at 1/4 of the padded 800x1344 image: the finest level's dropped temporaries
+    finest_map = 256 * 200 * 336 * 4
+    assert without.peak_alloc_bytes - with_lean.peak_alloc_bytes >= finest_map, (with_lean.peak_alloc_bytes,
+                                                                                 without.peak_alloc_bytes)

@@ -9,6 +9,7 @@ is the same at every update, so 2 already exercise a layer called several times 
 from __future__ import annotations
 
 import contextlib
+import importlib
 from typing import Iterator
 
 import pytest
@@ -18,7 +19,7 @@ from typer.testing import CliRunner
 import actbench.training.tasks.optical_flow as optical_flow
 from actbench.actnn import convert, level_config
 from actbench.actnn import saved_arguments
-from actbench.actnn.hooks import SKIP_POSITION, packer_of
+from actbench.actnn.hooks import SKIP_POSITION, SKIP_TWIN, packer_of
 from actbench.cli import app
 from actbench.planning.point import Point
 from actbench.schema import InputSize, ModelSpec, PointConfig
@@ -26,6 +27,8 @@ from actbench.training.tasks import task_of
 from actbench.training.tasks.optical_flow import GAMMA, MAX_FLOW, NUM_FLOW_UPDATES, sequence_loss
 from task_points import assert_l3_keeps_less, assert_meta_predicts_cpu, cpu_and_meta_rows
 
+# the module (``actbench.actnn.convert`` the attribute is the function): its LEAN_FORWARDS table
+convert_module = importlib.import_module("actbench.actnn.convert")
 CPU = torch.device("cpu")
 SMALL = InputSize(128, 128)
 RAFT_SMALL = ModelSpec("raft_small")
@@ -179,8 +182,9 @@ def _l3_gradients(model: torch.nn.Module, keep_detached_exact: bool = False) -> 
 
 def test_L3_quantizes_no_coordinate_of_the_correlation_lookup(monkeypatch) -> None:
     """RAFT's L3 step gives the same gradients, bit for bit, as one that also keeps every detached tensor
-    exact: the coordinates (grid_sample's grids, 4 levels x 2 updates) are never quantized. Without
-    grid_sample in saved_arguments.py the grids are packed and the gradients move (this test can fail)."""
+    exact. The converted CorrBlock keeps each lookup's centres (4 levels x 2 updates), never a grid;
+    torchvision's own CorrBlock keeps its grids exact through saved_arguments.py; with neither, the grids
+    are packed and the gradients move (this test can fail)."""
     torch.manual_seed(0)
     model = task_of("raft_small").build(RAFT_SMALL, SMALL)
     got, seen = _l3_gradients(model)
@@ -188,16 +192,52 @@ def test_L3_quantizes_no_coordinate_of_the_correlation_lookup(monkeypatch) -> No
     assert got.keys() == expected.keys() and len(got) > 50
     assert all(torch.equal(got[n], expected[n]) for n in got), [n for n in got if not torch.equal(got[n], expected[n])]
 
-    grid = (RAFT_SMALL_SIDE, RAFT_SMALL_SIDE, 2)
-    grids = [(packed is None, reason) for shape, _, packed, reason in seen if shape[1:] == grid]
-    assert grids == [(True, SKIP_POSITION)] * (PYRAMID_LEVELS * 2), grids
+    grid, centre = (RAFT_SMALL_SIDE, RAFT_SMALL_SIDE, 2), (1, 1, 2)
+    assert not [shape for shape, *_ in seen if shape[1:] == grid]
+    centres = [(packed is None, reason) for shape, _, packed, reason in seen if shape[1:] == centre]
+    assert centres == [(True, SKIP_TWIN)] * (PYRAMID_LEVELS * 2), centres
     assert not [shape for shape, requires_grad, packed, _ in seen if packed is not None and not requires_grad]
     assert any(packed is not None for *_, packed, _ in seen)  # the correlation pyramid itself is packed
+
+    monkeypatch.setattr(convert_module, "LEAN_FORWARDS", {})
+    torchvisions, seen = _l3_gradients(model)
+    grids = [(packed is None, reason) for shape, _, packed, reason in seen if shape[1:] == grid]
+    assert grids == [(True, SKIP_POSITION)] * (PYRAMID_LEVELS * 2), grids
+    assert all(torch.equal(torchvisions[n], expected[n]) for n in expected)
 
     monkeypatch.setattr(saved_arguments, "argument_roles", lambda *args, **kwargs: {})
     quantized, seen = _l3_gradients(model)
     assert [packed is not None for shape, _, packed, _ in seen if shape[1:] == grid] == [True] * (PYRAMID_LEVELS * 2)
     assert not all(torch.equal(quantized[n], expected[n]) for n in expected)
+
+
+def test_the_converted_lookup_gives_torchvisions_gradients_at_L0_and_keeps_no_grid(monkeypatch) -> None:
+    """At L0 nothing of the lookup is rounded, so the converted CorrBlock (centres kept, grids rebuilt in
+    backward) must give torchvision's loss and gradients bit for bit; its saved bytes are smaller."""
+    torch.manual_seed(0)
+    model = task_of("raft_small").build(RAFT_SMALL, SMALL)
+    with_centres, seen = _gradients_at(model, "L0")
+    monkeypatch.setattr(convert_module, "LEAN_FORWARDS", {})
+    with_grids, seen_grids = _gradients_at(model, "L0")
+    assert with_centres.keys() == with_grids.keys() and len(with_centres) > 50
+    assert all(torch.equal(with_centres[n], with_grids[n]) for n in with_grids)
+    saved = sum(t.untyped_storage().nbytes() for t in {id(t): t for t in seen}.values())
+    saved_grids = sum(t.untyped_storage().nbytes() for t in {id(t): t for t in seen_grids}.values())
+    assert saved < saved_grids, (saved, saved_grids)
+
+
+def _gradients_at(model: torch.nn.Module, level: str) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """One step of a converted copy of ``model`` at ``level`` (2 updates): gradients, and the tensors the
+    correlation lookups saved as they are (grids or centres, 2 components a point)."""
+    task = task_of("raft_small")
+    converted = convert(model, level_config(level), generator=torch.Generator().manual_seed(7)).model
+    kept: list[torch.Tensor] = []
+    packer_of(converted).observer = lambda t, packed, reason, owner: (
+        kept.append(t) if packed is None and t.shape[-1:] == (2,) and t.dim() == 4 else None)
+    inputs, targets = task.batch(RAFT_SMALL, 1, SMALL, CPU, seed=3)
+    with flow_updates(2):
+        task.loss(converted, inputs, targets).backward()
+    return {n: p.grad.clone() for n, p in converted.named_parameters() if p.grad is not None}, kept
 
 
 def test_raft_trains_with_the_references_adamw_the_others_with_sgd() -> None:

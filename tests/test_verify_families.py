@@ -73,7 +73,10 @@ def test_cli_verify_grads_shows_per_layer_bias_and_variance_on_transformers(tmp_
 #: BatchNorm channel at 8 values or more; RAFT needs sides of at least 128 (multiples of 8).
 TASK_REPRESENTATIVES = [("lraspp_mobilenet_v3_large", "64", 4, None), ("r3d_18", "48", 2, 4),
                         ("ssdlite320_mobilenet_v3_large", "64x80", 2, None),
-                        ("fasterrcnn_mobilenet_v3_large_320_fpn", "160x192", 2, None)]
+                        ("fasterrcnn_mobilenet_v3_large_320_fpn", "160x192", 2, None),
+                        # RAFT's GRU gates through torch.tanh: with the hook path's 2-bit output instead of the
+                        # derivative twin, median bias_z 1.57 and 40 of 104 beyond 3 (docs/design.md §3)
+                        ("raft_small", "128", 2, None)]
 
 
 @pytest.mark.heavy
@@ -88,14 +91,3 @@ def test_verify_grads_on_one_model_per_task(name, size, batch, frames):
     assert len(noisy) >= len(rows) // 2, f"only {len(noisy)} of {len(rows)} gradients vary between draws"
     assert noisy[-1].bias_z < 3, noisy[-1]
     assert 0.8 < noisy[len(noisy) // 2].bias_z < 1.3, [r.bias_z for r in noisy]
-
-
-@pytest.mark.heavy
-def test_verify_grads_on_raft_gives_every_trained_parameter_a_varying_finite_gradient():
-    """RAFT through its own frame pairs and sequence loss: a finite, varying gradient for every parameter
-    the loss trains. Its L3 gradients are biased beyond the families' 3-standard-error bound (the GRU's
-    gates and the encoders: relative bias 5-8% against a 1-2% spread at 128 px, docs/design.md §3), so
-    this test holds what verify-grads must deliver, not unbiasedness."""
-    rows = verify_grads(VerifyConfig("raft_small", "L3", batch_size=2, seeds=2, image_size="128"))
-    assert len(rows) >= 100 and all(math.isfinite(r.rel_bias) and math.isfinite(r.rel_std) for r in rows)
-    assert sum(r.rel_std > 0 for r in rows) >= 0.9 * len(rows)

@@ -19,12 +19,16 @@ import torch
 from torch import nn
 from torchvision.models.convnext import CNBlock, LayerNorm2d
 from torchvision.models.maxvit import SwapAxes, WindowDepartition, WindowPartition
+from torchvision.models.optical_flow.raft import CorrBlock
 from torchvision.models.video.resnet import Conv3DNoTemporal, Conv3DSimple
 from torchvision.ops import StochasticDepth
+from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork
 from torchvision.ops.misc import Permute
 
 from actbench.actnn import hooks
 from actbench.actnn.controller import Controller
+from actbench.actnn.correlation import QCorrBlock
+from actbench.actnn.pyramid import QFeaturePyramidNetwork
 from actbench.actnn import layers as L
 from actbench.actnn.layers import ActNNModule, QMaxPool2d, QMaxPool3d, maxpool_supported
 from actbench.actnn.transformer_layers import QCNBlock, QMultiheadAttention, QSoftmax
@@ -67,6 +71,13 @@ REPLACEMENTS: dict[type[nn.Module], type[nn.Module]] = {
     # ResNet-3D's convs (r3d_18, mc3_18): nn.Conv3d's forward, plus a stride helper used only when built
     Conv3DSimple: L.QConv3d,
     Conv3DNoTemporal: L.QConv3d,
+}
+
+# Exact torch type -> a subclass whose forward computes the same values while keeping less: no
+# slot (it rounds nothing), its submodules converted as usual, what it saves through the hook path.
+LEAN_FORWARDS: dict[type[nn.Module], type[nn.Module]] = {
+    CorrBlock: QCorrBlock,  # RAFT: sampling centres kept instead of sampling grids (correlation.py)
+    FeaturePyramidNetwork: QFeaturePyramidNetwork,  # detectors: top-down temporaries freed (pyramid.py)
 }
 
 # Leaf modules that keep no activation worth compressing (at most a shape, or a small input at
@@ -216,6 +227,11 @@ def _swap_in_twins(model: nn.Module, controller: Controller
             raise ValueError(f"actnn.convert: module {name or '<root>'} ({type(module).__name__}) is already converted")
         if any((name.startswith(prefix + ".") if prefix else name) for prefix in covered):
             kept.append(ModuleEntry(name, type(module).__name__, None))
+            continue
+        lean = LEAN_FORWARDS.get(type(module))
+        if lean is not None:
+            converted.append(ModuleEntry(name, type(module).__name__, lean.__name__))
+            module.__class__ = lean
             continue
         twin = REPLACEMENTS.get(type(module))
         if twin in (QMaxPool2d, QMaxPool3d) and not maxpool_supported(module):

@@ -59,6 +59,15 @@ def masked_grad(ctx, grad: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     return slot.masked_grad(tuple(ctx.saved_tensors), ctx.spec, grad, scale)
 
 
+def rows_for_packing(t: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``t`` as the quantizer should see it: rows shorter than a group (a detector's [anchors, classes]
+    scores, 91 values a row) become one row, since the quantizer pads every row to whole groups (91
+    values would take 256 values' codes and a range each); anything else as it is."""
+    if t.dim() >= 2 and t.numel() < t.shape[0] * group_size:
+        return t.reshape(1, -1)
+    return t
+
+
 def autocast_like_torch(x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
     """``(x, *tensors)`` cast as autocast casts torch's own conv and linear: when autocast is on for
     x's device type, every float32/float16/bfloat16 tensor goes to autocast's dtype (float64 stays).
@@ -440,3 +449,30 @@ class MaskScaleFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad * (load_mask(ctx) * ctx.scale).to(grad.dtype), None, None, None, None, None
+
+
+class NormalizeFunction(torch.autograd.Function):
+    """y = x / max(||x||_2, eps) along ``dim``, keeping y (|y| <= 1: compressed at ``act_bits``) and the
+    per-row denominator (layer statistics, full precision) instead of x and the norm.
+
+    Backward: (g - y <g, y>) / denom on rows whose norm exceeds eps, g / eps on clamped rows (there
+    the denominator is a constant), as torch's. Quadratic in y: second-order biased, like LayerNorm.
+    """
+
+    @staticmethod
+    def forward(ctx, x, dim, eps: float, slot: LayerSlot):
+        denom = torch.linalg.vector_norm(x, 2, dim, keepdim=True).clamp_min(eps)
+        y = x / denom
+        tensors, spec = slot.save_input(y)
+        save(ctx, denom, *tensors)
+        ctx.slot, ctx.spec, ctx.dim, ctx.eps = slot, spec, dim, eps
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        slot = ctx.slot
+        slot.record_grad(grad)
+        denom, *packed = ctx.saved_tensors
+        y = slot.load_input(tuple(packed), ctx.spec).to(grad.dtype)
+        inside = (denom > ctx.eps).to(grad.dtype)
+        return (grad - inside * y * (grad * y).sum(ctx.dim, keepdim=True)) / denom, None, None, None

@@ -9,10 +9,10 @@ functions. What is packed, what is rerouted and why: docs/design.md §3 ("The sa
 
 from __future__ import annotations
 
-import math
+import contextlib
 import weakref
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -25,10 +25,9 @@ from actbench.kernels import ops
 from actbench.actnn import saved_arguments as arguments
 from actbench.actnn.controller import (QK_KIND, ROLE_COMPRESSED, Controller, LayerSlot, PackSpec,
                                       saved_role)
+from actbench.actnn import routes
 from actbench.actnn.layers import ActNNModule
-from actbench.actnn.pool3d import MaxPool3dFunction, Pool3dParams, triple
-from actbench.actnn.functions import (AvgPool2dFunction, ClampFunction, DerivativeFunction, DropoutFunction,
-                                      MaskScaleFunction, MaxPool2dFunction, PoolParams, kept_by_twin, save)
+from actbench.actnn.functions import kept_by_twin, rows_for_packing
 
 #: Why a saved tensor was left as it is (the census files it under these reasons).
 SKIP_NOT_FLOATING = "integer or bool"
@@ -38,6 +37,12 @@ SKIP_SMALL = "small"
 SKIP_TWIN = "kept by twin"
 SKIP_LEVEL = "full precision by level"
 SKIP_POSITION = "positions: kept exact"  # saved_arguments.py: boxes, grids, offsets
+#: The owner of what a loss computed after the model's forward saves (:meth:`SavedTensorPacker.covering_loss`);
+#: not a module name, so no module's census entry can take it.
+LOSS_OWNER = "(loss)"
+#: A loss's own saved tensors (log-probabilities, exponentials) feed nonlinear backwards: rounded, they
+#: would bias the gradient, so only the loss twins (loss_functions.py) compress a loss.
+SKIP_LOSS = "loss: full precision"
 
 
 @dataclass
@@ -48,6 +53,8 @@ class HookPacked:
     tensors: tuple[torch.Tensor, ...]
     spec: PackSpec
     owner: str
+    #: the saved tensor's shape when it was packed as one row (``functions.rows_for_packing``), else None
+    shape: torch.Size | None = None
 
 
 class SavedTensorPacker:
@@ -60,6 +67,7 @@ class SavedTensorPacker:
         self._root_name = type(model).__name__
         self._root = model  # a strong reference: deepcopy of the model then maps it to the copy
         self._context = None
+        self._covering_loss = False
         # per module running: (owner name, inside an ActNN twin's forward, entered the rerouting mode,
         # the context that keeps torch-function modes off inside the outermost twin, or None)
         self._frames: list[tuple[str, bool, bool, object | None]] = []
@@ -70,6 +78,7 @@ class SavedTensorPacker:
         self.saved: dict[tuple[str, str, str], list[int]] = {}
         self._seen: set[int] = set()
         self._types: dict[str, str] = {n or type(model).__name__: type(m).__name__ for n, m in model.named_modules()}
+        self._types[LOSS_OWNER] = "loss"
         self._counts: dict[str, int] = {}
         self._cache: dict[tuple, tuple[weakref.ref, HookPacked]] = {}
         self._state: set[int] = set()
@@ -117,8 +126,35 @@ class SavedTensorPacker:
         if entered and self._functional is not None:
             functional, self._functional = self._functional, None
             functional.__exit__(None, None, None)
-        if module is self._root and self._context is not None and not self._frames:
+        if module is self._root and self._context is not None and not self._frames and not self._covering_loss:
             self._end()
+
+    @contextlib.contextmanager
+    def covering_loss(self) -> Iterator[None]:
+        """Keep the hook path on from the model's training forward through the loss computed after it.
+
+        A loss outside the model (segmentation's cross-entropy over H x W, optical flow's |error|)
+        saves as much as a layer; inside this scope its saved tensors reach :meth:`pack` and its
+        cross-entropy and |x| are rerouted to the loss twins (``loss_functions.py``), owned by
+        :data:`LOSS_OWNER`; what else it saves stays as torch keeps it (:data:`SKIP_LOSS`). Outside a
+        training forward (eval, no grad, hooks already on) it does nothing.
+        """
+        model = self._root
+        if not (model.training and torch.is_grad_enabled()) or self._context is not None:
+            yield
+            return
+        self._start(model)
+        functional = self._functional = _FunctionalTwins(self)
+        functional.__enter__()
+        self._covering_loss = True
+        try:
+            yield
+        finally:
+            self._covering_loss = False
+            self._functional = None
+            functional.__exit__(None, None, None)
+            if self._context is not None:
+                self._end()
 
     def _start(self, model: nn.Module) -> None:
         """A training forward of the whole model begins: install the saved-tensor hooks."""
@@ -137,7 +173,14 @@ class SavedTensorPacker:
 
     @property
     def _owner(self) -> str:
-        return self._frames[-1][0] if self._frames else self._root_name
+        if self._frames:
+            return self._frames[-1][0]
+        return LOSS_OWNER if self._covering_loss else self._root_name
+
+    @property
+    def in_model(self) -> bool:
+        """Whether a module of the model is running (not the loss after it)."""
+        return bool(self._frames)
 
     @property
     def in_twin(self) -> bool:
@@ -162,6 +205,8 @@ class SavedTensorPacker:
             return SKIP_STATE
         if role == arguments.ROLE_POSITION:
             return SKIP_POSITION
+        if self._covering_loss and not self._frames:
+            return SKIP_LOSS
         if not t.is_floating_point():
             return SKIP_NOT_FLOATING
         if t.dtype not in ops.PACKABLE_DTYPES:
@@ -214,8 +259,9 @@ class SavedTensorPacker:
             n = self._counts.get(owner, 0)
             self._counts[owner] = n + 1
             slot = c.dynamic_slot(f"{owner}:{n}", QK_KIND if role == arguments.ROLE_QUERY_KEY else "hook")
-            tensors, spec = slot.save_input(t.detach())
-            packed = HookPacked(slot, tensors, spec, owner)
+            rows = rows_for_packing(t.detach(), c.config.group_size)
+            tensors, spec = slot.save_input(rows)
+            packed = HookPacked(slot, tensors, spec, owner, None if rows.shape == t.shape else t.shape)
             self._cache[key] = (weakref.ref(t), packed)
             if c.config.mixed_precision and t.requires_grad and t.dim() > 1 and not compat.is_fake(t):
                 index = slot.index
@@ -229,7 +275,8 @@ class SavedTensorPacker:
         if not isinstance(packed, HookPacked):
             return packed
         self.controller.after_backward()
-        return packed.slot.load_input(packed.tensors, packed.spec)
+        x = packed.slot.load_input(packed.tensors, packed.spec)
+        return x if packed.shape is None else x.reshape(packed.shape)
 
 
 class _FunctionalTwins(TorchFunctionMode):
@@ -247,7 +294,7 @@ class _FunctionalTwins(TorchFunctionMode):
         product = arguments.query_key_product_marks(func, args, kwargs, self.packer.query_key_products)
         if product is not None and not self.packer.in_twin:
             return self.packer.call_with_roles(func, args, kwargs, product)
-        route = _routes().get(func)
+        route = routes.routes().get(func)
         if route is not None and not self.packer.in_twin and args and isinstance(args[0], torch.Tensor):
             x = args[0]
             if x.requires_grad and x.dtype in ops.PACKABLE_DTYPES and x.numel() > 0:
@@ -261,179 +308,6 @@ class _FunctionalTwins(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _arg(args: tuple, kwargs: dict, position: int, name: str, default):
-    return args[position] if len(args) > position else kwargs.get(name, default)
-
-
-def _clamp(lo: float | None, hi: float | None, inplace_default: bool, what: str, inplace_at: int = 0,
-           bounds_at: int | None = None):
-    def route(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
-        if not packer.controller.config.masks:
-            return NotImplemented
-        low, high = lo, hi
-        if bounds_at is not None:  # F.hardtanh(x, min_val, max_val, inplace)
-            low = float(_arg(args, kwargs, bounds_at, "min_val", -1.0))
-            high = float(_arg(args, kwargs, bounds_at + 1, "max_val", 1.0))
-            inplace = bool(_arg(args, kwargs, bounds_at + 2, "inplace", False))
-        else:
-            inplace = inplace_default or bool(_arg(args, kwargs, inplace_at, "inplace", False))
-        if inplace and x.is_leaf:
-            return NotImplemented  # torch raises for in-place on a leaf that requires grad
-        return ClampFunction.apply(x, low, high, packer.functional_slot(what, "mask"), inplace)
-    return route
-
-
-def _dropout(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
-    p = float(_arg(args, kwargs, 0, "p", 0.5))
-    training = bool(_arg(args, kwargs, 1, "training", True))
-    inplace = bool(_arg(args, kwargs, 2, "inplace", False))
-    if not training or inplace or not 0.0 < p < 1.0 or not packer.controller.config.masks:
-        return NotImplemented
-    return DropoutFunction.apply(x, p, packer.functional_slot("dropout", "mask"))
-
-
-def _hardsigmoid(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
-    inplace = bool(_arg(args, kwargs, 0, "inplace", False))
-    if not packer.controller.config.masks or (inplace and x.is_leaf):
-        return NotImplemented
-    return MaskScaleFunction.apply(x, "hardsigmoid", 0.0, "", packer.functional_slot("hardsigmoid", "mask"), inplace)
-
-
-def _smooth(kind: str, inplace_at: int | None = None, inplace_default: bool = False):
-    def route(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
-        config = packer.controller.config
-        if config.act_bits is None or x.numel() < config.hook_min_elements:
-            return NotImplemented  # L0: torch's own saving (exact); small: not worth a twin
-        approximate = "none"
-        if kind == "gelu":
-            approximate = str(_arg(args, kwargs, 0, "approximate", "none"))
-        inplace = inplace_default or (inplace_at is not None and bool(_arg(args, kwargs, inplace_at, "inplace", False)))
-        if inplace and x.is_leaf:
-            return NotImplemented
-        return DerivativeFunction.apply(x, kind, approximate, inplace, packer.functional_slot(kind, "act"))
-    return route
-
-
-def _pair(v) -> tuple[int, int]:
-    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[-1]))
-
-
-def _max_pool2d(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
-    """F.max_pool2d -> an int8 argmax (aten keeps the input and int64 indices)."""
-    kernel = _arg(args, kwargs, 0, "kernel_size", None)
-    stride = _arg(args, kwargs, 1, "stride", None)
-    padding = _arg(args, kwargs, 2, "padding", 0)
-    dilation = _arg(args, kwargs, 3, "dilation", 1)
-    ceil_mode = bool(_arg(args, kwargs, 4, "ceil_mode", False))
-    if (not packer.controller.config.masks or kernel is None or _arg(args, kwargs, 5, "return_indices", False)
-            or x.dim() not in (3, 4)):
-        return NotImplemented
-    k = _pair(kernel)
-    if k[0] * k[1] > 128:
-        return NotImplemented
-    s = _pair(stride) if stride not in (None, [], ()) else k
-    p = PoolParams(k, s, _pair(padding), _pair(dilation), ceil_mode)
-    return MaxPool2dFunction.apply(x, p, packer.functional_slot("max_pool2d", "pool"))
-
-
-def _max_pool3d(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
-    """F.max_pool3d -> int8 window offsets, as the MaxPool3d twin (aten keeps the input and int64 indices)."""
-    kernel = _arg(args, kwargs, 0, "kernel_size", None)
-    stride = _arg(args, kwargs, 1, "stride", None)
-    if (not packer.controller.config.masks or kernel is None or _arg(args, kwargs, 5, "return_indices", False)
-            or x.dim() not in (4, 5)):
-        return NotImplemented
-    k = triple(kernel)
-    if math.prod(k) > 128:
-        return NotImplemented
-    p = Pool3dParams(k, triple(stride) if stride not in (None, [], ()) else k,
-                     triple(_arg(args, kwargs, 2, "padding", 0)), triple(_arg(args, kwargs, 3, "dilation", 1)),
-                     bool(_arg(args, kwargs, 4, "ceil_mode", False)))
-    return MaxPool3dFunction.apply(x, p, packer.functional_slot("max_pool3d", "pool"))
-
-
-def _avg_pool2d(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
-    """F.avg_pool2d -> keeps only the input's shape (aten keeps the whole input)."""
-    kernel = _arg(args, kwargs, 0, "kernel_size", None)
-    if kernel is None or x.dim() not in (3, 4):
-        return NotImplemented
-    stride = _arg(args, kwargs, 1, "stride", None)
-    k = _pair(kernel)
-    s = _pair(stride) if stride not in (None, [], ()) else k
-    return AvgPool2dFunction.apply(
-        x, list(k), list(s), list(_pair(_arg(args, kwargs, 2, "padding", 0))),
-        bool(_arg(args, kwargs, 3, "ceil_mode", False)), bool(_arg(args, kwargs, 4, "count_include_pad", True)),
-        _arg(args, kwargs, 5, "divisor_override", None), packer.functional_slot("avg_pool2d", "pool"),
-    )
-
-
-class NormalizeFunction(torch.autograd.Function):
-    """y = x / max(||x||_2, eps) along ``dim``, keeping y (|y| <= 1: compressed at ``act_bits``) and the
-    per-row denominator (layer statistics, full precision) instead of x and the norm.
-
-    Backward: (g - y <g, y>) / denom on rows whose norm exceeds eps, g / eps on clamped rows (there
-    the denominator is a constant), as torch's. Quadratic in y: second-order biased, like LayerNorm.
-    """
-
-    @staticmethod
-    def forward(ctx, x, dim, eps: float, slot: LayerSlot):
-        denom = torch.linalg.vector_norm(x, 2, dim, keepdim=True).clamp_min(eps)
-        y = x / denom
-        tensors, spec = slot.save_input(y)
-        save(ctx, denom, *tensors)
-        ctx.slot, ctx.spec, ctx.dim, ctx.eps = slot, spec, dim, eps
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):
-        slot = ctx.slot
-        slot.record_grad(grad)
-        denom, *packed = ctx.saved_tensors
-        y = slot.load_input(tuple(packed), ctx.spec).to(grad.dtype)
-        inside = (denom > ctx.eps).to(grad.dtype)
-        return (grad - inside * y * (grad * y).sum(ctx.dim, keepdim=True)) / denom, None, None, None
-
-
-def _normalize(packer: SavedTensorPacker, x: torch.Tensor, args: tuple, kwargs: dict):
-    """F.normalize(x, p=2) -> its output and per-row denominator (:class:`NormalizeFunction`)."""
-    config = packer.controller.config
-    p = float(_arg(args, kwargs, 0, "p", 2.0))
-    if (p != 2.0 or _arg(args, kwargs, 3, "out", None) is not None or config.act_bits is None
-            or x.numel() < config.hook_min_elements):
-        return NotImplemented  # L0: torch's own saving (exact); small: not worth a twin
-    dim = _arg(args, kwargs, 1, "dim", 1)
-    eps = float(_arg(args, kwargs, 2, "eps", 1e-12))
-    return NormalizeFunction.apply(x, dim, eps, packer.functional_slot("normalize", "act"))
-
-
-_ROUTES: dict = {}
-
-
-def _routes() -> dict:
-    """torch function -> route (built once: the table names torch functions and Tensor methods)."""
-    if not _ROUTES:
-        F = torch.nn.functional
-        relu = _clamp(None, None, False, "relu")
-        relu_ = _clamp(None, None, True, "relu")
-        _ROUTES.update({
-            F.relu: relu, torch.relu: relu, torch.Tensor.relu: relu,
-            torch.relu_: relu_, torch.Tensor.relu_: relu_, F.relu_: relu_,
-            F.relu6: _clamp(0.0, 6.0, False, "relu6"),
-            F.hardtanh: _clamp(None, None, False, "hardtanh", bounds_at=0),
-            F.dropout: _dropout,
-            F.hardsigmoid: _hardsigmoid,
-            F.gelu: _smooth("gelu"),
-            F.silu: _smooth("silu", inplace_at=0),
-            F.hardswish: _smooth("hardswish", inplace_at=0),
-            F.max_pool2d: _max_pool2d,
-            F.max_pool3d: _max_pool3d,
-            F.normalize: _normalize,
-            F.avg_pool2d: _avg_pool2d, compat.builtin_avg_pool2d(): _avg_pool2d,
-            torch.sigmoid: _smooth("sigmoid"), torch.Tensor.sigmoid: _smooth("sigmoid"), F.sigmoid: _smooth("sigmoid"),
-        })
-    return _ROUTES
-
-
 def packer_of(model: nn.Module) -> SavedTensorPacker | None:
     """The packer :func:`actbench.actnn.convert` installed on ``model`` or, for a model that wraps a
     converted one, on its first submodule that has one (None: none)."""
@@ -442,6 +316,14 @@ def packer_of(model: nn.Module) -> SavedTensorPacker | None:
         if packer is not None:
             return packer
     return None
+
+
+def loss_scope(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """The context a training loop computes a converted ``model``'s forward and loss in, so that the
+    loss's saved tensors are compressed too (:meth:`SavedTensorPacker.covering_loss`); a no-op for a
+    model without the hook path."""
+    packer = packer_of(model)
+    return packer.covering_loss() if packer is not None else contextlib.nullcontext()
 
 
 def install(controller: Controller, model: nn.Module) -> SavedTensorPacker:

@@ -86,12 +86,13 @@ QUERY_KEY_ARGUMENTS: tuple[SavedArgument, ...] = (
 )
 
 #: Attention written as ``q @ k.transpose(-2, -1)`` (Swin3D's ``q.matmul``, MViT's ``torch.matmul``): a
-#: batched matmul whose right operand is its last two dims transposed. What it saves (its operands, or
+#: batched matmul whose right operand is its last two dims transposed; or as an einsum of the same
+#: product, ``"...id,...jd->...ij"`` (MaxViT's ``"B G H I D, B G H J D -> B G H I J"``). What it saves (its operands, or
 #: the copies its batched form makes of them) are the queries and the keys: packed at ``qk_bits``, as
 #: the same attention written with ``F.scaled_dot_product_attention`` keeps them. (Here the softmax's
 #: output is saved on its own, so backward reads Q and K only linearly: at ``act_bits`` they would add
 #: variance, not bias; ``qk_bits`` keeps the two ways of writing attention at the same bits.)
-QUERY_KEY_PRODUCTS: tuple[str, ...] = ("torch.matmul", "torch.Tensor.matmul")
+QUERY_KEY_PRODUCTS: tuple[str, ...] = ("torch.matmul", "torch.Tensor.matmul", "torch.einsum")
 
 #: where a callable's role arguments are: ((index, name, role), ...)
 Locations = tuple[tuple[int, str, str], ...]
@@ -122,13 +123,35 @@ def query_key_product_marks(func: Callable, args: tuple, kwargs: dict,
     transposed key (both operands batched, the key no parameter), or None for any other call."""
     if func not in products or len(args) < 2 or kwargs:
         return None
+    scores = None
+    if isinstance(args[0], str):  # einsum(equation, q, k) or einsum(equation, [q, k]): the equation says it
+        operands = args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:]
+        if len(operands) != 2 or not is_score_equation(args[0]):
+            return None
+        args, scores = tuple(operands), True
     query, key = args[0], args[1]
     if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)) or min(query.dim(), key.dim()) < 3:
         return None
     if isinstance(key, torch.nn.Parameter) or not (query.is_floating_point() and key.is_floating_point()):
         return None
-    transposed = key.stride(-2) == 1 and key.stride(-1) != 1 and key.shape[-1] > 1
-    return [(None, None, ROLE_QUERY_KEY)] if transposed else None
+    if scores is None:  # matmul: the right operand is a key when it is its last two dims transposed
+        scores = key.stride(-2) == 1 and key.stride(-1) != 1 and key.shape[-1] > 1
+    return [(None, None, ROLE_QUERY_KEY)] if scores else None
+
+
+def is_score_equation(equation: str) -> bool:
+    """Whether an einsum equation is attention's scores: two operands with the same leading indices,
+    contracted over their last index, giving their second-to-last indices in order (``bhid,bhjd->bhij``)."""
+    eq = equation.replace(" ", "")
+    if eq.count("->") != 1 or "." in eq:
+        return False
+    inputs, out = eq.split("->")
+    parts = inputs.split(",")
+    if len(parts) != 2:
+        return False
+    a, b = parts
+    return (len(a) == len(b) == len(out) >= 3 and a[-1] == b[-1] and a[-1] not in out and a[-2] != b[-2]
+            and a[:-2] == b[:-2] == out[:-2] and out[-2:] == a[-2] + b[-2])
 
 
 def query_key_products() -> tuple[Callable, ...]:

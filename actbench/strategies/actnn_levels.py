@@ -41,13 +41,18 @@ class ActNNLevel(Strategy):
         self.same_on_meta_as = same_on_meta_as
 
     def prepare(self, model, device, options, host_scope) -> PreparedModel:
-        from actbench.actnn import convert
+        import functools
+
+        from actbench.actnn import convert, loss_scope
 
         # In place: the model is the point's own (Strategy.prepare); a converted copy would leave the
         # caller's fp32 original alive on the device, counted in every cuda row of the level.
         conversion = convert(model, self.name, inplace=True)
         note = one_line(conversion.report.summary())
-        return PreparedModel(model=conversion.model, note=note)
+        # forward and the task's loss in one scope: a loss computed after the model (a map's cross-entropy)
+        # is compressed like the layers (actnn/loss_functions.py)
+        return PreparedModel(model=conversion.model, forward_context=functools.partial(loss_scope, conversion.model),
+                             note=note)
 
 
 # The declarations below must agree with actbench/actnn/levels.py's presets (a test checks it):

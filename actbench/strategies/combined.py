@@ -13,6 +13,9 @@ Every other pair is refused with one line saying why and what to use instead (:d
 
 from __future__ import annotations
 
+import contextlib
+from typing import Callable, ContextManager, Iterator
+
 from actbench.schema import LEVEL_NAMES
 from actbench.strategies.registry import PreparedModel, Strategy
 
@@ -57,7 +60,18 @@ class Combined(Strategy):
         inner = self.level.prepare(model, device, options, host_scope)
         outer = self.wrapper.prepare(inner.model, device, options, host_scope)
         note = "; ".join(n for n in (inner.note, outer.note) if n)
-        return PreparedModel(model=outer.model, forward_context=outer.forward_context, note=note or None)
+        return PreparedModel(model=outer.model, forward_context=_nested(inner.forward_context, outer.forward_context),
+                             note=note or None)
+
+
+def _nested(inner: Callable[[], ContextManager[None]], outer: Callable[[], ContextManager[None]]
+            ) -> Callable[[], ContextManager[None]]:
+    """A step's context that enters the level's (its loss scope), then the wrapper's."""
+    @contextlib.contextmanager
+    def both() -> Iterator[None]:
+        with inner(), outer():
+            yield
+    return both
 
 
 def combine(name: str, lookup) -> Combined:

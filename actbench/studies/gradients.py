@@ -113,6 +113,7 @@ def _grads(model: nn.Module, x: Any, y: Any, precision: str = DEFAULT_PRECISION,
     default) at ``precision``. Torch's global generator is reset to ``seed`` first, so what a model draws
     for itself (a detector's sampled proposals) is the same in every draw: compression's rounding comes
     from its own generator, and the difference between draws is compression's alone."""
+    from actbench.actnn import loss_scope
     from actbench.training.step import training_loss
     from actbench.training.tasks import CLASSIFICATION
 
@@ -120,7 +121,8 @@ def _grads(model: nn.Module, x: Any, y: Any, precision: str = DEFAULT_PRECISION,
     while True:
         model.zero_grad(set_to_none=True)
         torch.manual_seed(seed)
-        loss = training_loss(model, x, y, precision, task or CLASSIFICATION)
+        with loss_scope(model):  # the loss compressed as a training step's is (none for the reference)
+            loss = training_loss(model, x, y, precision, task or CLASSIFICATION)
         (loss if scale.value == 1.0 else loss * scale.value).backward()
         grads = {n: p.grad.detach().to("cpu", torch.float64) / scale.value
                  for n, p in model.named_parameters() if p.grad is not None}
