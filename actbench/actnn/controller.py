@@ -392,16 +392,16 @@ class LayerSlot:
 
     # -- saving ---------------------------------------------------------------------------------
 
-    def save_input(self, x: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], PackSpec]:
-        """Compress the input of a conv/linear/BN layer as the level says -> (tensors, spec)."""
+    def save_input(self, x: torch.Tensor, whole_rows: bool = False) -> tuple[tuple[torch.Tensor, ...], PackSpec]:
+        """Compress the input of a conv/linear/BN layer as the level says -> (tensors, spec). ``whole_rows``:
+        rows shorter than a group are packed as one row (docs/design.md §3); loading restores the shape."""
         c = self.controller
         c.before_save()
         target = c.target_bits(self.info.kind)
         if target is None or x.dtype not in ops.PACKABLE_DTYPES or x.numel() == 0:
             return self._stash((x,), PackSpec("raw", x.shape, x.dtype, device=x.device))
-        view_shape = None
-        if x.dim() < 2:
-            view_shape, x = x.shape, x.reshape(1, -1)
+        one_row = x.dim() < 2 or (whole_rows and x.numel() < x.shape[0] * self.config.group_size)
+        view_shape, x = (x.shape, x.reshape(1, -1)) if one_row else (None, x)
         plan = c.plan_bits(self.index, x)
         bits = plan.bits
         packed = ops.quantize(

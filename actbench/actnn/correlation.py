@@ -16,9 +16,7 @@ import torch
 from torchvision.models.optical_flow.raft import CorrBlock
 
 from actbench.actnn.controller import SAVED_ROLE
-
-#: the census category of a kept centre (the hook path's name for positions it keeps exact)
-ROLE_CENTRES = "positions: kept exact"
+from actbench.actnn.hooks import SKIP_POSITION
 
 
 def sampling_grid(centres: torch.Tensor, radius: int, height: int, width: int) -> torch.Tensor:
@@ -46,7 +44,7 @@ class SampleAroundFunction(torch.autograd.Function):
         grid = sampling_grid(centres, radius, height, width)
         out = torch.nn.functional.grid_sample(volume, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
         kept = centres.detach()
-        setattr(kept, SAVED_ROLE, ROLE_CENTRES)  # exact: the hook path passes it through
+        setattr(kept, SAVED_ROLE, SKIP_POSITION)  # exact: the hook path passes it through, filed as a position
         ctx.save_for_backward(volume, kept)
         ctx.radius = radius
         return out

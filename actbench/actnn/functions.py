@@ -59,15 +59,6 @@ def masked_grad(ctx, grad: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     return slot.masked_grad(tuple(ctx.saved_tensors), ctx.spec, grad, scale)
 
 
-def rows_for_packing(t: torch.Tensor, group_size: int) -> torch.Tensor:
-    """``t`` as the quantizer should see it: rows shorter than a group (a detector's [anchors, classes]
-    scores, 91 values a row) become one row, since the quantizer pads every row to whole groups (91
-    values would take 256 values' codes and a range each); anything else as it is."""
-    if t.dim() >= 2 and t.numel() < t.shape[0] * group_size:
-        return t.reshape(1, -1)
-    return t
-
-
 def autocast_like_torch(x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
     """``(x, *tensors)`` cast as autocast casts torch's own conv and linear: when autocast is on for
     x's device type, every float32/float16/bfloat16 tensor goes to autocast's dtype (float64 stays).

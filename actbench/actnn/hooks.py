@@ -27,7 +27,7 @@ from actbench.actnn.controller import (QK_KIND, ROLE_COMPRESSED, Controller, Lay
                                       saved_role)
 from actbench.actnn import routes
 from actbench.actnn.layers import ActNNModule
-from actbench.actnn.functions import kept_by_twin, rows_for_packing
+from actbench.actnn.functions import kept_by_twin
 
 #: Why a saved tensor was left as it is (the census files it under these reasons).
 SKIP_NOT_FLOATING = "integer or bool"
@@ -53,8 +53,6 @@ class HookPacked:
     tensors: tuple[torch.Tensor, ...]
     spec: PackSpec
     owner: str
-    #: the saved tensor's shape when it was packed as one row (``functions.rows_for_packing``), else None
-    shape: torch.Size | None = None
 
 
 class SavedTensorPacker:
@@ -259,9 +257,10 @@ class SavedTensorPacker:
             n = self._counts.get(owner, 0)
             self._counts[owner] = n + 1
             slot = c.dynamic_slot(f"{owner}:{n}", QK_KIND if role == arguments.ROLE_QUERY_KEY else "hook")
-            rows = rows_for_packing(t.detach(), c.config.group_size)
-            tensors, spec = slot.save_input(rows)
-            packed = HookPacked(slot, tensors, spec, owner, None if rows.shape == t.shape else t.shape)
+            # whole rows: the quantizer pads each row to whole groups, and a detector's [anchors, 91]
+            # scores would take 256 values' codes and a range a row
+            tensors, spec = slot.save_input(t.detach(), whole_rows=True)
+            packed = HookPacked(slot, tensors, spec, owner)
             self._cache[key] = (weakref.ref(t), packed)
             if c.config.mixed_precision and t.requires_grad and t.dim() > 1 and not compat.is_fake(t):
                 index = slot.index
@@ -275,8 +274,7 @@ class SavedTensorPacker:
         if not isinstance(packed, HookPacked):
             return packed
         self.controller.after_backward()
-        x = packed.slot.load_input(packed.tensors, packed.spec)
-        return x if packed.shape is None else x.reshape(packed.shape)
+        return packed.slot.load_input(packed.tensors, packed.spec)
 
 
 class _FunctionalTwins(TorchFunctionMode):

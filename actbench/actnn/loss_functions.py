@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from actbench.actnn.controller import LayerSlot
-from actbench.actnn.functions import masked_grad, rows_for_packing, save, save_mask
+from actbench.actnn.functions import masked_grad, save, save_mask
 
 
 class DenseCrossEntropyFunction(torch.autograd.Function):
@@ -42,13 +42,12 @@ class DenseCrossEntropyFunction(torch.autograd.Function):
             direction.div_(kept.sum())
         # An ignored pixel's direction is rounded like the rest (0 need not be a level of its group);
         # the mask puts its gradient back to exactly 0 in backward.
-        rows = rows_for_packing(direction, slot.config.group_size)
-        tensors, spec = slot.save_input(rows)
-        del direction, rows
+        tensors, spec = slot.save_input(direction, whole_rows=True)  # a detector's [K, 91] without padding
+        del direction
         mask_tensors, mask_spec = mask_slot.save_mask(kept)
         save(ctx, *tensors, *mask_tensors)
         ctx.slots, ctx.specs, ctx.split = (slot, mask_slot), (spec, mask_spec), len(tensors)
-        ctx.shape, ctx.dtype = logits.shape, logits.dtype
+        ctx.dtype = logits.dtype
         return loss
 
     @staticmethod
@@ -57,7 +56,7 @@ class DenseCrossEntropyFunction(torch.autograd.Function):
         spec, mask_spec = ctx.specs
         saved = ctx.saved_tensors
         slot.after_backward()
-        direction = slot.load_input(tuple(saved[:ctx.split]), spec).reshape(ctx.shape)
+        direction = slot.load_input(tuple(saved[:ctx.split]), spec)
         kept = mask_slot.load_mask(tuple(saved[ctx.split:]), mask_spec)
         return (direction.mul_(kept.unsqueeze(1)) * grad).to(ctx.dtype), None, None, None, None, None
 
