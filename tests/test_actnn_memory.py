@@ -62,3 +62,20 @@ def test_resnet18_small_ratios(backend):
     fp32 = saved_bytes(model, x)
     assert fp32 > sizes["L0"] > sizes["L1"] > sizes["L2"] > sizes["L3"]
     assert fp32 / sizes["L3"] >= 8.0, (fp32, sizes)
+
+
+def test_a_census_leaves_no_tensor_of_its_forward_alive():
+    """sigmoid and tanh save their own outputs: a census that kept them as they are held each one's
+    graph, and the graph the tensor, in a cycle the collector never frees."""
+    import gc
+
+    model = nn.Sequential(nn.Linear(64, 64), nn.Sigmoid(), nn.Linear(64, 64), nn.Tanh())
+    x = torch.randn(8, 64)
+
+    def live() -> set[int]:
+        gc.collect()
+        return {id(o) for o in gc.get_objects() if issubclass(type(o), torch.Tensor)}
+
+    before = live()
+    assert saved_bytes(model, x) > 0
+    assert live() - before == set()

@@ -187,8 +187,10 @@ class _Census:
         self.record(t, owner, self.calls.current or "?", "unconverted module" if leaf else "functional")
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """Keeps a detached alias: an op's own output returned as it is would hold its graph, and the
+        graph the tensor, in a cycle the collector cannot see (each census kept its forward alive)."""
         self.classify(t)
-        return t
+        return t.detach()
 
     def observe(self, t: torch.Tensor, packed, reason: str | None, owner_name: str) -> None:
         """The packer's report of one saved tensor (a converted model's own hooks)."""

@@ -11,9 +11,13 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from actbench.schema import InputSize
+from actbench.store.reading import check_kind
+
+if TYPE_CHECKING:
+    from actbench.reporting.runs import ResultRuns
 
 CITATION = ("Chen, Zheng et al., \"ActNN: Reducing Training Memory Footprint via 2-Bit Activation "
             "Compressed Training\", ICML 2021, arXiv 2104.14129")
@@ -130,3 +134,15 @@ def paper_throughput_at(points: tuple[PaperPoint, ...], strategy: str, batch_siz
     near = [p for p in points if p.ok and p.strategy.lower() == strategy.lower()
             and abs(p.batch_size - batch_size) <= tolerance and p.samples_per_s is not None]
     return min(near, key=lambda p: abs(p.batch_size - batch_size)) if near else None
+
+
+def load_checked(paper_csv: Path | None) -> tuple[PaperPoint, ...]:
+    """The paper's throughput points; ValueError (one line) for a CSV that is missing, bad, or not a
+    regular file (a FIFO or a device is never opened)."""
+    check_kind(DEFAULT_THROUGHPUT_CSV if paper_csv is None else paper_csv)
+    return load_throughput(paper_csv)
+
+
+def input_files(found: ResultRuns, paper_csv: Path | None) -> list[Path]:
+    """What ``plot`` and ``report`` read: the runs' files and the paper's CSV (no output may replace one)."""
+    return found.files() + [DEFAULT_THROUGHPUT_CSV if paper_csv is None else paper_csv]

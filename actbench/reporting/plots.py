@@ -26,13 +26,12 @@ from matplotlib.figure import Figure
 
 from actbench.reporting import paper as paper_ref
 from actbench.reporting.analysis import MULTIPLE_DEFINITIONS, BatchGroup, batch_groups, max_batch_table, memory_table
-from actbench.reporting.runs import ResultRuns, Run, find_result_runs
+from actbench.reporting.runs import Run, find_result_runs
 from actbench.reporting.scale import ScaleGroup, scale_groups
 from actbench.reporting.style import (FORMATS, PALETTE, PREDICTED_HATCH, bar_style, colour, line_style,  # noqa: F401
                                       memory_unit, new_figure)
 from actbench.reporting.throughput_figure import plot_throughput_vs_batch
 from actbench.store.outputs import atomic_output, check_output
-from actbench.store.reading import check_kind
 from actbench.strategies import FALLBACK_COLOUR
 
 if TYPE_CHECKING:
@@ -309,18 +308,6 @@ def _figure_targets(results_dir: Path, out_dir: Path | None, folders: Iterable[P
             for folder in folders}
 
 
-def load_paper_points(paper_csv: Path | None) -> tuple[paper_ref.PaperPoint, ...]:
-    """The paper's throughput points; ValueError (one line) for a CSV that is missing, bad, or not a
-    regular file (a FIFO or a device is never opened)."""
-    check_kind(paper_ref.DEFAULT_THROUGHPUT_CSV if paper_csv is None else paper_csv)
-    return paper_ref.load_throughput(paper_csv)
-
-
-def input_files(found: ResultRuns, paper_csv: Path | None) -> list[Path]:
-    """What ``plot`` and ``report`` read: the runs' files and the paper's CSV (no output may replace one)."""
-    return found.files() + [paper_ref.DEFAULT_THROUGHPUT_CSV if paper_csv is None else paper_csv]
-
-
 def write_figures_per_folder(results_dir: Path, out_dir: Path | None = None, with_paper: bool = False,
                              paper_csv: Path | None = None) -> tuple[FolderFigures, ...]:
     """``actbench plot``: each folder of runs under ``results_dir`` drawn on its own.
@@ -331,10 +318,10 @@ def write_figures_per_folder(results_dir: Path, out_dir: Path | None = None, wit
     found = find_result_runs(results_dir)
     folders = run_folders(results_dir, found.harness, found.accuracy)
     targets = _figure_targets(results_dir, out_dir, folders)
-    inputs = input_files(found, paper_csv)
+    inputs = paper_ref.input_files(found, paper_csv)
     for target in targets.values():  # every output checked before anything is drawn
         check_output(target, inputs, directory=True)
-    points = load_paper_points(paper_csv) if with_paper else None
+    points = paper_ref.load_checked(paper_csv) if with_paper else None
     drawn = []
     for folder, (runs, accuracy) in folders.items():
         target = targets[folder]
@@ -355,6 +342,6 @@ def write_figures(results_dir: Path, out_dir: Path | None = None, with_paper: bo
     either kind, or an unreadable paper CSV.
     """
     found = find_result_runs(results_dir)
-    points = load_paper_points(paper_csv) if with_paper else None
+    points = paper_ref.load_checked(paper_csv) if with_paper else None
     out_dir = results_dir / "figures" if out_dir is None else out_dir
     return tuple(_save(figures_for(found.harness, points) + accuracy_figures(found.accuracy), out_dir))

@@ -439,13 +439,11 @@ def write_report(results_dir: Path, out_file: Path | None = None, figures_dir: P
     holds accuracy runs (alone, that section is the report). Raises ValueError with one line for a
     bad results folder, a ``paper_csv`` given that cannot be read, or an unwritable output.
     """
-    from actbench.reporting.plots import input_files, load_paper_points, write_figures
-
     found = find_result_runs(results_dir)
     out_file = results_dir / "report.md" if out_file is None else out_file
-    inputs = input_files(found, paper_csv)
+    inputs = paper_ref.input_files(found, paper_csv)
     try:
-        points: tuple[paper_ref.PaperPoint, ...] | None = load_paper_points(paper_csv)
+        points: tuple[paper_ref.PaperPoint, ...] | None = paper_ref.load_checked(paper_csv)
     except ValueError:
         if paper_csv is not None:  # asked for by name: refused in one line before anything is made, as plot does
             raise
@@ -455,6 +453,8 @@ def write_report(results_dir: Path, out_file: Path | None = None, figures_dir: P
         check_output(results_dir / "figures" if figures_dir is None else figures_dir, inputs, directory=True)
     figures: tuple[Path, ...] = ()
     if draw_figures:
+        from actbench.reporting.plots import write_figures  # matplotlib: only when figures are drawn
+
         figures = write_figures(results_dir, figures_dir, with_paper=points is not None, paper_csv=paper_csv)
     parts = []
     if found.harness:
