@@ -38,8 +38,15 @@ def test_calibrate_writes_a_device_model_file_that_loads(calibrated: Path) -> No
     assert 0 < data["compute_efficiency"] <= 1 and 0 < data["memory_efficiency"] <= 1
     assert data["host_overlaps_device"] is False and data["launch_s"] == 0  # a CPU: one core dispatches and computes
     assert {"peaks", "dram", "copies", "backward", "extension", "host_op", "machine"} <= set(data["sources"])
+    assert data["sources"]["copies"].startswith("calibrate: the tiny conv-BN-ReLU model")  # swap's copies
+    assert data["h2d_bytes_per_s"] == data["d2h_bytes_per_s"]
     assert data["extension_bytes_per_s"] > 0  # the extension is built here
     assert data["backward_efficiency"] > 0
+    curves = data["conv_rates"]  # fp32 and the CPU's bf16, each kernel class forward and backward, rising rows
+    assert set(curves) == {f"{d}:{c}" for d in ("fp32", "bf16") for c in
+                           ("pointwise", "spatial", "pointwise_backward", "spatial_backward")}
+    assert all([r for r, _ in v] == [4 * 2 * 2, 4 * 8 * 8] for v in curves.values()), curves  # batch 4, sides 2, 8
+    assert all(rate > 0 for v in curves.values() for _, rate in v) and "conv_rates" in data["sources"]
     calls = data["strategy_call_s"]  # measured here: each probed kind, and the kinds derived from them
     assert {"actnn_layer:L0", "actnn_layer:L3", "actnn_layer:L4", "actnn_layer", "checkpoint_module",
             "selective_module"} <= set(calls) and all(v >= 0 for v in calls.values())
@@ -47,6 +54,23 @@ def test_calibrate_writes_a_device_model_file_that_loads(calibrated: Path) -> No
     assert data["sources"]["strategy_calls"].startswith("calibrate: tiny conv-BN-ReLU model")
     model = load_device_model(calibrated)
     assert model.peak_for("fp32") == data["peak_flops"]["fp32"]
+
+
+def test_a_cpus_host_copies_are_priced_as_a_swap_step_makes_them(monkeypatch) -> None:
+    """The bytes swap's step copies beyond fp32's, over its time beyond fp32's less its extra ops' host
+    cost; a step that took no longer measures nothing (infinite: calibrate then takes a copy's rate)."""
+    from actbench.measure import host_probes
+    from actbench.measure.host_probes import StrategyProbe, swap_copy_rate
+
+    def probes(swap_s: float):
+        return lambda *a, **k: {"fp32": StrategyProbe(0.050, 1000, {}, 10 << 20),
+                                "swap": StrategyProbe(swap_s, 1100, {}, 70 << 20)}
+
+    monkeypatch.setattr(host_probes, "probe_strategies", probes(0.0565))
+    rate, line = swap_copy_rate(None, None, host_op_s=5e-6)
+    assert rate == pytest.approx((60 << 20) / (0.0065 - 100 * 5e-6)) and "60.0 MiB more" in line
+    monkeypatch.setattr(host_probes, "probe_strategies", probes(0.050))
+    assert swap_copy_rate(None, None, host_op_s=5e-6)[0] == float("inf")
 
 
 def test_a_saved_model_loads_as_it_was(tmp_path: Path) -> None:
@@ -65,6 +89,9 @@ def test_a_saved_model_loads_as_it_was(tmp_path: Path) -> None:
     (lambda d: d.update(extension_bytes_per_s=-2), "extension_bytes_per_s must be a positive number or null, got -2"),
     (lambda d: d.update(strategy_call_s={"actnn_layer": -1}), "strategy_call_s must map names to seconds >= 0"),
     (lambda d: d.update(strategy_call_s=[1e-4]), "strategy_call_s must map names to seconds >= 0"),
+    (lambda d: d.update(conv_rates={"fp8:pointwise": [[16, 1e9]]}), "conv_rates must map DTYPE:CURVE"),
+    (lambda d: d.update(conv_rates={"fp32:spatial": [[64, 1e9], [16, 2e9]]}), "conv_rates.fp32:spatial must be"),
+    (lambda d: d.update(conv_rates={"fp32:spatial": [[16, -1]]}), "conv_rates.fp32:spatial must be"),
 ])
 def test_a_bad_model_file_is_refused_naming_what_is_wrong(tmp_path: Path, change, message: str) -> None:
     data = gpu_speed_model("t4").to_dict()

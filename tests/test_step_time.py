@@ -165,6 +165,38 @@ def test_the_recorder_counts_flops_and_bytes_of_real_ops() -> None:
     assert (relu.kind, relu.flops, relu.bytes_moved) == (KERNEL, 0, 2 * 64 * 4)
 
 
+def test_a_convolution_runs_at_the_rate_its_curve_gives_for_its_rows() -> None:
+    """Between measured rows the rate is interpolated on log-log scales; outside them, the nearest."""
+    curves = MappingProxyType({"fp32:pointwise": ((16, 1e9), (1024, 64e9)), "fp32:pointwise_backward": ((16, 0.5e9),)})
+    model = dataclasses.replace(ROUND, conv_rates=curves, backward_efficiency=0.25)
+
+    def seconds(rows: int, **kw) -> float:
+        op = OpCost("convolution", KERNEL, flops=8 * 10**9, convolution=True, rows=rows, **{"pointwise": True, **kw})
+        return predict_step([op], model).device_s - 5e-6
+
+    assert seconds(128) == pytest.approx(8e9 / 8e9)  # halfway in log rows: the geometric mean of 1 and 64 GFLOP/s
+    assert seconds(4) == pytest.approx(8.0) and seconds(4096) == pytest.approx(8e9 / 64e9)
+    assert seconds(64, backward=True) == pytest.approx(16.0)  # its own curve, not backward_efficiency
+    # no curve for its kernel or dtype, or no rows (an unbatched convolution): peak x efficiency as before
+    plain = 8e9 / (1e12 * 0.5)
+    assert seconds(64, pointwise=False) == pytest.approx(plain)
+    assert seconds(64, dtype="bf16") == pytest.approx(8e9 / (4e12 * 0.5))
+    assert seconds(0) == pytest.approx(plain)
+
+
+def test_the_recorder_gives_a_convolution_its_gemm_rows_forward_and_backward() -> None:
+    recorder = OpRecorder()
+    x = torch.randn(2, 8, 6, 6, requires_grad=True)
+    pointwise, spatial = torch.randn(4, 8, 1, 1, requires_grad=True), torch.randn(4, 8, 3, 3, requires_grad=True)
+    with LiveStorageTracker(observer=recorder):
+        torch.nn.functional.conv2d(x, pointwise, stride=2).sum().backward()
+        torch.nn.functional.conv2d(x, spatial, padding=1).sum().backward()
+    convs = [op for op in recorder.ops if op.convolution]
+    assert [(op.name, op.rows, op.pointwise, op.conv_curve) for op in convs] == [
+        ("convolution", 2 * 3 * 3, True, "pointwise"), ("convolution_backward", 2 * 3 * 3, True, "pointwise_backward"),
+        ("convolution", 2 * 6 * 6, False, "spatial"), ("convolution_backward", 2 * 6 * 6, False, "spatial_backward")]
+
+
 def test_the_recorder_sees_copies_between_device_and_host() -> None:
     recorder = OpRecorder()
     tracker = LiveStorageTracker(observer=recorder)

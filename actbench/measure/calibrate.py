@@ -10,6 +10,7 @@ median of a few repetitions after a warm-up, each repetition synchronised on the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import platform
 import statistics
@@ -21,8 +22,8 @@ from typing import Callable
 import torch
 
 from actbench.core.devices import DeviceProfile, profile
-from actbench.measure.host_probes import strategy_call_seconds
-from actbench.planning.device_models import DeviceModel
+from actbench.measure.host_probes import strategy_call_seconds, swap_copy_rate
+from actbench.planning.device_models import CONV_CURVES, DeviceModel
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -40,16 +41,29 @@ class ProbeSizes:
     low_precision_matmul: tuple[int, ...]  # matmul sides timed in bf16 and fp16
     extension_elements: int  # fp32 values of the extension's quantize + dequantize probe
     strategy_rounds: int = 30  # steps of each strategy's tiny model (host_probes.strategy_call_seconds)
+    #: (batch, output sides) of the convolutions timed by GEMM rows (batch x side^2), 1x1 and 3x3 alike,
+    #: and their channels (in = out); a ResNet's rows run from its input's down to a few per image
+    conv_row_batch: int = 4
+    conv_row_sides: tuple[int, ...] = (2, 8)
+    conv_row_channels: int = 64
+    #: image side of the swap step whose copies price a CPU's host copies (host_probes.swap_copy_rate)
+    swap_side: int = 64
+    #: the sides of a CPU's bf16 convolutions by rows (64 channels), which run far slower than fp32 ones
+    low_precision_conv_sides: tuple[int, ...] = (2, 8)
 
 
 QUICK = ProbeSizes(matmul=(128, 256), conv=((2, 32, 16),), stream_elements=(1 << 18,), repeats=3, tiny_ops=200,
-                   low_precision_matmul=(128, 256), extension_elements=1 << 18, strategy_rounds=3)
+                   low_precision_matmul=(128, 256), extension_elements=1 << 18, strategy_rounds=3,
+                   conv_row_sides=(2, 8), conv_row_channels=32, swap_side=16)
 FULL = ProbeSizes(matmul=(256, 512, 1024), conv=((8, 64, 56), (8, 128, 28), (8, 256, 14), (8, 512, 7)),
                   stream_elements=(1 << 16, 1 << 20, 1 << 24), repeats=5, tiny_ops=2000,
-                  low_precision_matmul=(256, 512), extension_elements=1 << 20)
+                  low_precision_matmul=(256, 512), extension_elements=1 << 20,
+                  conv_row_sides=(2, 4, 8, 16, 32, 64), conv_row_channels=256,
+                  low_precision_conv_sides=(2, 4, 8, 16))
 FULL_GPU = ProbeSizes(matmul=(2048, 4096, 8192), conv=((64, 64, 56), (64, 128, 28), (64, 256, 14), (64, 512, 7)),
                       stream_elements=(1 << 20, 1 << 24, 1 << 26), repeats=5, tiny_ops=2000,
-                      low_precision_matmul=(4096, 8192), extension_elements=1 << 24)
+                      low_precision_matmul=(4096, 8192), extension_elements=1 << 24,
+                      conv_row_batch=64, conv_row_sides=(2, 4, 7, 14, 28, 56), conv_row_channels=256)
 #: A timed repetition runs its op back to back until it lasts about this long, so that on a device
 #: fed asynchronously a probe times the device's work, not one launch and one synchronisation.
 MIN_REPETITION_S = 0.005
@@ -99,6 +113,29 @@ def conv_rates(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes, dty
         rates.append(flops / _seconds(lambda: torch.nn.functional.conv2d(x, w, padding=1), prof, device,
                                       sizes.repeats))
     return rates
+
+
+def conv_rates_by_rows(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes,
+                       dtype: str = "fp32") -> dict[str, tuple[tuple[int, float], ...]]:
+    """FLOP/s of ``dtype`` convolutions (channels in = out, stride 1, same padding) by GEMM rows, batch x
+    side^2 for each side in ``sizes.conv_row_sides``: 1x1 and 3x3 kernels, forward and backward (the input
+    and weight gradients, twice the forward's FLOPs), keyed as ``DeviceModel.conv_rates`` holds them."""
+    curves: dict[str, list[tuple[int, float]]] = {f"{dtype}:{curve}": [] for curve in CONV_CURVES}
+    channels, batch, kind = sizes.conv_row_channels, sizes.conv_row_batch, _DTYPES[dtype]
+    for kernel, curve in ((1, f"{dtype}:pointwise"), (3, f"{dtype}:spatial")):
+        for side in sizes.conv_row_sides:
+            x = torch.randn(batch, channels, side, side, device=device, dtype=kind, requires_grad=True)
+            w = torch.randn(channels, channels, kernel, kernel, device=device, dtype=kind, requires_grad=True)
+            y = torch.nn.functional.conv2d(x, w, padding=kernel // 2)
+            grad = torch.randn_like(y)
+            rows, flops = batch * side * side, 2 * y.numel() * channels * kernel * kernel
+            forward = _seconds(lambda: torch.nn.functional.conv2d(x, w, padding=kernel // 2), prof, device,
+                               sizes.repeats)
+            backward = _seconds(lambda: torch.autograd.grad(y, (x, w), grad, retain_graph=True), prof, device,
+                                sizes.repeats)
+            curves[curve].append((rows, flops / forward))
+            curves[f"{curve}_backward"].append((rows, 2 * flops / backward))
+    return {curve: tuple(points) for curve, points in curves.items()}
 
 
 def conv_backward_ratio(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> float:
@@ -212,27 +249,42 @@ def calibrate(device_name: str, sizes: ProbeSizes | None = None, name: str | Non
     rates = {"fp32": matmul_rates(prof, device, sizes, torch.float32) + ([] if tf32_convs else convs)}
     if tf32_convs:
         rates["tf32"] = convs
-    low = ProbeSizes(sizes.low_precision_matmul, sizes.conv, sizes.stream_elements, sizes.repeats, sizes.tiny_ops,
-                     sizes.low_precision_matmul, sizes.extension_elements, sizes.strategy_rounds)
+    low = dataclasses.replace(sizes, matmul=sizes.low_precision_matmul)
     for dtype in ("bf16", "fp16") if prof.async_host_copies else ("bf16",):  # fp16 on a CPU: not a training dtype
         rates[dtype] = matmul_rates(prof, device, low, _DTYPES[dtype])
     backward = conv_backward_ratio(prof, device, sizes)
+    by_rows = conv_rates_by_rows(prof, device, sizes)
+    for dtype in rates:
+        if dtype not in ("fp32", "tf32"):  # a CPU without a bf16 unit runs them a hundred times slower: fewer rows
+            by_rows.update(conv_rates_by_rows(prof, device, sizes if prof.async_host_copies else dataclasses.replace(
+                sizes, conv_row_sides=sizes.low_precision_conv_sides, conv_row_channels=64), dtype))
     extension = extension_rate(prof, device, sizes)
     memory = memory_rates(prof, device, sizes)
     host_op = host_op_seconds(prof, device, sizes)
     calls, calls_source = strategy_call_seconds(prof, device, host_op, rounds=sizes.strategy_rounds)
     launch = launch_gap_seconds(prof, device, sizes) if prof.async_host_copies else 0.0
-    h2d, d2h = (pinned_copy_rates(prof, device, sizes) if prof.pins_host_memory
-                else (_median_copy(memory), _median_copy(memory)))
+    if prof.pins_host_memory:
+        h2d, d2h = pinned_copy_rates(prof, device, sizes)
+        copies_source = f"calibrate: host-to-device {h2d / 1e9:.2f} GB/s, device-to-host {d2h / 1e9:.2f} GB/s"
+    else:
+        rate, copies_source = swap_copy_rate(prof, device, host_op, rounds=sizes.strategy_rounds,
+                                             side=sizes.swap_side)
+        h2d = d2h = rate if math.isfinite(rate) else _median_copy(memory)
+        if not math.isfinite(rate):
+            copies_source += f"; nothing measured beyond fp32's: a copy in memory's {h2d / 1e9:.2f} GB/s instead"
     peaks = {dtype: max(values) for dtype, values in rates.items()}
     dram = max(memory.values())
     label = _device_label(prof, device)
     sources = {"peaks": "calibrate: fastest of " + "; ".join(
                    f"{d} {', '.join(f'{r / 1e9:.1f}' for r in v)} GFLOP/s" for d, v in rates.items()),
                "dram": "calibrate: " + ", ".join(f"{k} {v / 1e9:.2f} GB/s" for k, v in memory.items()),
-               "copies": f"calibrate: host-to-device {h2d / 1e9:.2f} GB/s, device-to-host {d2h / 1e9:.2f} GB/s"
-                         + ("" if prof.pins_host_memory else " (a copy in memory: host and device are one)"),
+               "copies": copies_source,
                "backward": f"calibrate: convolution backward at {backward:.2f} of the forward's FLOP/s",
+               "conv_rates": (f"calibrate: convolutions by GEMM rows, batch {sizes.conv_row_batch}, "
+                              f"{sizes.conv_row_channels} channels in and out"
+                              + ("" if prof.async_host_copies else " (64 for bf16)") + ", GFLOP/s: " + "; ".join(
+                                  f"{curve} " + ", ".join(f"{r} {v / 1e9:.1f}" for r, v in points)
+                                  for curve, points in by_rows.items())),
                "extension": ("calibrate: the extension could not be loaded: its ops priced at DRAM bandwidth"
                              if extension is None else
                              f"calibrate: 2-bit quantize + dequantize of {sizes.extension_elements * 4 >> 20} MiB move "
@@ -251,7 +303,7 @@ def calibrate(device_name: str, sizes: ProbeSizes | None = None, name: str | Non
         host_overlaps_device=prof.async_host_copies, async_copies=prof.async_host_copies,
         tensor_core_efficiency=statistics.median(rates["tf32"]) / peaks["tf32"] if tf32_convs else None,
         conv_fp32_as_tf32=tf32_convs, calibrated=True, sources=MappingProxyType(sources),
-        strategy_call_s=MappingProxyType(calls))
+        strategy_call_s=MappingProxyType(calls), conv_rates=MappingProxyType(by_rows))
 
 
 def _convolutions_run_as_tf32(prof: DeviceProfile, device: torch.device) -> bool:

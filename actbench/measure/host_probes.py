@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from actbench.core.devices import DeviceProfile
-from actbench.measure.tracker import OpObserver
-from actbench.planning.step_time import STRATEGY_CALL, OpRecorder
+from actbench.measure.tracker import COPY_OPS, OpObserver
+from actbench.planning.step_time import KERNEL, STRATEGY_CALL, OpRecorder
 
 #: Strategies probed, each giving the call kind(s) its step records: ActNN's levels L0-L3, plain and
 #: selective checkpointing.
@@ -36,6 +36,9 @@ class StrategyProbe:
     seconds: float
     dispatched: int
     calls: dict[str, int]
+    #: tensor bytes the step's copy ops wrote (``copy_``, ``clone``, ``_to_copy``: swap's saved tensors and
+    #: their way back, among others)
+    copied: int = 0
 
 
 def tiny_model(blocks: int = 4, channels: int = 8) -> nn.Module:
@@ -47,19 +50,20 @@ def tiny_model(blocks: int = 4, channels: int = 8) -> nn.Module:
     return nn.Sequential(nn.Sequential(*body), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 10))
 
 
-def probe_strategies(prof: DeviceProfile, device: torch.device, strategies: tuple[str, ...], rounds: int
-                     ) -> dict[str, StrategyProbe]:
-    """fp32 and each of ``strategies`` on the tiny model: ``rounds`` steps each, interleaved so that a
-    shared machine's load falls on all alike; the fastest step of each (host cost is a floor)."""
+def probe_strategies(prof: DeviceProfile, device: torch.device, strategies: tuple[str, ...], rounds: int,
+                     batch: int = 2, side: int = 8, channels: int = 8) -> dict[str, StrategyProbe]:
+    """fp32 and each of ``strategies`` on the tiny model (``channels`` wide, ``batch`` images of ``side``
+    pixels): ``rounds`` steps each, interleaved so that a shared machine's load falls on all alike; the
+    fastest step of each (host cost is a floor)."""
     from actbench import strategies as registry
     from actbench.training.step import build_training_step
 
     torch.manual_seed(0)
-    images = torch.randn(2, 3, 8, 8, device=device)
-    targets = torch.randint(0, 10, (2,), device=device)
+    images = torch.randn(batch, 3, side, side, device=device)
+    targets = torch.randint(0, 10, (batch,), device=device)
     steps, probes = {}, {}
     for name in ("fp32", *strategies):
-        step, _ = build_training_step(registry.get(name), tiny_model().to(device), device)
+        step, _ = build_training_step(registry.get(name), tiny_model(channels=channels).to(device), device)
         for _ in range(3):  # warm-up: the controller's first steps, lazily made state
             step.zero_grad()
             step(images, targets)
@@ -71,19 +75,39 @@ def probe_strategies(prof: DeviceProfile, device: torch.device, strategies: tupl
         for op in recorder.ops:
             if op.kind == STRATEGY_CALL:
                 calls[op.name] = calls.get(op.name, 0) + 1
-        steps[name] = (step, len(recorder.ops) - sum(calls.values()), calls)
+        # a copy op reads and writes its bytes: half of what it moves is what it wrote
+        copied = sum(op.bytes_moved // 2 for op in recorder.ops if op.kind == KERNEL and op.name in COPY_OPS)
+        steps[name] = (step, len(recorder.ops) - sum(calls.values()), calls, copied)
     fastest = {name: float("inf") for name in steps}
     for _ in range(rounds):
-        for name, (step, _, _) in steps.items():
+        for name, (step, *_) in steps.items():
             step.zero_grad()
             prof.synchronize(device)
             start = time.perf_counter()
             step(images, targets)
             prof.synchronize(device)
             fastest[name] = min(fastest[name], time.perf_counter() - start)
-    for name, (_, dispatched, calls) in steps.items():
-        probes[name] = StrategyProbe(fastest[name], dispatched, calls)
+    for name, (_, dispatched, calls, copied) in steps.items():
+        probes[name] = StrategyProbe(fastest[name], dispatched, calls, copied)
     return probes
+
+
+def swap_copy_rate(prof: DeviceProfile, device: torch.device, host_op_s: float, rounds: int = 30,
+                   side: int = 64) -> tuple[float, str]:
+    """(bytes/s of a host copy as a swap step makes it, a source line), where host and device are one
+    memory (a CPU): each saved tensor goes to a new buffer of its own and comes back as another, so a
+    copy costs its fresh pages too, which a copy probe reusing its memory does not see (here about a
+    third of its rate). Measured as the bytes the tiny model's swap step copies (32 channels, batch 4,
+    ``side`` px: megabytes a tensor) over its time beyond fp32's, less ``host_op_s`` per extra op."""
+    probes = probe_strategies(prof, device, ("swap",), rounds, batch=4, side=side, channels=32)
+    base, swap = probes["fp32"], probes["swap"]
+    extra = swap.seconds - base.seconds - (swap.dispatched - base.dispatched) * host_op_s
+    copied = swap.copied - base.copied
+    rate = copied / extra if extra > 0 and copied > 0 else float("inf")
+    line = (f"calibrate: the tiny conv-BN-ReLU model (32 channels, batch 4, {side} px), fastest of {rounds} steps: "
+            f"fp32 {base.seconds * 1e3:.2f} ms, swap {swap.seconds * 1e3:.2f} ms copying {copied / 2**20:.1f} MiB more: "
+            f"{rate / 1e9:.2f} GB/s (a copy into new memory, as swap's: host and device are one)")
+    return rate, line
 
 
 def strategy_call_seconds(prof: DeviceProfile, device: torch.device, host_op_s: float, rounds: int = 30,

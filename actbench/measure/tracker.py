@@ -22,7 +22,7 @@ from actbench.core.devices import holds_data
 
 
 #: ATen ops that copy tensors (the step-time model prices them at PCIe bandwidth when they cross to the host)
-_COPY_OPS = frozenset(("copy_", "clone", "_to_copy"))
+COPY_OPS = frozenset(("copy_", "clone", "_to_copy"))
 
 
 @dataclass
@@ -179,7 +179,7 @@ class LiveStorageTracker(_ObservedMode):
     def _crosses_host(self, func: Any, args: Any, kwargs: Any) -> bool:
         """Whether ``func`` copies between device and host storages: a copy op inside ``host_allocations()``
         reading a device storage (an offload), or outside it reading a host storage (a fetch)."""
-        if getattr(getattr(func, "overloadpacket", None), "__name__", None) not in _COPY_OPS:
+        if getattr(getattr(func, "overloadpacket", None), "__name__", None) not in COPY_OPS:
             return False
         for leaf in tree_flatten((args, kwargs))[0]:
             if not isinstance(leaf, torch.Tensor) or not holds_data(leaf) or leaf.layout != torch.strided:
@@ -215,7 +215,7 @@ class OpObserver(_ObservedMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         copy = False
-        if getattr(getattr(func, "overloadpacket", None), "__name__", None) in _COPY_OPS:
+        if getattr(getattr(func, "overloadpacket", None), "__name__", None) in COPY_OPS:
             devices = {t.device for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)}
             copy = len(devices) > 1
         self.observer.observe(func, args, kwargs, out, copy)

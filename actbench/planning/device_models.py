@@ -11,6 +11,7 @@ name a model without loading it.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -24,6 +25,9 @@ DEVICE_MODEL_ENV = "ACTBENCH_DEVICE_MODEL"
 MODEL_FILE_VERSION = 1
 #: dtypes a peak is given for: fp32 (CUDA cores), tf32/bf16/fp16 (tensor cores, dense)
 PEAK_DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
+#: Convolution rate curves of a calibrated model (``DeviceModel.conv_rates``): 1x1 kernels and larger ones,
+#: forward and backward (input and weight gradients together)
+CONV_CURVES: tuple[str, ...] = ("pointwise", "spatial", "pointwise_backward", "spatial_backward")
 TERA = 1e12
 GB = 1e9
 
@@ -71,6 +75,27 @@ class DeviceModel:
     #: Python runs again in recompute); over and above ``host_op_s`` for the ATen ops
     #: those calls dispatch. Absent (a file older than this field): 0, as ``sources`` then says.
     strategy_call_s: Mapping[str, float] = field(default_factory=dict)
+    #: FLOP/s of convolutions measured by GEMM rows (a batch's output positions, N x H x W), as (rows,
+    #: FLOP/s) pairs by rows, keyed ``DTYPE:CURVE`` (the tensors' dtype, fp32 also where it runs as TF32;
+    #: a curve of :data:`CONV_CURVES`): how fast a convolution runs depends on its rows far more than a
+    #: median efficiency says (on a CPU a 1x1 convolution over 16 rows runs at a fifteenth of the rate it
+    #: reaches over 1,024). A convolution without its curve (datasheet models, files written before it):
+    #: peak x efficiency.
+    conv_rates: Mapping[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+
+    def conv_rate(self, dtype: str, curve: str, rows: int) -> float | None:
+        """FLOP/s of a ``dtype`` convolution of ``curve`` over ``rows`` GEMM rows: interpolated between the
+        measured rows on log-log scales, the nearest measured value outside them; None without that curve."""
+        points = self.conv_rates.get(f"{dtype}:{curve}")
+        if not points or rows <= 0:
+            return None
+        if rows <= points[0][0]:
+            return points[0][1]
+        for (r0, v0), (r1, v1) in zip(points, points[1:]):
+            if rows <= r1:
+                share = math.log(rows / r0) / math.log(r1 / r0)
+                return math.exp(math.log(v0) + share * (math.log(v1) - math.log(v0)))
+        return points[-1][1]
 
     def peak_for(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (fp32's where the device has no faster unit for it)."""
@@ -94,6 +119,7 @@ class DeviceModel:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["peak_flops"], data["sources"] = dict(self.peak_flops), dict(self.sources)
         data["strategy_call_s"] = dict(self.strategy_call_s)
+        data["conv_rates"] = {k: [list(p) for p in v] for k, v in self.conv_rates.items()}
         return {"version": MODEL_FILE_VERSION, **data}
 
     @classmethod
@@ -134,6 +160,7 @@ class DeviceModel:
             raise ValueError(f"{origin}: sources must map names to strings, got {type(sources).__name__}")
         values["sources"] = MappingProxyType(dict(sources))
         values["strategy_call_s"], values["sources"] = _strategy_calls(values, origin)
+        values["conv_rates"] = _conv_rates(values.get("conv_rates", {}), origin)
         return cls(**values)
 
 
@@ -154,6 +181,27 @@ def _strategy_calls(values: Mapping[str, Any], origin: str) -> tuple[Mapping[str
             for k, v in calls.items()):
         raise ValueError(f"{origin}: strategy_call_s must map names to seconds >= 0, got {calls!r}")
     return MappingProxyType(dict(calls)), sources
+
+
+def _conv_rates(data: Any, origin: str) -> Mapping[str, tuple[tuple[int, float], ...]]:
+    """A model file's ``conv_rates``: ``DTYPE:CURVE`` keys mapped to [rows, FLOP/s] pairs, rows
+    whole and rising, rates positive; ValueError naming the field otherwise."""
+    def pair(p: Any) -> bool:
+        return (isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and not isinstance(p[0], bool)
+                and p[0] > 0 and isinstance(p[1], (int, float)) and not isinstance(p[1], bool) and p[1] > 0)
+
+    keys = {f"{dtype}:{curve}" for dtype in PEAK_DTYPES for curve in CONV_CURVES}
+    if not isinstance(data, dict) or set(data) - keys:
+        raise ValueError(f"{origin}: conv_rates must map DTYPE:CURVE (a dtype of {', '.join(PEAK_DTYPES)}, a curve "
+                         f"of {', '.join(CONV_CURVES)}) to [rows, FLOP/s] pairs, got {str(data)[:120]}")
+    curves = {}
+    for curve, points in data.items():
+        if not isinstance(points, list) or not points or not all(pair(p) for p in points) or any(
+                a[0] >= b[0] for a, b in zip(points, points[1:])):
+            raise ValueError(f"{origin}: conv_rates.{curve} must be [rows, FLOP/s] pairs with rising whole rows "
+                             f"and positive rates, got {str(points)[:120]}")
+        curves[curve] = tuple((int(r), float(v)) for r, v in points)
+    return MappingProxyType(curves)
 
 
 def save_device_model(model: DeviceModel, path: Path) -> None:

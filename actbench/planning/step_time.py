@@ -39,6 +39,15 @@ class OpCost:
     backward: bool = False
     #: one of the extension's own ops (``actbench::``), priced at the model's ``extension_bytes_per_s``
     extension: bool = False
+    #: a convolution's GEMM rows (its batch's output positions, N x H x W) and whether its kernel is 1x1:
+    #: what a calibrated model's convolution rates are looked up by (0: not a batched convolution)
+    rows: int = 0
+    pointwise: bool = False
+
+    @property
+    def conv_curve(self) -> str:
+        """The device model's convolution rate curve for this op (``DeviceModel.conv_rates``)."""
+        return ("pointwise" if self.pointwise else "spatial") + ("_backward" if self.backward else "")
 
 
 @dataclass
@@ -89,8 +98,20 @@ class OpRecorder:
             self.ops.append(OpCost(name, HOST_ONLY))
             return
         dtype = next((_DTYPES[t.dtype] for t in outputs if t.dtype in _DTYPES), "fp32")
-        self.ops.append(OpCost(name, KERNEL, flops, moved, dtype, name in _CONVOLUTIONS, name.endswith("_backward"),
-                               getattr(func, "namespace", None) == EXTENSION_NAMESPACE))
+        convolution = name in _CONVOLUTIONS
+        rows, pointwise = _gemm_rows(name, args, outputs) if convolution else (0, False)
+        self.ops.append(OpCost(name, KERNEL, flops, moved, dtype, convolution, name.endswith("_backward"),
+                               getattr(func, "namespace", None) == EXTENSION_NAMESPACE, rows, pointwise))
+
+
+def _gemm_rows(name: str, args: tuple, outputs: list[torch.Tensor]) -> tuple[int, bool]:
+    """(GEMM rows, 1x1 kernel) of a convolution op: the output's positions over the batch (forward), the
+    incoming gradient's (backward, whose first argument it is); (0, False) for an unbatched one."""
+    output = args[0] if name == "convolution_backward" else (outputs[0] if outputs else None)
+    weight = args[2] if name == "convolution_backward" else args[1]
+    if not isinstance(output, torch.Tensor) or not isinstance(weight, torch.Tensor) or output.dim() < 3:
+        return 0, False
+    return output.numel() // max(output.shape[1], 1), all(k == 1 for k in weight.shape[2:])
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -126,7 +147,9 @@ class StepPrediction:
 def kernel_seconds(op: OpCost, model: DeviceModel) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one kernel on ``model``, launch not included."""
     dtype = "tf32" if op.dtype == "fp32" and op.convolution and model.conv_fp32_as_tf32 else op.dtype
-    rate = model.peak_for(dtype) * model.efficiency_for(dtype) * (model.backward_efficiency if op.backward else 1.0)
+    measured = model.conv_rate(op.dtype, op.conv_curve, op.rows) if op.convolution else None
+    rate = measured or (model.peak_for(dtype) * model.efficiency_for(dtype)
+                        * (model.backward_efficiency if op.backward else 1.0))
     compute = op.flops / rate if op.flops else 0.0
     if op.extension and model.extension_bytes_per_s is not None:
         return compute, op.bytes_moved / model.extension_bytes_per_s
