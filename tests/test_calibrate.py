@@ -39,6 +39,9 @@ def test_calibrate_writes_a_device_model_file_that_loads(calibrated: Path) -> No
     assert data["host_overlaps_device"] is False and data["launch_s"] == 0  # a CPU: one core dispatches and computes
     assert {"peaks", "dram", "copies", "backward", "extension", "host_op", "machine"} <= set(data["sources"])
     assert data["sources"]["copies"].startswith("calibrate: the tiny conv-BN-ReLU model")  # swap's copies
+    assert set(data["op_bytes_per_s"]) == {"native_batch_norm", "native_batch_norm_backward", "native_layer_norm",
+                                           "native_layer_norm_backward"}
+    assert all(v > 0 for v in data["op_bytes_per_s"].values()) and "op_bytes" in data["sources"]
     assert data["h2d_bytes_per_s"] == data["d2h_bytes_per_s"]
     assert data["extension_bytes_per_s"] > 0  # the extension is built here
     assert data["backward_efficiency"] > 0
@@ -92,6 +95,7 @@ def test_a_saved_model_loads_as_it_was(tmp_path: Path) -> None:
     (lambda d: d.update(conv_rates={"fp8:pointwise": [[16, 1e9]]}), "conv_rates must map DTYPE:CURVE"),
     (lambda d: d.update(conv_rates={"fp32:spatial": [[64, 1e9], [16, 2e9]]}), "conv_rates.fp32:spatial must be"),
     (lambda d: d.update(conv_rates={"fp32:spatial": [[16, -1]]}), "conv_rates.fp32:spatial must be"),
+    (lambda d: d.update(op_bytes_per_s={"native_batch_norm": 0}), "op_bytes_per_s must map op names to positive"),
 ])
 def test_a_bad_model_file_is_refused_naming_what_is_wrong(tmp_path: Path, change, message: str) -> None:
     data = gpu_speed_model("t4").to_dict()

@@ -184,6 +184,15 @@ def test_a_convolution_runs_at_the_rate_its_curve_gives_for_its_rows() -> None:
     assert seconds(0) == pytest.approx(plain)
 
 
+def test_an_op_with_its_own_measured_rate_moves_its_bytes_at_that_rate() -> None:
+    slow = dataclasses.replace(ROUND, op_bytes_per_s=MappingProxyType({"native_batch_norm": 1e9}))
+    norm = OpCost("native_batch_norm", KERNEL, bytes_moved=10**8)
+    add = OpCost("add", KERNEL, bytes_moved=10**8)
+    assert predict_step([norm], slow).device_s == pytest.approx(0.1 + 5e-6)  # 1e8 B at 1 GB/s
+    assert predict_step([add], slow).device_s == pytest.approx(1e8 / (100e9 * 0.5) + 5e-6)  # DRAM, as before
+    assert predict_step([norm], ROUND).device_s == pytest.approx(1e8 / (100e9 * 0.5) + 5e-6)
+
+
 def test_the_recorder_gives_a_convolution_its_gemm_rows_forward_and_backward() -> None:
     recorder = OpRecorder()
     x = torch.randn(2, 8, 6, 6, requires_grad=True)

@@ -46,6 +46,8 @@ class ProbeSizes:
     conv_row_batch: int = 4
     conv_row_sides: tuple[int, ...] = (2, 8)
     conv_row_channels: int = 64
+    #: the activation the normalisation ops are timed on (:func:`slow_op_rates`)
+    norm_shape: tuple[int, ...] = (4, 256, 16, 16)
     #: image side of the swap step whose copies price a CPU's host copies (host_probes.swap_copy_rate)
     swap_side: int = 64
     #: the sides of a CPU's bf16 convolutions by rows (64 channels), which run far slower than fp32 ones
@@ -54,7 +56,7 @@ class ProbeSizes:
 
 QUICK = ProbeSizes(matmul=(128, 256), conv=((2, 32, 16),), stream_elements=(1 << 18,), repeats=3, tiny_ops=200,
                    low_precision_matmul=(128, 256), extension_elements=1 << 18, strategy_rounds=3,
-                   conv_row_sides=(2, 8), conv_row_channels=32, swap_side=16)
+                   conv_row_sides=(2, 8), conv_row_channels=32, swap_side=16, norm_shape=(2, 32, 8, 8))
 FULL = ProbeSizes(matmul=(256, 512, 1024), conv=((8, 64, 56), (8, 128, 28), (8, 256, 14), (8, 512, 7)),
                   stream_elements=(1 << 16, 1 << 20, 1 << 24), repeats=5, tiny_ops=2000,
                   low_precision_matmul=(256, 512), extension_elements=1 << 20,
@@ -63,7 +65,8 @@ FULL = ProbeSizes(matmul=(256, 512, 1024), conv=((8, 64, 56), (8, 128, 28), (8, 
 FULL_GPU = ProbeSizes(matmul=(2048, 4096, 8192), conv=((64, 64, 56), (64, 128, 28), (64, 256, 14), (64, 512, 7)),
                       stream_elements=(1 << 20, 1 << 24, 1 << 26), repeats=5, tiny_ops=2000,
                       low_precision_matmul=(4096, 8192), extension_elements=1 << 24,
-                      conv_row_batch=64, conv_row_sides=(2, 4, 7, 14, 28, 56), conv_row_channels=256)
+                      conv_row_batch=64, conv_row_sides=(2, 4, 7, 14, 28, 56), conv_row_channels=256,
+                      norm_shape=(64, 256, 28, 28))
 #: A timed repetition runs its op back to back until it lasts about this long, so that on a device
 #: fed asynchronously a probe times the device's work, not one launch and one synchronisation.
 MIN_REPETITION_S = 0.005
@@ -136,6 +139,29 @@ def conv_rates_by_rows(prof: DeviceProfile, device: torch.device, sizes: ProbeSi
             curves[curve].append((rows, flops / forward))
             curves[f"{curve}_backward"].append((rows, 2 * flops / backward))
     return {curve: tuple(points) for curve, points in curves.items()}
+
+
+def slow_op_rates(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> dict[str, float]:
+    """Bytes/s of the normalisation ops, forward and backward, timed on their own at a step's shape
+    (``sizes.norm_shape``), each op's bytes counted by the step-time model's own recorder so the rate
+    prices exactly what it records: on a CPU they run far below a copy's speed."""
+    from actbench.measure.tracker import OpObserver
+    from actbench.planning.step_time import OpRecorder
+
+    x = torch.randn(sizes.norm_shape, device=device, requires_grad=True)
+    batch_norm = torch.nn.BatchNorm2d(sizes.norm_shape[1]).to(device).train()
+    layer_norm = torch.nn.LayerNorm(sizes.norm_shape[1:]).to(device)
+    rates = {}
+    for forward in (lambda: batch_norm(x), lambda: layer_norm(x)):
+        y = forward()
+        grad = torch.randn_like(y)
+        for run in (forward, lambda: torch.autograd.grad(y, x, grad, retain_graph=True)):
+            recorder = OpRecorder()
+            with OpObserver(recorder):
+                run()
+            timed = max((op for op in recorder.ops if op.name.startswith("native_")), key=lambda op: op.bytes_moved)
+            rates[timed.name] = timed.bytes_moved / _seconds(run, prof, device, sizes.repeats)
+    return rates
 
 
 def conv_backward_ratio(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes) -> float:
@@ -254,6 +280,7 @@ def calibrate(device_name: str, sizes: ProbeSizes | None = None, name: str | Non
         rates[dtype] = matmul_rates(prof, device, low, _DTYPES[dtype])
     backward = conv_backward_ratio(prof, device, sizes)
     by_rows = conv_rates_by_rows(prof, device, sizes)
+    slow_ops = slow_op_rates(prof, device, sizes)
     for dtype in rates:
         if dtype not in ("fp32", "tf32"):  # a CPU without a bf16 unit runs them a hundred times slower: fewer rows
             by_rows.update(conv_rates_by_rows(prof, device, sizes if prof.async_host_copies else dataclasses.replace(
@@ -289,6 +316,8 @@ def calibrate(device_name: str, sizes: ProbeSizes | None = None, name: str | Non
                              if extension is None else
                              f"calibrate: 2-bit quantize + dequantize of {sizes.extension_elements * 4 >> 20} MiB move "
                              f"{extension / 1e9:.2f} GB/s"),
+               "op_bytes": (f"calibrate: timed on their own at {list(sizes.norm_shape)}, GB/s as the step-time "
+                            "model counts their bytes: " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in slow_ops.items())),
                "host_op": f"calibrate: {host_op * 1e6:.2f} us per one-element add_",
                "strategy_calls": calls_source,
                "launch": (f"calibrate: {launch * 1e6:.2f} us per kernel of a replayed CUDA graph"
@@ -303,7 +332,8 @@ def calibrate(device_name: str, sizes: ProbeSizes | None = None, name: str | Non
         host_overlaps_device=prof.async_host_copies, async_copies=prof.async_host_copies,
         tensor_core_efficiency=statistics.median(rates["tf32"]) / peaks["tf32"] if tf32_convs else None,
         conv_fp32_as_tf32=tf32_convs, calibrated=True, sources=MappingProxyType(sources),
-        strategy_call_s=MappingProxyType(calls), conv_rates=MappingProxyType(by_rows))
+        strategy_call_s=MappingProxyType(calls), conv_rates=MappingProxyType(by_rows),
+        op_bytes_per_s=MappingProxyType(slow_ops))
 
 
 def _convolutions_run_as_tf32(prof: DeviceProfile, device: torch.device) -> bool:

@@ -82,6 +82,10 @@ class DeviceModel:
     #: reaches over 1,024). A convolution without its curve (datasheet models, files written before it):
     #: peak x efficiency.
     conv_rates: Mapping[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    #: bytes/s of ops timed on their own, by ATen op name (bytes as the step-time model counts them), for
+    #: the memory-bound ops that run far below a copy's speed: a CPU's batch norm moves its bytes at a
+    #: tenth of an add's. An op without a value: DRAM bandwidth x memory efficiency.
+    op_bytes_per_s: Mapping[str, float] = field(default_factory=dict)
 
     def conv_rate(self, dtype: str, curve: str, rows: int) -> float | None:
         """FLOP/s of a ``dtype`` convolution of ``curve`` over ``rows`` GEMM rows: interpolated between the
@@ -120,6 +124,7 @@ class DeviceModel:
         data["peak_flops"], data["sources"] = dict(self.peak_flops), dict(self.sources)
         data["strategy_call_s"] = dict(self.strategy_call_s)
         data["conv_rates"] = {k: [list(p) for p in v] for k, v in self.conv_rates.items()}
+        data["op_bytes_per_s"] = dict(self.op_bytes_per_s)
         return {"version": MODEL_FILE_VERSION, **data}
 
     @classmethod
@@ -161,6 +166,11 @@ class DeviceModel:
         values["sources"] = MappingProxyType(dict(sources))
         values["strategy_call_s"], values["sources"] = _strategy_calls(values, origin)
         values["conv_rates"] = _conv_rates(values.get("conv_rates", {}), origin)
+        rates = values.get("op_bytes_per_s", {})
+        if not isinstance(rates, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
+                                                  and not isinstance(v, bool) and v > 0 for k, v in rates.items()):
+            raise ValueError(f"{origin}: op_bytes_per_s must map op names to positive bytes/s, got {str(rates)[:120]}")
+        values["op_bytes_per_s"] = MappingProxyType(dict(rates))
         return cls(**values)
 
 

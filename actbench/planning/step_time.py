@@ -153,6 +153,8 @@ def kernel_seconds(op: OpCost, model: DeviceModel) -> tuple[float, float]:
     compute = op.flops / rate if op.flops else 0.0
     if op.extension and model.extension_bytes_per_s is not None:
         return compute, op.bytes_moved / model.extension_bytes_per_s
+    if op.name in model.op_bytes_per_s:
+        return compute, op.bytes_moved / model.op_bytes_per_s[op.name]
     memory = op.bytes_moved / (model.dram_bytes_per_s * model.memory_efficiency)
     return compute, memory
 
