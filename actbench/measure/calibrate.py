@@ -17,7 +17,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -252,6 +252,39 @@ def _median_copy(memory: dict[str, float]) -> float:
     return statistics.median(v for k, v in memory.items() if k.startswith("copy@")) / 2
 
 
+def all_conv_rates_by_rows(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes,
+                           dtypes: Iterable[str]) -> dict[str, tuple[tuple[int, float], ...]]:
+    """:func:`conv_rates_by_rows` in fp32 and each low-precision dtype of ``dtypes``; a CPU without a bf16
+    unit runs those a hundred times slower, so it times them over fewer rows and channels."""
+    by_rows = conv_rates_by_rows(prof, device, sizes)
+    low = sizes if prof.async_host_copies else dataclasses.replace(
+        sizes, conv_row_sides=sizes.low_precision_conv_sides, conv_row_channels=64)
+    for dtype in dtypes:
+        if dtype not in ("fp32", "tf32"):
+            by_rows.update(conv_rates_by_rows(prof, device, low, dtype))
+    return by_rows
+
+
+def _conv_rates_line(prof: DeviceProfile, sizes: ProbeSizes, by_rows: dict[str, tuple[tuple[int, float], ...]]) -> str:
+    return (f"calibrate: convolutions by GEMM rows, batch {sizes.conv_row_batch}, {sizes.conv_row_channels} channels "
+            "in and out" + ("" if prof.async_host_copies else " (64 for bf16)") + ", GFLOP/s: " + "; ".join(
+                f"{curve} " + ", ".join(f"{r} {v / 1e9:.1f}" for r, v in points) for curve, points in by_rows.items()))
+
+
+def host_copy_rates(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes, host_op: float,
+                    memory: dict[str, float]) -> tuple[float, float, str]:
+    """(host-to-device, device-to-host bytes/s, a source line): pinned copies where the device pins host
+    memory; else (a CPU) a copy as swap's step makes it, or a copy in memory where that measured nothing."""
+    if prof.pins_host_memory:
+        h2d, d2h = pinned_copy_rates(prof, device, sizes)
+        return h2d, d2h, f"calibrate: host-to-device {h2d / 1e9:.2f} GB/s, device-to-host {d2h / 1e9:.2f} GB/s"
+    rate, line = swap_copy_rate(prof, device, host_op, rounds=sizes.strategy_rounds, side=sizes.swap_side)
+    if not math.isfinite(rate):
+        rate = _median_copy(memory)
+        line += f"; nothing measured beyond fp32's: a copy in memory's {rate / 1e9:.2f} GB/s instead"
+    return rate, rate, line
+
+
 def _device_label(prof: DeviceProfile, device: torch.device) -> str:
     if prof.async_host_copies:
         return torch.cuda.get_device_name(device)
@@ -279,26 +312,14 @@ def calibrate(device_name: str, sizes: ProbeSizes | None = None, name: str | Non
     for dtype in ("bf16", "fp16") if prof.async_host_copies else ("bf16",):  # fp16 on a CPU: not a training dtype
         rates[dtype] = matmul_rates(prof, device, low, _DTYPES[dtype])
     backward = conv_backward_ratio(prof, device, sizes)
-    by_rows = conv_rates_by_rows(prof, device, sizes)
+    by_rows = all_conv_rates_by_rows(prof, device, sizes, rates)
     slow_ops = slow_op_rates(prof, device, sizes)
-    for dtype in rates:
-        if dtype not in ("fp32", "tf32"):  # a CPU without a bf16 unit runs them a hundred times slower: fewer rows
-            by_rows.update(conv_rates_by_rows(prof, device, sizes if prof.async_host_copies else dataclasses.replace(
-                sizes, conv_row_sides=sizes.low_precision_conv_sides, conv_row_channels=64), dtype))
     extension = extension_rate(prof, device, sizes)
     memory = memory_rates(prof, device, sizes)
     host_op = host_op_seconds(prof, device, sizes)
     calls, calls_source = strategy_call_seconds(prof, device, host_op, rounds=sizes.strategy_rounds)
     launch = launch_gap_seconds(prof, device, sizes) if prof.async_host_copies else 0.0
-    if prof.pins_host_memory:
-        h2d, d2h = pinned_copy_rates(prof, device, sizes)
-        copies_source = f"calibrate: host-to-device {h2d / 1e9:.2f} GB/s, device-to-host {d2h / 1e9:.2f} GB/s"
-    else:
-        rate, copies_source = swap_copy_rate(prof, device, host_op, rounds=sizes.strategy_rounds,
-                                             side=sizes.swap_side)
-        h2d = d2h = rate if math.isfinite(rate) else _median_copy(memory)
-        if not math.isfinite(rate):
-            copies_source += f"; nothing measured beyond fp32's: a copy in memory's {h2d / 1e9:.2f} GB/s instead"
+    h2d, d2h, copies_source = host_copy_rates(prof, device, sizes, host_op, memory)
     peaks = {dtype: max(values) for dtype, values in rates.items()}
     dram = max(memory.values())
     label = _device_label(prof, device)
@@ -307,17 +328,13 @@ def calibrate(device_name: str, sizes: ProbeSizes | None = None, name: str | Non
                "dram": "calibrate: " + ", ".join(f"{k} {v / 1e9:.2f} GB/s" for k, v in memory.items()),
                "copies": copies_source,
                "backward": f"calibrate: convolution backward at {backward:.2f} of the forward's FLOP/s",
-               "conv_rates": (f"calibrate: convolutions by GEMM rows, batch {sizes.conv_row_batch}, "
-                              f"{sizes.conv_row_channels} channels in and out"
-                              + ("" if prof.async_host_copies else " (64 for bf16)") + ", GFLOP/s: " + "; ".join(
-                                  f"{curve} " + ", ".join(f"{r} {v / 1e9:.1f}" for r, v in points)
-                                  for curve, points in by_rows.items())),
+               "conv_rates": _conv_rates_line(prof, sizes, by_rows),
                "extension": ("calibrate: the extension could not be loaded: its ops priced at DRAM bandwidth"
                              if extension is None else
                              f"calibrate: 2-bit quantize + dequantize of {sizes.extension_elements * 4 >> 20} MiB move "
                              f"{extension / 1e9:.2f} GB/s"),
-               "op_bytes": (f"calibrate: timed on their own at {list(sizes.norm_shape)}, GB/s as the step-time "
-                            "model counts their bytes: " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in slow_ops.items())),
+               "op_bytes": f"calibrate: timed on their own at {list(sizes.norm_shape)}, GB/s as the step-time "
+                           f"model counts their bytes: {', '.join(f'{k} {v / 1e9:.2f}' for k, v in slow_ops.items())}",
                "host_op": f"calibrate: {host_op * 1e6:.2f} us per one-element add_",
                "strategy_calls": calls_source,
                "launch": (f"calibrate: {launch * 1e6:.2f} us per kernel of a replayed CUDA graph"
