@@ -91,9 +91,10 @@ keep "$SCRATCH/bench-kernels_cuda_*/env.json" env_cuda.json
 # now gives every wrapped parameter its momentum, as the real warm-up on cuda does.)
 step meta_vs_cuda 180 "$PY" -m actbench trust --device cuda --batch 16 --image-size 224 --out "$KEPT"
 # the step-time model: this GPU calibrated (device-model JSON, with the host seconds of one ActNN layer
-# per level and of one checkpointed module, measured rather than fitted), then predicted ÷ measured
-# step time per strategy on that model (speed_vs_cuda.csv), both brought back
-step calibrate_cuda 120 "$PY" -m actbench calibrate --device cuda --out "$KEPT/device_model_cuda.json"
+# per level and of one checkpointed module, measured rather than fitted; convolutions by GEMM rows in
+# fp32/TF32, bf16 and fp16, and batch and layer norm on their own), then predicted ÷ measured step time
+# per strategy on that model (speed_vs_cuda.csv), both brought back
+step calibrate_cuda 180 "$PY" -m actbench calibrate --device cuda --out "$KEPT/device_model_cuda.json"
 step speed_vs_cuda 300 "$PY" -m actbench trust --device cuda --models resnet50 --strategies fp32,L0,L3,L4,checkpoint,swap \
     --batch 64 --image-size 224 --device-model "$KEPT/device_model_cuda.json" --out "$KEPT"
 # the same points predicted on the built-in datasheet model of this GPU (what --gpu NAME uses for a
