@@ -50,8 +50,9 @@ class ProbeSizes:
     norm_shape: tuple[int, ...] = (4, 256, 16, 16)
     #: image side of the swap step whose copies price a CPU's host copies (host_probes.swap_copy_rate)
     swap_side: int = 64
-    #: the sides of a CPU's bf16 convolutions by rows (64 channels), which run far slower than fp32 ones
+    #: the sides and channels of a CPU's bf16 convolutions by rows, which run far slower than fp32 ones
     low_precision_conv_sides: tuple[int, ...] = (2, 8)
+    low_precision_conv_channels: int = 64
 
 
 QUICK = ProbeSizes(matmul=(128, 256), conv=((2, 32, 16),), stream_elements=(1 << 18,), repeats=3, tiny_ops=200,
@@ -258,7 +259,7 @@ def all_conv_rates_by_rows(prof: DeviceProfile, device: torch.device, sizes: Pro
     unit runs those a hundred times slower, so it times them over fewer rows and channels."""
     by_rows = conv_rates_by_rows(prof, device, sizes)
     low = sizes if prof.async_host_copies else dataclasses.replace(
-        sizes, conv_row_sides=sizes.low_precision_conv_sides, conv_row_channels=64)
+        sizes, conv_row_sides=sizes.low_precision_conv_sides, conv_row_channels=sizes.low_precision_conv_channels)
     for dtype in dtypes:
         if dtype not in ("fp32", "tf32"):
             by_rows.update(conv_rates_by_rows(prof, device, low, dtype))
@@ -267,7 +268,8 @@ def all_conv_rates_by_rows(prof: DeviceProfile, device: torch.device, sizes: Pro
 
 def _conv_rates_line(prof: DeviceProfile, sizes: ProbeSizes, by_rows: dict[str, tuple[tuple[int, float], ...]]) -> str:
     return (f"calibrate: convolutions by GEMM rows, batch {sizes.conv_row_batch}, {sizes.conv_row_channels} channels "
-            "in and out" + ("" if prof.async_host_copies else " (64 for bf16)") + ", GFLOP/s: " + "; ".join(
+            "in and out" + ("" if prof.async_host_copies else f" ({sizes.low_precision_conv_channels} for bf16)")
+            + ", GFLOP/s: " + "; ".join(
                 f"{curve} " + ", ".join(f"{r} {v / 1e9:.1f}" for r, v in points) for curve, points in by_rows.items()))
 
 
@@ -298,7 +300,7 @@ def calibrate(device_name: str, sizes: ProbeSizes | None = None, name: str | Non
     median fp32 probe over the fp32 peak (the fraction a step's mixed shapes reach), likewise for memory
     and, where fp32 convolutions run on tensor cores as TF32, for those (``tensor_core_efficiency``).
     On a device without asynchronous copies (a CPU) the host and the device are one: the tiny op's cost
-    is the host's, launches cost nothing more, and a "copy to the host" is a copy in memory.
+    is the host's, launches cost nothing more, and a "copy to the host" is a copy in memory as swap's makes it.
     """
     prof = profile(device_name)
     device = prof.torch_device()

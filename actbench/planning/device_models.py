@@ -166,11 +166,7 @@ class DeviceModel:
         values["sources"] = MappingProxyType(dict(sources))
         values["strategy_call_s"], values["sources"] = _strategy_calls(values, origin)
         values["conv_rates"] = _conv_rates(values.get("conv_rates", {}), origin)
-        rates = values.get("op_bytes_per_s", {})
-        if not isinstance(rates, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
-                                                  and not isinstance(v, bool) and v > 0 for k, v in rates.items()):
-            raise ValueError(f"{origin}: op_bytes_per_s must map op names to positive bytes/s, got {str(rates)[:120]}")
-        values["op_bytes_per_s"] = MappingProxyType(dict(rates))
+        values["op_bytes_per_s"] = _op_rates(values.get("op_bytes_per_s", {}), origin)
         return cls(**values)
 
 
@@ -187,18 +183,30 @@ def _strategy_calls(values: Mapping[str, Any], origin: str) -> tuple[Mapping[str
         return MappingProxyType({}), MappingProxyType({**sources, "strategy_calls": NO_STRATEGY_CALLS})
     calls = values["strategy_call_s"]
     if not isinstance(calls, dict) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+            isinstance(k, str) and _real(v) and v >= 0
             for k, v in calls.items()):
         raise ValueError(f"{origin}: strategy_call_s must map names to seconds >= 0, got {calls!r}")
     return MappingProxyType(dict(calls)), sources
+
+
+def _real(value: Any) -> bool:
+    """A JSON number (``true`` is an int to Python, not a number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _op_rates(data: Any, origin: str) -> Mapping[str, float]:
+    """A model file's ``op_bytes_per_s``: op names mapped to positive bytes/s; ValueError otherwise."""
+    if not isinstance(data, dict) or not all(isinstance(k, str) and _real(v) and v > 0 for k, v in data.items()):
+        raise ValueError(f"{origin}: op_bytes_per_s must map op names to positive bytes/s, got {str(data)[:120]}")
+    return MappingProxyType(dict(data))
 
 
 def _conv_rates(data: Any, origin: str) -> Mapping[str, tuple[tuple[int, float], ...]]:
     """A model file's ``conv_rates``: ``DTYPE:CURVE`` keys mapped to [rows, FLOP/s] pairs, rows
     whole and rising, rates positive; ValueError naming the field otherwise."""
     def pair(p: Any) -> bool:
-        return (isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and not isinstance(p[0], bool)
-                and p[0] > 0 and isinstance(p[1], (int, float)) and not isinstance(p[1], bool) and p[1] > 0)
+        return isinstance(p, list) and len(p) == 2 and _real(p[0]) and isinstance(p[0], int) and p[0] > 0 \
+            and _real(p[1]) and p[1] > 0
 
     keys = {f"{dtype}:{curve}" for dtype in PEAK_DTYPES for curve in CONV_CURVES}
     if not isinstance(data, dict) or set(data) - keys:
