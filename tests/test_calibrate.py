@@ -52,7 +52,8 @@ def test_calibrate_writes_a_device_model_file_that_loads(calibrated: Path) -> No
     assert all(rate > 0 for v in curves.values() for _, rate in v) and "conv_rates" in data["sources"]
     calls = data["strategy_call_s"]  # measured here: each probed kind, and the kinds derived from them
     assert {"actnn_layer:L0", "actnn_layer:L3", "actnn_layer:L4", "actnn_layer", "checkpoint_module",
-            "selective_module"} <= set(calls) and all(v >= 0 for v in calls.values())
+            "selective_module", "host_copy:swap", "host_copy:save_on_cpu"} <= set(calls)
+    assert all(v >= 0 for v in calls.values())
     assert calls["actnn_layer:L4"] == calls["actnn_layer:L3"] and calls["actnn_layer"] == calls["actnn_layer:L0"]
     assert data["sources"]["strategy_calls"].startswith("calibrate: tiny conv-BN-ReLU model")
     model = load_device_model(calibrated)
@@ -74,6 +75,12 @@ def test_a_cpus_host_copies_are_priced_as_a_swap_step_makes_them(monkeypatch) ->
     assert rate == pytest.approx((60 << 20) / (0.0065 - 100 * 5e-6)) and "60.0 MiB more" in line
     monkeypatch.setattr(host_probes, "probe_strategies", probes(0.050))
     assert swap_copy_rate(None, None, host_op_s=5e-6)[0] == float("inf")
+    # the Python of swap's hook, priced per copy beside the layers' calls, is not a copy's time
+    monkeypatch.setattr(host_probes, "probe_strategies", lambda *a, **k: {
+        "fp32": StrategyProbe(0.050, 1000, {}, 10 << 20),
+        "swap": StrategyProbe(0.0565, 1100, {"host_copy:swap": 40}, 70 << 20)})
+    rate, _ = swap_copy_rate(None, None, host_op_s=5e-6, copy_call_s={"host_copy:swap": 50e-6})
+    assert rate == pytest.approx((60 << 20) / (0.0065 - 100 * 5e-6 - 40 * 50e-6))
 
 
 def test_a_saved_model_loads_as_it_was(tmp_path: Path) -> None:
@@ -148,6 +155,38 @@ def test_repredict_prices_measured_rows_anew_and_keeps_the_earlier_prediction(tm
     rows.write_text("model,strategy\nresnet18,fp32\n")
     refused = invoke(["repredict", str(rows), "--device-model", str(model), "--out", str(tmp_path / "x.csv")])
     assert refused.exit_code == 2 and "missing column(s) batch_size" in refused.output
+
+
+def _speed_row(strategy: str, predicted: float, measured: float, spread: float | None, batch: int = 4):
+    from actbench.studies.trust import SpeedComparison
+
+    return SpeedComparison("resnet18", strategy, batch, 64, "cpu", "m", "ok", "ok", predicted, measured, spread, "")
+
+
+def test_order_misses_name_each_pair_with_its_measured_gap_beside_the_spread() -> None:
+    from actbench.studies.trust import describe_speed_order, speed_order_misses
+
+    rows = [_speed_row("fp32", 1.0, 1.00, 0.01), _speed_row("L0", 1.2, 1.10, 0.01),
+            _speed_row("swap", 1.1, 1.20, 0.05), _speed_row("L3", 1.3, 1.50, None),
+            # another batch is another order: only pairs of one model, batch and size are compared
+            _speed_row("swap", 0.1, 9.0, 0.01, batch=8), _speed_row("fp32", 0.2, 1.0, 0.01, batch=8)]
+    misses = speed_order_misses(rows)
+    by_pair = {(m.batch_size, m.measured_faster, m.measured_slower): m for m in misses}
+    assert set(by_pair) == {(4, "L0", "swap"), (8, "fp32", "swap")}
+    within = by_pair[(4, "L0", "swap")]  # swap 9.1 % slower than L0, steps varying by 5 %
+    assert within.measured_gap == pytest.approx(0.1 / 1.1) and within.spread == 0.05 and within.beyond_spread
+    assert by_pair[(8, "fp32", "swap")].measured_gap == pytest.approx(8.0)
+    rows[2] = _speed_row("swap", 1.1, 1.12, 0.05)  # 1.8 % slower than L0, steps varying by 5 %
+    (small,) = [m for m in speed_order_misses(rows) if m.batch_size == 4]
+    assert not small.beyond_spread
+    line = describe_speed_order(speed_order_misses(rows))
+    assert line.startswith("order of strategies by speed: NOT as measured in 2 pair(s), 1 by more than the measured "
+                           "spread: ")
+    assert "resnet18 b4 64px L0 < swap measured by 1.8% (spread 5.0%)" in line
+    assert describe_speed_order(speed_order_misses(rows[:2])) == "order of strategies by speed: as measured"
+    # a spread unknown on either side cannot excuse a miss
+    rows[1] = _speed_row("L0", 1.2, 1.10, None)
+    assert all(m.beyond_spread for m in speed_order_misses(rows))
 
 
 def test_device_model_option_refuses_a_bad_file_in_one_line_and_writes_nothing(tmp_path: Path) -> None:

@@ -149,6 +149,31 @@ def test_the_recorder_writes_down_actnn_layers_and_checkpoint_segments_of_a_real
                       "sac": {"selective_module": 12}}
 
 
+@pytest.mark.parametrize("strategy", ["swap", "save_on_cpu"])
+def test_each_host_copy_of_a_hook_strategy_is_also_a_call_of_its_python(strategy: str) -> None:
+    """swap's and save_on_cpu's saved-tensor hooks run Python per tensor: a cpu step records one call of
+    ``host_copy:<strategy>`` beside each host copy, and the model prices it like a layer's call."""
+    from actbench.measure.host_probes import tiny_model
+    from actbench import strategies
+    from actbench.planning.step_time import host_copy_kind
+    from actbench.training.step import build_training_step
+
+    images, targets = torch.randn(2, 3, 8, 8), torch.randint(0, 10, (2,))
+    recorder = OpRecorder(copy_call_kind=host_copy_kind(strategy))
+    tracker = LiveStorageTracker(observer=recorder)
+    step, _ = build_training_step(strategies.get(strategy), tiny_model(blocks=2), torch.device("cpu"),
+                                  host_scope=tracker.host_allocations)
+    with tracker:
+        step(images, targets)
+    copies = [op for op in recorder.ops if op.kind == COPY]
+    calls = [op for op in recorder.ops if op.kind == STRATEGY_CALL]
+    assert copies and [op.name for op in calls] == [f"host_copy:{strategy}"] * len(copies)
+    model = dataclasses.replace(ROUND, host_overlaps_device=False)
+    priced = dataclasses.replace(model, strategy_call_s=MappingProxyType({f"host_copy:{strategy}": 1e-3}))
+    assert predict_step(recorder.ops, priced).step_s == pytest.approx(
+        predict_step(recorder.ops, model).step_s + 1e-3 * len(copies))
+
+
 def test_the_recorder_counts_flops_and_bytes_of_real_ops() -> None:
     recorder = OpRecorder()
     a, b = torch.randn(4, 8), torch.randn(8, 16)

@@ -104,7 +104,8 @@ def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...
     from rich.console import Console
     from rich.table import Table
 
-    from actbench.studies.trust import compare_speed, same_speed_order, speed_csv_name, write_speed_csv
+    from actbench.studies.trust import (compare_speed, describe_speed_order, speed_csv_name, speed_order_misses,
+                                        write_speed_csv)
     from actbench.planning.device_models import load_device_model
     from actbench.store.outputs import OutputError
 
@@ -138,8 +139,7 @@ def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...
         table.add_row(c.model, c.strategy, _seconds(c.predicted_step_s), _seconds(c.measured_step_s),
                       _share(c.step_ratio, ".3f"), f"{c.predicted_status}/{c.measured_status}")
     console.print(table)
-    console.print(f"order of strategies by speed: {'as measured' if same_speed_order(rows) else 'NOT as measured'}",
-                  highlight=False)
+    console.print(describe_speed_order(speed_order_misses(rows)), highlight=False, markup=False)
     if not all(c.predicted_status == "ok" and c.measured_status == "ok" for c in rows):
         raise typer.Exit(1)
 
@@ -250,7 +250,7 @@ def repredict_command(
     from actbench.planning.device_models import load_device_model
     from actbench.store.outputs import OutputError, check_output
     from actbench.studies.repredict import read_speed_csv, repredict_speed
-    from actbench.studies.trust import same_speed_order, write_speed_csv
+    from actbench.studies.trust import describe_speed_order, speed_order_misses, write_speed_csv
 
     try:
         model = load_device_model(device_model)
@@ -268,4 +268,4 @@ def repredict_command(
             f"{r.predicted_step_s_earlier / r.measured_step_s:.3f}"
         typer.echo(f"{r.model} {r.strategy} b{r.batch_size} {r.image_size}px: predicted ÷ measured {earlier} "
                    f"({r.device_model_earlier}) -> {_share(r.step_ratio, '.3f')} ({r.device_model})")
-    typer.echo(f"order of strategies by speed: {'as measured' if same_speed_order(again) else 'NOT as measured'}")
+    typer.echo(describe_speed_order(speed_order_misses(again)))

@@ -37,7 +37,9 @@ def trust_command(
         "Folder for meta_vs_<device>.csv (meta_vs_<device>_<precision>.csv at bf16, fp16)."))] = Path("runs/trust"),
     device_model: Annotated[Optional[Path], typer.Option("--device-model", help=(
         "Compare step times instead: predicted on this device model (from `actbench calibrate`) ÷ measured; "
-        "writes speed_vs_<device>.csv."))] = None,
+        "writes speed_vs_<device>.csv and names each pair of strategies predicted in the other order than "
+        "measured, with the measured gap beside the steps' spread (a gap within it the measurement does not "
+        "settle)."))] = None,
 ) -> None:
     """How far to trust meta: the same points predicted on meta and measured on cpu or cuda.
 

@@ -274,13 +274,15 @@ def _conv_rates_line(prof: DeviceProfile, sizes: ProbeSizes, by_rows: dict[str, 
 
 
 def host_copy_rates(prof: DeviceProfile, device: torch.device, sizes: ProbeSizes, host_op: float,
-                    memory: dict[str, float]) -> tuple[float, float, str]:
+                    memory: dict[str, float], calls: dict[str, float]) -> tuple[float, float, str]:
     """(host-to-device, device-to-host bytes/s, a source line): pinned copies where the device pins host
-    memory; else (a CPU) a copy as swap's step makes it, or a copy in memory where that measured nothing."""
+    memory; else (a CPU) a copy as swap's step makes it (less its hook's Python, priced per call in
+    ``calls``), or a copy in memory where that measured nothing."""
     if prof.pins_host_memory:
         h2d, d2h = pinned_copy_rates(prof, device, sizes)
         return h2d, d2h, f"calibrate: host-to-device {h2d / 1e9:.2f} GB/s, device-to-host {d2h / 1e9:.2f} GB/s"
-    rate, line = swap_copy_rate(prof, device, host_op, rounds=sizes.strategy_rounds, side=sizes.swap_side)
+    rate, line = swap_copy_rate(prof, device, host_op, rounds=sizes.strategy_rounds, side=sizes.swap_side,
+                                copy_call_s=calls)
     if not math.isfinite(rate):
         rate = _median_copy(memory)
         line += f"; nothing measured beyond fp32's: a copy in memory's {rate / 1e9:.2f} GB/s instead"
@@ -321,7 +323,7 @@ def calibrate(device_name: str, sizes: ProbeSizes | None = None, name: str | Non
     host_op = host_op_seconds(prof, device, sizes)
     calls, calls_source = strategy_call_seconds(prof, device, host_op, rounds=sizes.strategy_rounds)
     launch = launch_gap_seconds(prof, device, sizes) if prof.async_host_copies else 0.0
-    h2d, d2h, copies_source = host_copy_rates(prof, device, sizes, host_op, memory)
+    h2d, d2h, copies_source = host_copy_rates(prof, device, sizes, host_op, memory, calls)
     peaks = {dtype: max(values) for dtype, values in rates.items()}
     dram = max(memory.values())
     label = _device_label(prof, device)

@@ -6,6 +6,8 @@ see. The probe trains a tiny model (tensors of a few hundred values, so device t
 under each strategy and under fp32, records each step's ops and strategy calls
 (:class:`~actbench.planning.step_time.OpRecorder`), and prices one call of a kind as the strategy
 step's host time over fp32's, less ``host_op_s`` for each extra ATen op, over the number of calls.
+Swap and save_on_cpu have no layers of their own: their calls are the copies their saved-tensor hooks
+make (:func:`~actbench.planning.step_time.host_copy_kind`), the extra copy ops of their step.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from torch import nn
 
 from actbench.core.devices import DeviceProfile
 from actbench.measure.tracker import COPY_OPS, OpObserver
-from actbench.planning.step_time import KERNEL, STRATEGY_CALL, OpRecorder
+from actbench.planning.step_time import KERNEL, STRATEGY_CALL, OpRecorder, host_copy_kind
 
 #: Strategies probed, each giving the call kind(s) its step records: ActNN's levels L0-L3, plain and
-#: selective checkpointing.
-PROBED_STRATEGIES: tuple[str, ...] = ("L0", "L1", "L2", "L3", "checkpoint", "sac")
+#: selective checkpointing, and the two that copy saved tensors to the host from a hook.
+PROBED_STRATEGIES: tuple[str, ...] = ("L0", "L1", "L2", "L3", "checkpoint", "sac", "swap", "save_on_cpu")
 #: Kinds not probed, priced as another: L4 and L5 are L3 whose codes move to the host (their copies are
 #: priced as copies); ``actnn_layer``, a level without a value of its own, takes L0's, the cheapest (a floor).
 DERIVED_KINDS = {"actnn_layer:L4": "actnn_layer:L3", "actnn_layer:L5": "actnn_layer:L3",
@@ -75,9 +77,15 @@ def probe_strategies(prof: DeviceProfile, device: torch.device, strategies: tupl
         for op in recorder.ops:
             if op.kind == STRATEGY_CALL:
                 calls[op.name] = calls.get(op.name, 0) + 1
-        # a copy op reads and writes its bytes: half of what it moves is what it wrote
-        copied = sum(op.bytes_moved // 2 for op in recorder.ops if op.kind == KERNEL and op.name in COPY_OPS)
-        steps[name] = (step, len(recorder.ops) - sum(calls.values()), calls, copied)
+        dispatched = len(recorder.ops) - sum(calls.values())
+        copies = [op for op in recorder.ops if op.name in COPY_OPS and op.kind != STRATEGY_CALL]
+        if name == "fp32":
+            fp32_copies = len(copies)
+        elif _copies_from_a_hook(name) and len(copies) > fp32_copies:
+            calls[host_copy_kind(name)] = len(copies) - fp32_copies
+        # a copy op in memory reads and writes its bytes: half of what it moves is what it wrote
+        copied = sum(op.bytes_moved // 2 for op in copies if op.kind == KERNEL)
+        steps[name] = (step, dispatched, calls, copied)
     fastest = {name: float("inf") for name in steps}
     for _ in range(rounds):
         for name, (step, *_) in steps.items():
@@ -92,16 +100,28 @@ def probe_strategies(prof: DeviceProfile, device: torch.device, strategies: tupl
     return probes
 
 
+def _copies_from_a_hook(name: str) -> bool:
+    """Whether strategy ``name`` copies saved tensors to the host from a saved-tensor hook of its own
+    (swap, save_on_cpu); L4 and L5 copy from their layers, whose calls are priced as layers."""
+    from actbench import strategies as registry
+
+    strategy = registry.get(name)
+    return strategy.uses_host_memory and not strategy.is_actnn_level
+
+
 def swap_copy_rate(prof: DeviceProfile, device: torch.device, host_op_s: float, rounds: int = 30,
-                   side: int = 64) -> tuple[float, str]:
+                   side: int = 64, copy_call_s: dict[str, float] | None = None) -> tuple[float, str]:
     """(bytes/s of a host copy as a swap step makes it, a source line), where host and device are one
     memory (a CPU): each saved tensor goes to a new buffer of its own and comes back as another, so a
     copy costs its fresh pages too, which a copy probe reusing its memory does not see (here about a
     third of its rate). Measured as the bytes the tiny model's swap step copies (32 channels, batch 4,
-    ``side`` px: megabytes a tensor) over its time beyond fp32's, less ``host_op_s`` per extra op."""
+    ``side`` px: megabytes a tensor) over its time beyond fp32's, less ``host_op_s`` per extra op and
+    ``copy_call_s`` (strategy-call seconds by kind) per hook call."""
+    copy_call_s = copy_call_s or {}
     probes = probe_strategies(prof, device, ("swap",), rounds, batch=4, side=side, channels=32)
     base, swap = probes["fp32"], probes["swap"]
-    extra = swap.seconds - base.seconds - (swap.dispatched - base.dispatched) * host_op_s
+    hooks = sum(count * copy_call_s.get(kind, 0.0) for kind, count in swap.calls.items())
+    extra = swap.seconds - base.seconds - (swap.dispatched - base.dispatched) * host_op_s - hooks
     copied = swap.copied - base.copied
     rate = copied / extra if extra > 0 and copied > 0 else float("inf")
     line = (f"calibrate: the tiny conv-BN-ReLU model (32 channels, batch 4, {side} px), fastest of {rounds} steps: "

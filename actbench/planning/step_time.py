@@ -50,14 +50,23 @@ class OpCost:
         return ("pointwise" if self.pointwise else "spatial") + ("_backward" if self.backward else "")
 
 
+def host_copy_kind(strategy: str) -> str:
+    """The strategy-call kind of one host copy a strategy's saved-tensor hook makes (swap's and
+    save_on_cpu's Python per saved tensor, which a per-ATen-op host cost does not see)."""
+    return f"host_copy:{strategy}"
+
+
 @dataclass
 class OpRecorder:
     """The tracker's observer: writes each op down as an :class:`OpCost` (one pass, the measured step).
 
     ``overlaps_copies``: the strategy's host copies run on a side stream (L4/L5's offloader).
+    ``copy_call_kind``: each host copy also records one :data:`STRATEGY_CALL` of this kind, the Python
+    of the saved-tensor hook that made it (:func:`host_copy_kind`; None: none recorded).
     """
 
     overlaps_copies: bool = False
+    copy_call_kind: str | None = None
     ops: list[OpCost] = field(default_factory=list)
     _hook: Any = field(default=None, init=False, repr=False, compare=False)
 
@@ -87,6 +96,8 @@ class OpRecorder:
         if copy:
             kind = OVERLAPPED_COPY if self.overlaps_copies else COPY
             self.ops.append(OpCost(name, kind, bytes_moved=sum(t.untyped_storage().nbytes() for t in outputs)))
+            if self.copy_call_kind is not None:
+                self.ops.append(OpCost(self.copy_call_kind, STRATEGY_CALL))
             return
         if not outputs:  # a query (its device, a size): no kernel runs
             self.ops.append(OpCost(name, HOST_ONLY))

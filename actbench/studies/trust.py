@@ -184,14 +184,60 @@ def compare_speed(device: str, speed_model: "DeviceModel", models=("resnet18",),
     return out
 
 
-def same_speed_order(rows: list[SpeedComparison]) -> bool:
-    """Whether, per model and batch, ordering the strategies by predicted step time gives the measured order."""
+@dataclass(frozen=True)
+class OrderMiss:
+    """Two strategies of one point (model, batch, size) that the prediction orders one way and the
+    measurement the other.
+
+    ``measured_gap``: how much slower the measured slower one ran, over the faster one's step;
+    ``spread``: the larger of the two measured spreads (None when either is unknown). A gap within
+    the spread is an order the measurement itself does not settle: steps of one strategy vary by
+    that much from one to the next.
+    """
+
+    model: str
+    batch_size: int
+    image_size: int
+    measured_faster: str
+    measured_slower: str
+    measured_gap: float
+    spread: float | None
+
+    @property
+    def beyond_spread(self) -> bool:
+        return self.spread is None or self.measured_gap > self.spread
+
+
+def speed_order_misses(rows: list[SpeedComparison]) -> list[OrderMiss]:
+    """Every pair of strategies, per model, batch and size, whose predicted order is not the measured one."""
     groups: dict[tuple, list[SpeedComparison]] = {}
     for r in rows:
-        if r.predicted_step_s is not None and r.measured_step_s is not None:
+        if r.predicted_step_s is not None and r.measured_step_s:
             groups.setdefault((r.model, r.batch_size, r.image_size), []).append(r)
-    return all([r.strategy for r in sorted(g, key=lambda r: r.predicted_step_s)]
-               == [r.strategy for r in sorted(g, key=lambda r: r.measured_step_s)] for g in groups.values())
+    misses = []
+    for (model, batch, size), group in groups.items():
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                if (a.predicted_step_s - b.predicted_step_s) * (a.measured_step_s - b.measured_step_s) >= 0:
+                    continue
+                fast, slow = (a, b) if a.measured_step_s < b.measured_step_s else (b, a)
+                spreads = (fast.measured_spread, slow.measured_spread)
+                misses.append(OrderMiss(model, batch, size, fast.strategy, slow.strategy,
+                                        slow.measured_step_s / fast.measured_step_s - 1.0,
+                                        None if None in spreads else max(spreads)))
+    return misses
+
+
+def describe_speed_order(misses: list[OrderMiss]) -> str:
+    """One line: the order as measured, or each pair out of it with its measured gap and spread."""
+    if not misses:
+        return "order of strategies by speed: as measured"
+    beyond = sum(m.beyond_spread for m in misses)
+    pairs = "; ".join(
+        f"{m.model} b{m.batch_size} {m.image_size}px {m.measured_faster} < {m.measured_slower} measured by "
+        f"{m.measured_gap:.1%} (spread {'-' if m.spread is None else format(m.spread, '.1%')})" for m in misses)
+    return (f"order of strategies by speed: NOT as measured in {len(misses)} pair(s), {beyond} by more than the "
+            f"measured spread: {pairs}")
 
 
 def speed_csv_name(device: str, precision: str = DEFAULT_PRECISION) -> str:
