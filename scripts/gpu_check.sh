@@ -91,9 +91,10 @@ keep "$SCRATCH/bench-kernels_cuda_*/env.json" env_cuda.json
 # now gives every wrapped parameter its momentum, as the real warm-up on cuda does.)
 step meta_vs_cuda 180 "$PY" -m actbench trust --device cuda --batch 16 --image-size 224 --out "$KEPT"
 # the step-time model: this GPU calibrated (device-model JSON, with the host seconds of one ActNN layer
-# per level and of one checkpointed module, measured rather than fitted; convolutions by GEMM rows in
-# fp32/TF32, bf16 and fp16, and batch and layer norm on their own), then predicted ÷ measured step time
-# per strategy on that model (speed_vs_cuda.csv), both brought back
+# per level, of one checkpointed module and of one host copy of swap's and save_on_cpu's hooks, measured
+# rather than fitted; convolutions by GEMM rows in fp32/TF32, bf16 and fp16, and batch and layer norm on
+# their own), then predicted ÷ measured step time per strategy on that model (speed_vs_cuda.csv), both
+# brought back; the log names each pair of strategies out of the measured order beside its spread
 step calibrate_cuda 180 "$PY" -m actbench calibrate --device cuda --out "$KEPT/device_model_cuda.json"
 step speed_vs_cuda 300 "$PY" -m actbench trust --device cuda --models resnet50 --strategies fp32,L0,L3,L4,checkpoint,swap \
     --batch 64 --image-size 224 --device-model "$KEPT/device_model_cuda.json" --out "$KEPT"
