@@ -145,3 +145,8 @@ def test_cuda_max_pool_identical_to_cpu(kernel, stride, padding, dilation, ceil_
     gin = ops.max_pool2d_backward(grad, arg, x.shape, kernel, stride, padding, dilation)
     ggin = ops.max_pool2d_backward(grad.cuda(), garg, x.shape, kernel, stride, padding, dilation)
     assert torch.equal(gin, ggin.cpu())
+    # an argmax the forward did not make (past the window, into the padding): both add only what lies inside
+    noise = torch.randint(-128, 128, out.shape, generator=torch.Generator().manual_seed(6), dtype=torch.int8)
+    gin = ops.max_pool2d_backward(grad, noise, x.shape, kernel, stride, padding, dilation)
+    ggin = ops.max_pool2d_backward(grad.cuda(), noise.cuda(), x.shape, kernel, stride, padding, dilation)
+    assert torch.equal(gin, ggin.cpu())

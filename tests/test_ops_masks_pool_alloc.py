@@ -129,6 +129,26 @@ def test_max_pool_3d_input_and_bad_window():
         ops.max_pool2d_with_argmax(x, (2, 2), (2, 2), (2, 2))
 
 
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_max_pool_backward_refuses_a_grad_that_is_not_the_inputs_pool_output(device):
+    """More planes in input_shape than grad_out holds read past grad_out's end (exit 139 before); a
+    larger grad_out than the input's windows is no pool output either. Both are one-line errors, on
+    the kernel and on the fake kernel alike."""
+    x = torch.randn(2, 3, 16, 16, device=device)
+    grad = torch.randn(2, 3, 8, 8, device=device)
+    arg = torch.zeros(2, 3, 8, 8, dtype=torch.int8, device=device)
+    assert ops.max_pool2d_backward(grad, arg, x.shape, (3, 3), (2, 2), (1, 1)).shape == x.shape
+    ceil_grad, ceil_arg = torch.zeros(2, 3, 9, 9, device=device), torch.zeros(2, 3, 9, 9, dtype=torch.int8, device=device)
+    assert ops.max_pool2d_backward(ceil_grad, ceil_arg, x.shape, (3, 3), (2, 2), (1, 1)).shape == x.shape
+    for shape, g, a in (((64, 64, 16, 16), grad, arg),
+                        (x.shape, torch.zeros(2, 3, 40, 40, device=device),
+                         torch.zeros(2, 3, 40, 40, dtype=torch.int8, device=device)),
+                        (x.shape, torch.zeros(2, 3, 8, 9, device=device),
+                         torch.zeros(2, 3, 8, 9, dtype=torch.int8, device=device))):
+        with pytest.raises(RuntimeError, match=r"is not a max pool output of input .* with ceil_mode"):
+            ops.max_pool2d_backward(g, a, shape, (3, 3), (2, 2), (1, 1))
+
+
 # ------------------------------------------------------------------------------------------------
 # Greedy allocation.
 # ------------------------------------------------------------------------------------------------
@@ -210,15 +230,38 @@ def test_max_pool_backward_sums_in_the_gathers_order(kernel, stride, padding, di
     out, arg = ops.max_pool2d_with_argmax(x, kernel, stride, padding, dilation, ceil_mode)
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(6)) * 1e3
     got = ops.max_pool2d_backward(grad, arg, x.shape, kernel, stride, padding, dilation)
-    expected = torch.zeros_like(x)
-    for c, h, w in itertools.product(range(2), range(9), range(8)):
+    assert torch.equal(got, _gathered(grad, arg, x.shape, kernel, stride, padding, dilation))
+
+
+@pytest.mark.parametrize("kernel,stride,padding,dilation,ceil_mode", POOLS)
+def test_max_pool_backward_of_any_argmax_adds_only_positions_inside_window_and_input(kernel, stride, padding,
+                                                                                     dilation, ceil_mode):
+    """An argmax the forward did not make (any int8: past the window, in the padding) must not write
+    outside the gradient: the kernel adds only what the gather would, which crashed before (rc 139)."""
+    x = torch.randn(3, 2, 9, 8, generator=torch.Generator().manual_seed(7))
+    out, _ = ops.max_pool2d_with_argmax(x, kernel, stride, padding, dilation, ceil_mode)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(8))
+    for seed in range(3):
+        arg = torch.randint(-128, 128, out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.int8)
+        got = ops.max_pool2d_backward(grad, arg, x.shape, kernel, stride, padding, dilation)
+        assert torch.equal(got, _gathered(grad, arg, x.shape, kernel, stride, padding, dilation))
+    corners = torch.zeros_like(arg)  # every window's first position: the padding's, for the border windows
+    got = ops.max_pool2d_backward(grad, corners, x.shape, kernel, stride, padding, dilation)
+    assert torch.equal(got, _gathered(grad, corners, x.shape, kernel, stride, padding, dilation))
+
+
+def _gathered(grad, arg, shape, kernel, stride, padding, dilation) -> torch.Tensor:
+    """The input gradient as the CUDA kernel gathers it: per input, windows i, j ascending, from 0."""
+    expected = torch.zeros(shape)
+    n, channels, height, width = shape
+    for b, c, h, w in itertools.product(range(n), range(channels), range(height), range(width)):
         acc = torch.zeros((), dtype=torch.float32)
         for i, j in itertools.product(range(kernel[0]), range(kernel[1])):
             hh, ww = h + padding[0] - i * dilation[0], w + padding[1] - j * dilation[1]
             if hh < 0 or ww < 0 or hh % stride[0] or ww % stride[1]:
                 continue
             oh, ow = hh // stride[0], ww // stride[1]
-            if oh < out.shape[2] and ow < out.shape[3] and arg[0, c, oh, ow] == i * kernel[1] + j:
-                acc = acc + grad[0, c, oh, ow]
-        expected[0, c, h, w] = acc
-    assert torch.equal(got, expected)
+            if oh < grad.shape[2] and ow < grad.shape[3] and arg[b, c, oh, ow] == i * kernel[1] + j:
+                acc = acc + grad[b, c, oh, ow]
+        expected[b, c, h, w] = acc
+    return expected

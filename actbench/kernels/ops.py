@@ -169,6 +169,10 @@ def _fake_max_pool2d_backward(grad_out, argmax, input_shape, kernel_size, stride
     torch._check(argmax.dtype == torch.int8 and argmax.shape == grad_out.shape and len(input_shape) == grad_out.dim(),
                  lambda: f"actbench::max_pool2d_backward: argmax must be int8 with grad_out's shape {tuple(grad_out.shape)}, "
                          f"got {argmax.dtype} {tuple(argmax.shape)}")
+    windows = [pool_output_size(input_shape[-2:], kernel_size, stride, padding, dilation, ceil) for ceil in (False, True)]
+    torch._check(tuple(grad_out.shape[:-2]) == tuple(input_shape[:-2]) and tuple(grad_out.shape[-2:]) in windows,
+                 lambda: f"actbench::max_pool2d_backward: grad_out {tuple(grad_out.shape)} is not a max pool output of "
+                         f"input {tuple(input_shape)} (windows {windows[0]}, or {windows[1]} with ceil_mode)")
     return grad_out.new_empty(input_shape)
 
 

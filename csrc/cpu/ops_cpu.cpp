@@ -658,7 +658,9 @@ void pool_forward_planes(const at::Tensor& x, const Pool2d& p, int64_t planes, a
 // Scatter of each output's gradient to its argmax, outputs in descending order: every input then
 // adds its contributions in the order of the gather (pool_input_grad, the CUDA kernel's), starting
 // from 0, so the two agree bit for bit. fp32 accumulates in the output itself; 16-bit formats in
-// one float plane of scratch per task, rounded once at the end.
+// one float plane of scratch per task, rounded once at the end. An argmax naming a position outside
+// its window or outside the input (only a caller's own argmax can) adds nothing, as in the gather:
+// the scatter never writes outside the plane.
 template <int D>
 void pool_backward_planes(const at::Tensor& grad, const at::Tensor& arg, const Pool2d& p, int64_t planes,
                           at::Tensor& gin) {
@@ -667,25 +669,55 @@ void pool_backward_planes(const at::Tensor& grad, const at::Tensor& arg, const P
   const int8_t* a = arg.data_ptr<int8_t>();
   T* o = reinterpret_cast<T*>(gin.data_ptr());
   const int64_t in_plane = p.in_h * p.in_w, out_plane = p.out_h * p.out_w;
+  // window index (below 128: the int8 argmax) -> row and column offsets from the window's origin and
+  // their flat offset; an index past the window gets a row offset no bounds check lets through
+  const int64_t in_h = p.in_h, in_w = p.in_w, out_h = p.out_h, out_w = p.out_w, sh = p.sh, sw = p.sw;
+  const int window = p.kh * p.kw;
+  int64_t di[128], dj[128], offset[128];
+  for (int k = 0; k < 128; ++k) {
+    di[k] = k < window ? int64_t{k / p.kw} * p.dh : -(int64_t{1} << 40);
+    dj[k] = k < window ? int64_t{k % p.kw} * p.dw : 0;
+    offset[k] = k < window ? di[k] * in_w + dj[k] : 0;
+  }
+  // Windows wholly inside the input (rows with h0 >= 0 and h0 + span_h < in_h, columns ow_lo <= ow <
+  // ow_hi) take any index of the window without a bounds check; the border ones check each.
+  const int64_t span_h = int64_t{p.kh - 1} * p.dh, span_w = int64_t{p.kw - 1} * p.dw;
+  const int64_t ow_lo = std::min(out_w, (int64_t{p.pw} + sw - 1) / sw);
+  const int64_t last = in_w - 1 - span_w + p.pw;  // the largest ow * sw whose window ends inside
+  const int64_t ow_hi = std::max(ow_lo, std::min(out_w, last < 0 ? int64_t{0} : last / sw + 1));
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(D == kF32 ? 0 : in_plane);
-    std::vector<int64_t> offset(p.kh * p.kw);  // window index -> input offset from the window's origin
-    for (int i = 0; i < p.kh; ++i)
-      for (int j = 0; j < p.kw; ++j) offset[i * p.kw + j] = int64_t{i} * p.dh * p.in_w + int64_t{j} * p.dw;
     for (int64_t c = begin; c < end; ++c) {
       float* acc = D == kF32 ? reinterpret_cast<float*>(o + c * in_plane) : scratch.data();
       std::fill(acc, acc + in_plane, 0.0f);
       const T* gp = g + c * out_plane;
       const int8_t* ap = a + c * out_plane;
-      for (int64_t oh = p.out_h - 1; oh >= 0; --oh) {
-        const int64_t row = (oh * p.sh - p.ph) * p.in_w - p.pw;  // output (oh, 0)'s window origin
-        const T* grow = gp + oh * p.out_w;
-        const int8_t* arow = ap + oh * p.out_w;
-        for (int64_t ow = p.out_w - 1; ow >= 0; --ow) {
-          const int8_t k = arow[ow];
-          if (k < 0) continue;
-          acc[row + ow * p.sw + offset[k]] += Format<D>::load(grow[ow]);
+      for (int64_t oh = out_h - 1; oh >= 0; --oh) {
+        const int64_t h0 = oh * sh - p.ph;  // output (oh, ow)'s window origin: (h0, ow * sw - pw)
+        const T* grow = gp + oh * out_w;
+        const int8_t* arow = ap + oh * out_w;
+        auto checked = [&](int64_t from, int64_t to) {  // outputs from - 1 down to to
+          for (int64_t ow = from - 1; ow >= to; --ow) {
+            const int8_t k = arow[ow];
+            if (k < 0) continue;
+            const int64_t h = h0 + di[k], w = ow * sw - p.pw + dj[k];
+            const bool inside = static_cast<uint64_t>(h) < static_cast<uint64_t>(in_h) &&
+                                static_cast<uint64_t>(w) < static_cast<uint64_t>(in_w);
+            if (inside) acc[h * in_w + w] += Format<D>::load(grow[ow]);
+          }
+        };
+        if (h0 < 0 || h0 + span_h >= in_h) {
+          checked(out_w, 0);
+          continue;
         }
+        checked(out_w, ow_hi);
+        float* base = acc + h0 * in_w - p.pw;
+        for (int64_t ow = ow_hi - 1; ow >= ow_lo; --ow) {
+          const uint8_t k = static_cast<uint8_t>(arow[ow]);  // -1 (no window) becomes 255
+          if (k >= window) continue;
+          base[ow * sw + offset[k]] += Format<D>::load(grow[ow]);
+        }
+        checked(ow_lo, 0);
       }
       if constexpr (D != kF32) {
         T* op = o + c * in_plane;

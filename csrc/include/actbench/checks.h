@@ -163,13 +163,23 @@ inline Pool2d pool_backward_geometry(const at::Tensor& grad, const at::Tensor& a
                                      c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
                                      c10::IntArrayRef dilation, const char* op) {
   Pool2d p = pool_geometry(in_shape, kernel, stride, padding, dilation, false, op);
+  const Pool2d ceil = pool_geometry(in_shape, kernel, stride, padding, dilation, true, op);
   TORCH_CHECK(arg.scalar_type() == at::kChar && arg.sizes() == grad.sizes() &&
                   arg.dim() == static_cast<int64_t>(in_shape.size()),
               "actbench::", op, ": argmax must be int8 with grad_out's shape ", grad.sizes(), ", got ",
               arg.scalar_type(), " ", arg.sizes());
   check_same_device(grad, arg, op, "argmax");
-  p.out_h = grad.size(-2);
-  p.out_w = grad.size(-1);
+  // grad_out is the forward's output: the input's leading sizes, and its windows with or without ceil_mode
+  bool leading = true;
+  for (size_t d = 0; d + 2 < in_shape.size(); ++d) {
+    leading = leading && grad.size(static_cast<int64_t>(d)) == in_shape[d];
+  }
+  const int64_t oh = grad.size(-2), ow = grad.size(-1);
+  TORCH_CHECK(leading && ((oh == p.out_h && ow == p.out_w) || (oh == ceil.out_h && ow == ceil.out_w)), "actbench::",
+              op, ": grad_out ", grad.sizes(), " is not a max pool output of input ", in_shape, " (windows ", p.out_h,
+              "x", p.out_w, ", or ", ceil.out_h, "x", ceil.out_w, " with ceil_mode)");
+  p.out_h = oh;
+  p.out_w = ow;
   return p;
 }
 
