@@ -155,11 +155,10 @@ def test_each_host_copy_of_a_hook_strategy_is_also_a_call_of_its_python(strategy
     ``host_copy:<strategy>`` beside each host copy, and the model prices it like a layer's call."""
     from actbench.measure.host_probes import tiny_model
     from actbench import strategies
-    from actbench.planning.step_time import host_copy_kind
     from actbench.training.step import build_training_step
 
     images, targets = torch.randn(2, 3, 8, 8), torch.randint(0, 10, (2,))
-    recorder = OpRecorder(copy_call_kind=host_copy_kind(strategy))
+    recorder = OpRecorder.for_strategy(strategies.get(strategy))
     tracker = LiveStorageTracker(observer=recorder)
     step, _ = build_training_step(strategies.get(strategy), tiny_model(blocks=2), torch.device("cpu"),
                                   host_scope=tracker.host_allocations)

@@ -65,7 +65,8 @@ def probe_strategies(prof: DeviceProfile, device: torch.device, strategies: tupl
     targets = torch.randint(0, 10, (batch,), device=device)
     steps, probes = {}, {}
     for name in ("fp32", *strategies):
-        step, _ = build_training_step(registry.get(name), tiny_model(channels=channels).to(device), device)
+        strategy = registry.get(name)
+        step, _ = build_training_step(strategy, tiny_model(channels=channels).to(device), device)
         for _ in range(3):  # warm-up: the controller's first steps, lazily made state
             step.zero_grad()
             step(images, targets)
@@ -81,7 +82,7 @@ def probe_strategies(prof: DeviceProfile, device: torch.device, strategies: tupl
         copies = [op for op in recorder.ops if op.name in COPY_OPS and op.kind != STRATEGY_CALL]
         if name == "fp32":
             fp32_copies = len(copies)
-        elif _copies_from_a_hook(name) and len(copies) > fp32_copies:
+        elif strategy.copies_from_a_hook and len(copies) > fp32_copies:
             calls[host_copy_kind(name)] = len(copies) - fp32_copies
         # a copy op in memory reads and writes its bytes: half of what it moves is what it wrote
         copied = sum(op.bytes_moved // 2 for op in copies if op.kind == KERNEL)
@@ -98,15 +99,6 @@ def probe_strategies(prof: DeviceProfile, device: torch.device, strategies: tupl
     for name, (_, dispatched, calls, copied) in steps.items():
         probes[name] = StrategyProbe(fastest[name], dispatched, calls, copied)
     return probes
-
-
-def _copies_from_a_hook(name: str) -> bool:
-    """Whether strategy ``name`` copies saved tensors to the host from a saved-tensor hook of its own
-    (swap, save_on_cpu); L4 and L5 copy from their layers, whose calls are priced as layers."""
-    from actbench import strategies as registry
-
-    strategy = registry.get(name)
-    return strategy.uses_host_memory and not strategy.is_actnn_level
 
 
 def swap_copy_rate(prof: DeviceProfile, device: torch.device, host_op_s: float, rounds: int = 30,

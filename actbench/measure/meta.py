@@ -21,7 +21,7 @@ from actbench.planning.allocator_model import AllocatorConfig, pinned_host_peak,
 from actbench.measure.tracker import LiveStorageTracker
 from actbench.planning.device_models import DeviceModel
 from actbench.planning.point import Point
-from actbench.planning.step_time import OpCost, OpRecorder, fill_prediction, host_copy_kind
+from actbench.planning.step_time import OpCost, OpRecorder, fill_prediction
 from actbench.training.models import grown_resnet152_layers, real_depth
 from actbench.schema import GROWABLE_MODEL, Measurement, PointConfig
 from actbench.strategies import StrategyOptions
@@ -146,8 +146,7 @@ class MetaSessions:
             if key != self._key:
                 _warm_optimizer_state(session.step, session.trained)
             session.step.zero_grad()
-            recorder = OpRecorder(overlaps_copies=point.strategy.overlaps_host_copies,
-                                  copy_call_kind=host_copy_kind(point.strategy.name))
+            recorder = OpRecorder.for_strategy(point.strategy)
             tracker = LiveStorageTracker(record=True, observer=recorder if record_ops else None)
             session.host_scope.tracker = tracker
             file_offloads_as_host(session.step.model, tracker)

@@ -22,7 +22,7 @@ from actbench.measure.accounting import (check_budget, check_host_budget, classi
 from actbench.measure.tracker import LiveStorageTracker, OpObserver
 from actbench.training.models import real_depth
 from actbench.planning.point import Point
-from actbench.planning.step_time import OpRecorder, fill_prediction, host_copy_kind
+from actbench.planning.step_time import OpRecorder, fill_prediction
 from actbench.schema import Measurement
 from actbench.strategies import StrategyOptions
 from actbench.training.step import TrainingStep, build_training_step
@@ -124,8 +124,7 @@ def _measure_into(point: Point, prof: DeviceProfile, result: Measurement,
     prof.prepare(device, point.budget_bytes)
     model = _built_and_counted(point, device, result, fault)
     speed_model = point.speed_model
-    recorder = OpRecorder(overlaps_copies=point.strategy.overlaps_host_copies,
-                          copy_call_kind=host_copy_kind(point.strategy.name))
+    recorder = OpRecorder.for_strategy(point.strategy)
     tracker = None if prof.has_caching_allocator else LiveStorageTracker(
         observer=recorder if speed_model is not None else None)
     host_scope = tracker.host_allocations if tracker is not None else contextlib.nullcontext

@@ -9,12 +9,15 @@ docs/design.md §11.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from actbench.core.compat import op_bytes_moved, op_flops
 from actbench.planning.device_models import DeviceModel
+
+if TYPE_CHECKING:
+    from actbench.strategies import Strategy
 
 #: Op kinds of a record: a device kernel, a copy between device and host (serial or overlapped), host-only,
 #: and a call of a strategy's own Python (an ActNN layer, a checkpoint segment), named by what it is.
@@ -69,6 +72,13 @@ class OpRecorder:
     copy_call_kind: str | None = None
     ops: list[OpCost] = field(default_factory=list)
     _hook: Any = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def for_strategy(cls, strategy: "Strategy") -> "OpRecorder":
+        """The recorder of a step trained under ``strategy``: its copies on a
+        side stream where it offloads from its layers, a call beside each copy its own hook makes."""
+        return cls(overlaps_copies=strategy.overlaps_host_copies,
+                   copy_call_kind=host_copy_kind(strategy.name) if strategy.copies_from_a_hook else None)
 
     def start(self) -> None:
         """Also write down the strategy's own Python calls until :meth:`stop`: a module with a

@@ -69,6 +69,12 @@ class Strategy:
         """Its host copies run on a side stream where the device has one (ActNN's offloading levels)."""
         return self.is_actnn_level and self.uses_host_memory
 
+    @property
+    def copies_from_a_hook(self) -> bool:
+        """Its saved tensors go to the host from a saved-tensor hook of its own (swap, save_on_cpu), whose
+        Python runs once per copy; ActNN's offloading levels copy from their layers, priced as layers."""
+        return self.uses_host_memory and not self.is_actnn_level
+
     def with_parameter(self, value: str) -> "Strategy":
         """This strategy with its parameter set from ``NAME@VALUE``; ValueError (one line) if it takes none."""
         raise ValueError(f"strategy '{self.name}' takes no parameter, got '{self.name}@{value}'")
