@@ -4,7 +4,7 @@ Trains the accuracy experiment's network (``experiments/accuracy_vs_bits.toml``:
 small ViT) at fp32 for ``--pre-steps`` SGD steps, then measures, on one batch of 64:
 
 * the SGD variance: sum over parameters of the variance of batch-64 gradients around the gradient
-  of 2048 training images;
+  of ``--sgd-images`` training images (2048);
 * the compression variance: sum over parameters of the variance of the compressed gradient across
   ``--draws`` rounding draws of the same batch, at L3 (mixed precision, 2 bits average; Q and K at
   4) and at uniform 2 bits.
@@ -50,7 +50,11 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(CONFIGS), default="vit")
     parser.add_argument("--pre-steps", type=int, default=150, help="fp32 SGD steps before measuring")
     parser.add_argument("--draws", type=int, default=12, help="rounding draws per level")
+    parser.add_argument("--sgd-images", type=int, default=2048,
+                        help="training images whose gradient the batch-64 gradients vary around (a multiple of 64)")
     args = parser.parse_args()
+    if args.sgd_images < 128 or args.sgd_images % 64:
+        parser.error(f"--sgd-images must be a multiple of 64 and at least 128 (two batches), got {args.sgd_images}")
     torch.set_num_threads(1)
     cfg = CONFIGS[args.model]
     data = make_data(cfg)
@@ -62,12 +66,13 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(data.train_x[idx]), data.train_y[idx]).backward()
         opt.step()
-    full = _gradient(model, data.train_x[:2048], data.train_y[:2048])
-    batches = [_gradient(model, data.train_x[i:i + 64], data.train_y[i:i + 64]) for i in range(0, 2048, 64)]
+    n = min(args.sgd_images, data.train_x.shape[0] // 64 * 64)
+    full = _gradient(model, data.train_x[:n], data.train_y[:n])
+    batches = [_gradient(model, data.train_x[i:i + 64], data.train_y[i:i + 64]) for i in range(0, n, 64)]
     sgd = float(sum(((g - full) ** 2).sum() for g in batches) / len(batches))
     x, y = data.train_x[:64], data.train_y[:64]
     l3 = _level(cfg, 2.0)
-    print(f"{cfg.row_model()} after {args.pre_steps} fp32 steps: SGD variance (batch 64) {sgd:.4g}")
+    print(f"{cfg.row_model()} after {args.pre_steps} fp32 steps: SGD variance (batch 64, around {n} images) {sgd:.4g}")
     for name, level in (("L3 (2 bits average)", l3), ("uniform 2 bits", l3.replace(mixed_precision=False))):
         var = compression_variance(model, level, x, y, args.draws)
         print(f"  {name:20s} compression variance {var:.4g} = {var / sgd:.3f} x SGD")

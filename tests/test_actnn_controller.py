@@ -281,10 +281,10 @@ def test_allocation_noise_script_runs():
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "allocation_noise.py"
-    res = subprocess.run([sys.executable, str(script), "--model", "resnet", "--pre-steps", "2", "--draws", "2"],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, str(script), "--model", "resnet", "--pre-steps", "2", "--draws", "2",
+                          "--sgd-images", "256"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     lines = res.stdout.splitlines()
-    assert lines[0].startswith("cifar_resnet8 after 2 fp32 steps: SGD variance (batch 64)")
+    assert lines[0].startswith("cifar_resnet8 after 2 fp32 steps: SGD variance (batch 64, around 256 images)")
     ratios = [float(line.rsplit("=", 1)[1].split("x")[0]) for line in lines[1:]]
     assert len(ratios) == 2 and all(math.isfinite(r) and r > 0 for r in ratios), lines

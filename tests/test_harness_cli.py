@@ -254,7 +254,7 @@ def test_ctrl_c_keeps_finished_rows(tmp_path) -> None:
                 break
             time.sleep(0.5)
         assert rows_path is not None, "first point never finished"
-        time.sleep(2)  # let the second (hanging) child start
+        time.sleep(0.5)  # the worker that wrote the first row is on the second (hanging) point by now
         status = Path(f"/proc/{proc.pid}/status").read_text()
         sig_lines = [ln for ln in status.splitlines() if ln.startswith(("SigBlk", "SigIgn", "SigCgt"))]
         proc.send_signal(signal.SIGINT)

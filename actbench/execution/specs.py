@@ -410,8 +410,8 @@ class CommandSpec:
                            self._summary("max", dim=self.dim, budget_bytes=settings.budget_bytes))
         cfg = GridConfig(self.command, spec, self.resolved_strategies(), self.batch_sizes(), size, settings)
         name = run_name(self.command, spec.label(), self.device, size, cfg.identity())
-        return RunPlan(name, self.command, cfg, run_grid, len(cfg.points()), tuple(p.describe() for p in cfg.points()),
-                       None)
+        points = cfg.points()
+        return RunPlan(name, self.command, cfg, run_grid, len(points), tuple(p.describe() for p in points), None)
 
     def _summary(self, what: str, **extra: Any) -> Callable[[Any], dict[str, Any]]:
         command = self.command
