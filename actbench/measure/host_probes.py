@@ -53,16 +53,16 @@ def tiny_model(blocks: int = 4, channels: int = 8) -> nn.Module:
 
 
 def probe_strategies(prof: DeviceProfile, device: torch.device, strategies: tuple[str, ...], rounds: int,
-                     batch: int = 2, side: int = 8, channels: int = 8) -> dict[str, StrategyProbe]:
-    """fp32 and each of ``strategies`` on the tiny model (``channels`` wide, ``batch`` images of ``side``
+                     batch_size: int = 2, side: int = 8, channels: int = 8) -> dict[str, StrategyProbe]:
+    """fp32 and each of ``strategies`` on the tiny model (``channels`` wide, ``batch_size`` images of ``side``
     pixels): ``rounds`` steps each, interleaved so that a shared machine's load falls on all alike; the
     fastest step of each (host cost is a floor)."""
     from actbench import strategies as registry
     from actbench.training.step import build_training_step
 
     torch.manual_seed(0)
-    images = torch.randn(batch, 3, side, side, device=device)
-    targets = torch.randint(0, 10, (batch,), device=device)
+    images = torch.randn(batch_size, 3, side, side, device=device)
+    targets = torch.randint(0, 10, (batch_size,), device=device)
     steps, probes = {}, {}
     for name in ("fp32", *strategies):
         strategy = registry.get(name)
@@ -110,7 +110,7 @@ def swap_copy_rate(prof: DeviceProfile, device: torch.device, host_op_s: float, 
     ``side`` px: megabytes a tensor) over its time beyond fp32's, less ``host_op_s`` per extra op and
     ``copy_call_s`` (strategy-call seconds by kind) per hook call."""
     copy_call_s = copy_call_s or {}
-    probes = probe_strategies(prof, device, ("swap",), rounds, batch=4, side=side, channels=32)
+    probes = probe_strategies(prof, device, ("swap",), rounds, batch_size=4, side=side, channels=32)
     base, swap = probes["fp32"], probes["swap"]
     hooks = sum(count * copy_call_s.get(kind, 0.0) for kind, count in swap.calls.items())
     extra = swap.seconds - base.seconds - (swap.dispatched - base.dispatched) * host_op_s - hooks
