@@ -53,10 +53,11 @@ def main() -> None:
     parser.add_argument("--sgd-images", type=int, default=2048,
                         help="training images whose gradient the batch-64 gradients vary around (a multiple of 64)")
     args = parser.parse_args()
-    if args.sgd_images < 128 or args.sgd_images % 64:
-        parser.error(f"--sgd-images must be a multiple of 64 and at least 128 (two batches), got {args.sgd_images}")
-    torch.set_num_threads(1)
     cfg = CONFIGS[args.model]
+    if args.sgd_images < 128 or args.sgd_images % 64 or args.sgd_images > cfg.train_size:
+        parser.error(f"--sgd-images must be a multiple of 64 from 128 (two batches) to {cfg.train_size} (the "
+                     f"training set), got {args.sgd_images}")
+    torch.set_num_threads(1)
     data = make_data(cfg)
     model = cfg.build_model()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr * 0.5, momentum=0.9)
@@ -66,7 +67,7 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(data.train_x[idx]), data.train_y[idx]).backward()
         opt.step()
-    n = min(args.sgd_images, data.train_x.shape[0] // 64 * 64)
+    n = args.sgd_images
     full = _gradient(model, data.train_x[:n], data.train_y[:n])
     batches = [_gradient(model, data.train_x[i:i + 64], data.train_y[i:i + 64]) for i in range(0, n, 64)]
     sgd = float(sum(((g - full) ** 2).sum() for g in batches) / len(batches))
