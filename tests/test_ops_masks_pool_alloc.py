@@ -265,3 +265,29 @@ def _gathered(grad, arg, shape, kernel, stride, padding, dilation) -> torch.Tens
                 acc = acc + grad[b, c, oh, ow]
         expected[b, c, h, w] = acc
     return expected
+
+
+def test_outputs_of_a_mib_and_more_hold_what_the_references_compute():
+    """Outputs of 1 MiB and more have their pages mapped before the kernel writes them (docs/design.md
+    §2, "Fresh outputs"); every op that makes one must still write all of it. Each output here is
+    1-8 MiB, above the threshold, and compared whole with the oracle or torch's own op."""
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(8, 64, 64, 64, generator=gen)  # 8 MiB of fp32
+    ext = ops.quantize(x, 8, seed_offset=(3, 4))  # 8-bit codes: 2 MiB
+    ref = ops.quantize(x, 8, seed_offset=(3, 4), backend="oracle")
+    assert ext.codes.numel() >= 2**20 and torch.equal(ext.codes, ref.codes)
+    assert torch.equal(ops.dequantize(ext), ops.dequantize(ref, backend="oracle"))
+    y = torch.relu(x)
+    packed = ops.pack_mask(y)
+    assert torch.equal(ops.unpack_mask(packed, y.shape), y > 0)
+    grad = torch.randn(x.shape, generator=gen)
+    assert torch.equal(ops.apply_mask(grad, packed), torch.ops.aten.threshold_backward(grad, y, 0))
+    big = torch.randn(32, 64, 64, 64, generator=gen)  # 32 MiB: a pool output of 8 MiB, its argmax 2 MiB
+    kernel, stride, padding, dilation, ceil_mode = POOLS[0]
+    ref_out, idx = torch.ops.aten.max_pool2d_with_indices(big, kernel, stride, padding, dilation, ceil_mode)
+    out, arg = ops.max_pool2d_with_argmax(big, kernel, stride, padding, dilation, ceil_mode)
+    assert arg.numel() >= 2**20 and torch.equal(out, ref_out)
+    g = torch.randn(out.shape, generator=gen)
+    expected = torch.ops.aten.max_pool2d_with_indices_backward(g, big, kernel, stride, padding, dilation, ceil_mode, idx)
+    torch.testing.assert_close(ops.max_pool2d_backward(g, arg, big.shape, kernel, stride, padding, dilation),
+                               expected, atol=1e-6, rtol=1e-6)

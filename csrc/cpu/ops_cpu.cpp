@@ -15,6 +15,11 @@
 #include <utility>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
 #include "actbench/checks.h"
 #include "actbench/quant_math.h"
 
@@ -33,6 +38,34 @@ constexpr int64_t kGroupGrain = 16;  // groups per parallel task: ~16 KiB of fp3
 // caller's variables through memory, and a store through a byte pointer (uint8_t, bool, int8_t)
 // may alias any of them, so the compiler reloads them on every iteration and does not vectorize.
 // Loops that store bytes therefore copy the pointers they use into locals of the body first.
+
+// An op's output, its pages mapped before the op writes it. A large tensor is fresh memory (its own
+// mmap), and a fault per 4 KiB page cost more than the arithmetic of the ops that write one: 256 MiB
+// is 65,536 faults, about 75 of max_pool2d_backward's 100 ms here (docs/design.md §2, "Fresh
+// outputs"). MADV_POPULATE_WRITE (Linux 5.14) maps a range in one call without writing it, and
+// two threads each mapping half took the faults' time below torch's own fill of fresh memory.
+// Pages already mapped stay as they are; where the call is refused (an older kernel) the op
+// faults as before.
+constexpr int64_t kPopulateMinBytes = int64_t{1} << 20;  // below: one page-table walk saves little
+constexpr int64_t kPopulatePagesPerTask = 1024;          // 4 MiB a call with 4 KiB pages
+constexpr int kMadvPopulateWrite = 23;                   // MADV_POPULATE_WRITE, for older headers
+
+at::Tensor empty_output(c10::IntArrayRef shape, const at::TensorOptions& options) {
+  at::Tensor out = at::empty(shape, options);
+#if defined(__linux__)
+  const int64_t bytes = out.numel() * static_cast<int64_t>(out.element_size());
+  if (bytes >= kPopulateMinBytes) {
+    static const uintptr_t kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t start = reinterpret_cast<uintptr_t>(out.data_ptr());
+    const uintptr_t first = (start + kPage - 1) & ~(kPage - 1), last = (start + bytes) & ~(kPage - 1);
+    const int64_t pages = last > first ? static_cast<int64_t>((last - first) / kPage) : 0;
+    at::parallel_for(0, pages, kPopulatePagesPerTask, [&](int64_t begin, int64_t end) {
+      (void)madvise(reinterpret_cast<void*>(first + begin * kPage), (end - begin) * kPage, kMadvPopulateWrite);
+    });
+  }
+#endif
+  return out;
+}
 
 // Whether this CPU runs the AVX2 functions (asked once).
 inline bool has_avx2() {
@@ -312,7 +345,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_impl(const char* op, con
   int code = dtype_code(x_in.scalar_type(), op, "x");
   const bool fused = check_minmax(x_in, mn_in, mx_in, gr, op);
   at::Tensor x = x_in.contiguous(), mn = mn_in.contiguous(), mx = mx_in.contiguous();
-  at::Tensor codes = at::empty({gr.chunks_per_sample() * total_bits}, x.options().dtype(at::kByte));
+  at::Tensor codes = empty_output({gr.chunks_per_sample() * total_bits}, x.options().dtype(at::kByte));
   at::Tensor lo = at::empty({gr.n, gr.g}, x.options().dtype(at::kBFloat16));
   at::Tensor scale = at::empty({gr.n, gr.g}, x.options().dtype(at::kBFloat16));
   auto* pc = codes.data_ptr<uint8_t>();
@@ -362,7 +395,7 @@ at::Tensor dequantize_impl(const char* op, const at::Tensor& codes_in, const at:
   TORCH_CHECK(codes_in.numel() == gr.chunks_per_sample() * total_bits, "actbench::", op, ": codes must hold ",
               gr.chunks_per_sample() * total_bits, " bytes for shape ", shape, ", got ", codes_in.numel());
   at::Tensor codes = codes_in.contiguous(), lo = lo_in.contiguous(), scale = scale_in.contiguous();
-  at::Tensor out = at::empty(shape, codes.options().dtype(dtype));
+  at::Tensor out = empty_output(shape, codes.options().dtype(dtype));
   const auto* pc = codes.data_ptr<uint8_t>();
   const auto* pl = reinterpret_cast<const uint16_t*>(lo.data_ptr());
   const auto* ps = reinterpret_cast<const uint16_t*>(scale.data_ptr());
@@ -446,7 +479,7 @@ at::Tensor pack_mask_cpu(const at::Tensor& mask_in) {
   const int code = mask_code(mask_in.scalar_type(), op);
   at::Tensor mask = mask_in.contiguous();
   const int64_t numel = mask.numel();
-  at::Tensor out = at::empty({(numel + 7) / 8}, mask.options().dtype(at::kByte));
+  at::Tensor out = empty_output({(numel + 7) / 8}, mask.options().dtype(at::kByte));
   uint8_t* o = out.data_ptr<uint8_t>();
   const void* m = mask.data_ptr();
   switch (code) {
@@ -480,7 +513,7 @@ at::Tensor unpack_mask_cpu(const at::Tensor& packed_in, c10::SymIntArrayRef shap
   c10::IntArrayRef shape = C10_AS_INTARRAYREF_SLOW(shape_sym);
   const int64_t numel = check_unpack_mask(packed_in, shape, "unpack_mask");
   at::Tensor packed = packed_in.contiguous();
-  at::Tensor out = at::empty(shape, packed.options().dtype(at::kBool));
+  at::Tensor out = empty_output(shape, packed.options().dtype(at::kBool));
   const uint8_t* p = packed.data_ptr<uint8_t>();
   bool* o = out.data_ptr<bool>();
   const SpreadTable& table = spread_table();
@@ -560,7 +593,7 @@ at::Tensor apply_mask_cpu(const at::Tensor& grad_in, const at::Tensor& packed_in
   const int code = dtype_code(grad_in.scalar_type(), op, "grad");
   const int64_t numel = check_unpack_mask(packed_in, grad_in.sizes(), op);
   at::Tensor grad = grad_in.contiguous(), packed = packed_in.contiguous();
-  at::Tensor out = at::empty(grad.sizes(), grad.options());
+  at::Tensor out = empty_output(grad.sizes(), grad.options());
   const uint8_t* p = packed.data_ptr<uint8_t>();
   const float s = static_cast<float>(scale);
   switch (code) {
@@ -735,7 +768,7 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_with_argmax_cpu(const at::Tensor& 
   int code = dtype_code(x_in.scalar_type(), op, "x");
   at::Tensor x = x_in.contiguous();
   std::vector<int64_t> shape = pool_output_shape(x.sizes(), p);
-  at::Tensor out = at::empty(shape, x.options()), arg = at::empty(shape, x.options().dtype(at::kChar));
+  at::Tensor out = empty_output(shape, x.options()), arg = empty_output(shape, x.options().dtype(at::kChar));
   int64_t planes = x.numel() / (p.in_h * p.in_w);
   switch (code) {
     case kF32: pool_forward_planes<kF32>(x, p, planes, out, arg); break;
@@ -754,7 +787,7 @@ at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_in, const at::Tensor& 
   Pool2d p = pool_backward_geometry(grad_in, arg_in, in_shape, kernel, stride, padding, dilation, op);
   int code = dtype_code(grad_in.scalar_type(), op, "grad_out");
   at::Tensor grad = grad_in.contiguous(), arg = arg_in.contiguous();
-  at::Tensor gin = at::empty(in_shape, grad.options());
+  at::Tensor gin = empty_output(in_shape, grad.options());
   int64_t planes = gin.numel() / (p.in_h * p.in_w);
   switch (code) {
     case kF32: pool_backward_planes<kF32>(grad, arg, p, planes, gin); break;
