@@ -39,16 +39,24 @@ constexpr int64_t kGroupGrain = 16;  // groups per parallel task: ~16 KiB of fp3
 // may alias any of them, so the compiler reloads them on every iteration and does not vectorize.
 // Loops that store bytes therefore copy the pointers they use into locals of the body first.
 
-// An op's output, its pages mapped before the op writes it. A large tensor is fresh memory (its own
-// mmap), and a fault per 4 KiB page cost more than the arithmetic of the ops that write one: 256 MiB
-// is 65,536 faults, about 75 of max_pool2d_backward's 100 ms here (docs/design.md §2, "Fresh
-// outputs"). MADV_POPULATE_WRITE (Linux 5.14) maps a range in one call without writing it, and
+// An op's output, its pages mapped before the op writes it. A large tensor is often fresh memory
+// (its own mmap), and a fault per 4 KiB page cost more than the arithmetic of the ops that write
+// one: 256 MiB is 65,536 faults, about 75 of max_pool2d_backward's 100 ms here (docs/design.md §2,
+// "Fresh outputs"). MADV_POPULATE_WRITE (Linux 5.14) maps a range in one call without writing it;
 // two threads each mapping half took the faults' time below torch's own fill of fresh memory.
-// Pages already mapped stay as they are; where the call is refused (an older kernel) the op
-// faults as before.
-constexpr int64_t kPopulateMinBytes = int64_t{1} << 20;  // below: one page-table walk saves little
+// Walking pages that are already mapped costs about 30 us a MiB, nearly a fill, so a block the
+// heap hands back mapped (its first, middle and last pages resident) is left alone. Where a call
+// is refused (an older kernel) the op faults as before.
+constexpr int64_t kPopulateMinBytes = int64_t{1} << 20;  // below: three residency checks cost more
 constexpr int64_t kPopulatePagesPerTask = 1024;          // 4 MiB a call with 4 KiB pages
 constexpr int kMadvPopulateWrite = 23;                   // MADV_POPULATE_WRITE, for older headers
+
+#if defined(__linux__)
+bool page_resident(uintptr_t page, uintptr_t page_size) {
+  unsigned char v = 0;
+  return mincore(reinterpret_cast<void*>(page), page_size, &v) == 0 && (v & 1) != 0;
+}
+#endif
 
 at::Tensor empty_output(c10::IntArrayRef shape, const at::TensorOptions& options) {
   at::Tensor out = at::empty(shape, options);
@@ -59,9 +67,13 @@ at::Tensor empty_output(c10::IntArrayRef shape, const at::TensorOptions& options
     const uintptr_t start = reinterpret_cast<uintptr_t>(out.data_ptr());
     const uintptr_t first = (start + kPage - 1) & ~(kPage - 1), last = (start + bytes) & ~(kPage - 1);
     const int64_t pages = last > first ? static_cast<int64_t>((last - first) / kPage) : 0;
-    at::parallel_for(0, pages, kPopulatePagesPerTask, [&](int64_t begin, int64_t end) {
-      (void)madvise(reinterpret_cast<void*>(first + begin * kPage), (end - begin) * kPage, kMadvPopulateWrite);
-    });
+    const bool mapped = pages > 0 && page_resident(first, kPage) && page_resident(first + pages / 2 * kPage, kPage) &&
+                        page_resident(last - kPage, kPage);
+    if (!mapped) {
+      at::parallel_for(0, pages, kPopulatePagesPerTask, [&](int64_t begin, int64_t end) {
+        (void)madvise(reinterpret_cast<void*>(first + begin * kPage), (end - begin) * kPage, kMadvPopulateWrite);
+      });
+    }
   }
 #endif
   return out;
