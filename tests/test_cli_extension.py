@@ -121,6 +121,28 @@ def test_time_call_samples_per_device(monkeypatch, device, calls_per_sample):
     assert len(syncs) == 1 + 2 * 4
 
 
+def test_time_calls_takes_each_functions_samples_in_turn(monkeypatch):
+    """The copy, an op and torch's op are sampled round by round, each round starting one further
+    along, so a drift in the machine's speed reaches all three; each gets its own median and IQR."""
+    monkeypatch.setattr(kernel_bench, "_sync", lambda dev: None)
+    order, now = [], [0.0]
+    cost = {"copy": 1.0, "extension": 2.0, "torch": 4.0}
+
+    def call(name):  # a call lasts its cost, 10 % longer in each timed round than in the one before
+        order.append(name)
+        timed_round = max(0, len(order) - 1 - len(cost)) // len(cost)
+        now[0] += cost[name] * 1.1**timed_round
+
+    fns = {name: (lambda name=name: call(name)) for name in cost}
+    result = kernel_bench.time_calls(fns, "cpu", repeats=3, clock=lambda: now[0])
+    assert order[:3] == ["copy", "extension", "torch"]  # one warm-up call each
+    assert order[3:] == ["copy", "extension", "torch", "extension", "torch", "copy", "torch", "copy", "extension"]
+    for name, c in cost.items():
+        median, iqr = result[name]
+        assert median == pytest.approx(c * 1.1) and iqr > 0  # the middle round's sample
+    assert result["extension"][0] / result["copy"][0] == pytest.approx(2.0)  # the drift reaches both alike
+
+
 def test_bench_actnn_quick_writes_ratios_to_fp32(tmp_path):
     """The quick variant runs throughput in a child and writes each strategy's img/s and ratio to fp32."""
     result = runner.invoke(app, ["bench-actnn", "--quick", "--out", str(tmp_path)])

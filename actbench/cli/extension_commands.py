@@ -94,9 +94,10 @@ def bench_kernels(
     min/max, mask pack/unpack/apply (pack and unpack against x > 0, apply against
     threshold_backward) and the max pool with its backward (against max_pool2d_with_indices). Sizes
     that cannot fit in memory are refused before anything runs. Rates are GB/s of fp32 input. Each
-    size also times x.clone() in the same run: the bandwidth ceiling the kernels are judged against
-    (targets at 256 MiB: >= 90% of copy and no slower than torch's op, on CPU also >= 5x the
-    oracle). On cuda each timed sample is 10 back-to-back calls between two
+    op is timed in turn with x.clone() of its input, the bandwidth ceiling the kernels are judged
+    against, and with torch's op, one sample of each per round (targets at 256 MiB: >= 90% of copy
+    and no slower than torch's op, on CPU also >= 5x the oracle). On cuda each timed sample is 10
+    back-to-back calls between two
     synchronisations (the ops never synchronise, so launches overlap kernels as in training).
     Writes kernels.csv and env.json; prints a table.
     """

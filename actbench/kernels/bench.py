@@ -1,10 +1,12 @@
 """``actbench bench-kernels``: throughput of every op of the extension.
 
 Rates are GB/s of fp32 activation (bytes of the activation an op compresses, restores, masks or
-pools, per second), measured beside a plain ``x.clone()`` of the same tensor timed just before
-each op -- the bandwidth ceiling -- and beside torch's own op where one exists (``threshold_backward`` for the
+pools, per second), measured beside a plain ``x.clone()`` of the same tensor -- the bandwidth
+ceiling -- and beside torch's own op where one exists (``threshold_backward`` for the
 mask applied to a gradient, ``x > 0`` -- the bool mask torch would keep -- for taking and for
-unpacking a mask, ``max_pool2d_with_indices`` and its backward for the pool).
+unpacking a mask, ``max_pool2d_with_indices`` and its backward for the pool). The copy, the op and
+torch's op are timed in turn, one sample each per round (:func:`time_calls`), so a machine whose
+bandwidth drifts within a run moves all three alike, not one of them.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class KernelRow:
     seconds_median: float
     seconds_iqr: float
     input_gb_per_s: float
-    copy_gb_per_s: float  # x.clone() timed just before this op (for the copy row: its own rate)
+    copy_gb_per_s: float  # x.clone() timed in turn with this op (for the copy row: its own rate)
     fraction_of_copy: float
     speedup_vs_oracle: float | None
     speedup_vs_torch: float | None  # torch's equivalent op's seconds / the extension's
@@ -64,17 +66,36 @@ def _sync(device: str) -> None:
 def time_call(fn: Callable[[], object], device: str, repeats: int,
               clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
     """Median and interquartile range, over ``repeats`` samples after one warm-up call, of seconds per call."""
+    return time_calls({"": fn}, device, repeats, clock)[""]
+
+
+def time_calls(fns: dict[str, Callable[[], object]], device: str, repeats: int,
+               clock: Callable[[], float] = time.perf_counter) -> dict[str, tuple[float, float]]:
+    """:func:`time_call` for several functions at once, their samples taken in turn.
+
+    Each round takes one sample of every function, starting one further along each time, so none
+    always follows the same one. Timed back to back instead, a copy measured before an op could run
+    15 % faster or slower than the machine then ran the op (bench-kernels on a shared 2-core cpu),
+    and the op's share of the copy moved by as much.
+    """
     calls = profile(device).kernel_calls_per_sample
-    fn()
+    names = list(fns)
+    for name in names:
+        fns[name]()
     _sync(device)
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = clock()
-        for _ in range(calls):
-            fn()
-        _sync(device)
-        times.append((clock() - start) / calls)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            _sync(device)
+            start = clock()
+            for _ in range(calls):
+                fns[name]()
+            _sync(device)
+            times[name].append((clock() - start) / calls)
+    return {name: _median_and_iqr(samples) for name, samples in times.items()}
+
+
+def _median_and_iqr(times: list[float]) -> tuple[float, float]:
     q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
     return statistics.median(times), q[2] - q[0]
 
@@ -125,13 +146,15 @@ def run(config: KernelBenchConfig, on_row: Callable[[KernelRow], None] | None = 
         cases = [(name, bits) for name, per_bits in OPS_BENCHED for bits in (config.bits if per_bits else (None,))]
         for name, bits in cases:
             backends = _backends(name, x, bits, size_mib <= config.oracle_max_mib)
-            # the copy again, just before this op: on a shared machine the bandwidth left over
-            # drifts within a run, and an op is judged against the copy measured beside it
-            copy_rate = nbytes / time_call(lambda: x.clone(), config.device, config.repeats)[0] / 1e9
+            # the copy again, in turn with this op and torch's: on a shared machine the bandwidth
+            # left over drifts within a run, and an op is judged against the copy measured beside it
+            in_turn = {"copy": lambda: x.clone(), **{b: fn for b, fn in backends if b != "oracle"}}
+            timed = time_calls(in_turn, config.device, config.repeats)
+            copy_rate = nbytes / timed.pop("copy")[0] / 1e9
             measured = {}
-            for backend, fn in backends:
-                repeats = config.repeats if backend != "oracle" else max(1, min(config.repeats, 3))
-                measured[backend] = time_call(fn, config.device, repeats)
+            for backend, fn in backends:  # the oracle, 20x slower, alone and at most 3 times
+                measured[backend] = timed[backend] if backend in timed else time_call(
+                    fn, config.device, max(1, min(config.repeats, 3)))
             ref_s = measured.get("oracle", (None, None))[0]
             torch_s = measured.get("torch", (None, None))[0]
             for backend, (sec, iqr) in measured.items():
