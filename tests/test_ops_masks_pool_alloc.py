@@ -269,8 +269,9 @@ def _gathered(grad, arg, shape, kernel, stride, padding, dilation) -> torch.Tens
 
 def test_outputs_of_a_mib_and_more_hold_what_the_references_compute():
     """Outputs of 1 MiB and more have their pages mapped before the kernel writes them (docs/design.md
-    §2, "Fresh outputs"); every op that makes one must still write all of it. Each output here is
-    1-8 MiB, above the threshold, and compared whole with the oracle or torch's own op."""
+    §2, "Fresh outputs"); every op that makes one must still write all of it. Each output checked
+    here is 1-8 MiB, at or above the threshold, and compared whole with the oracle or torch's own op
+    (a mask packed from 32 MiB of fp32 is 1 MiB, checked by unpacking it)."""
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(8, 64, 64, 64, generator=gen)  # 8 MiB of fp32
     ext = ops.quantize(x, 8, seed_offset=(3, 4))  # 8-bit codes: 2 MiB
@@ -283,6 +284,8 @@ def test_outputs_of_a_mib_and_more_hold_what_the_references_compute():
     grad = torch.randn(x.shape, generator=gen)
     assert torch.equal(ops.apply_mask(grad, packed), torch.ops.aten.threshold_backward(grad, y, 0))
     big = torch.randn(32, 64, 64, 64, generator=gen)  # 32 MiB: a pool output of 8 MiB, its argmax 2 MiB
+    big_packed = ops.pack_mask(torch.relu(big))
+    assert big_packed.numel() == 2**20 and torch.equal(ops.unpack_mask(big_packed, big.shape), big > 0)
     kernel, stride, padding, dilation, ceil_mode = POOLS[0]
     ref_out, idx = torch.ops.aten.max_pool2d_with_indices(big, kernel, stride, padding, dilation, ceil_mode)
     out, arg = ops.max_pool2d_with_argmax(big, kernel, stride, padding, dilation, ceil_mode)

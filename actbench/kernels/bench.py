@@ -152,7 +152,7 @@ def run(config: KernelBenchConfig, on_row: Callable[[KernelRow], None] | None = 
             timed = time_calls(in_turn, config.device, config.repeats)
             copy_rate = nbytes / timed.pop("copy")[0] / 1e9
             measured = {}
-            for backend, fn in backends:  # the oracle, 20x slower, alone and at most 3 times
+            for backend, fn in backends:  # the oracle, many times slower, alone and at most 3 times
                 measured[backend] = timed[backend] if backend in timed else time_call(
                     fn, config.device, max(1, min(config.repeats, 3)))
             ref_s = measured.get("oracle", (None, None))[0]
