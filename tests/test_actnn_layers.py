@@ -108,20 +108,50 @@ LAYER_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,make,shape", LAYER_CASES, ids=[c[0] for c in LAYER_CASES])
-def test_layer_matches_torch_twin_at_l0(backend, name, make, shape):
+# At L0 a conv or linear twin runs torch's own layer (LayerSlot.passes_through); with every saved
+# tensor swapped ("all"), still exact, its autograd function runs, so its arithmetic is held here too.
+TWIN_FUNCTION_CASES = [c for c in LAYER_CASES if c[0].startswith(("conv", "linear"))]
+
+
+@pytest.mark.parametrize(
+    "name,make,shape,swap",
+    [(*c, False) for c in LAYER_CASES] + [(*c, True) for c in TWIN_FUNCTION_CASES],
+    ids=[c[0] for c in LAYER_CASES] + [f"{c[0]}-function" for c in TWIN_FUNCTION_CASES],
+)
+def test_layer_matches_torch_twin_at_l0(backend, name, make, shape, swap):
     torch.manual_seed(0)
     module = make().train()
     x = torch.randn(shape) * 3
     ref_module = copy.deepcopy(module)
     ref_out, ref = _grads(ref_module, [x])
-    conv = convert(module, level_config("L0", backend=backend))
+    level = level_config("L0", backend=backend)
+    conv = convert(module, level.replace(swap=True, swap_scope="all") if swap else level)
     assert isinstance(conv.model, L.ActNNModule)
     out, got = _grads(conv.model, [x])
     torch.testing.assert_close(out, ref_out, rtol=1e-6, atol=1e-6)
     _assert_same_grads(got, ref)
     for (k, a), b in zip(ref_module.state_dict().items(), conv.model.state_dict().values()):
         torch.testing.assert_close(a, b, msg=lambda m: f"state {k}: {m}")  # running stats updated alike
+
+
+def test_l0_conv_and_linear_run_torchs_own_layer_with_their_input_marked_full_precision(backend):
+    from actbench.actnn.controller import ROLE_FULL_PRECISION, saved_role
+
+    def grad_fns(level, autocast=False):
+        model = convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(64, 2)), level).model
+        x = torch.randn(2, 3, 6, 6, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            h = model[0](x)
+            out = model[2](model[1](h))
+        return type(h.grad_fn).__name__, type(out.grad_fn).__name__, saved_role(x)
+
+    l0 = level_config("L0", backend=backend)
+    # nothing to compress: torch's autograd keeps the same tensors, without the twin's Python
+    assert grad_fns(l0) == ("ConvolutionBackward0", "AddmmBackward0", ROLE_FULL_PRECISION)
+    # compressing, swapping, or under autocast (its cast copy would escape the mark): the twin's function
+    assert grad_fns(level_config("L1", backend=backend))[:2] == ("ConvFunctionBackward", "LinearFunctionBackward")
+    assert grad_fns(l0.replace(swap=True))[:2] == ("ConvFunctionBackward", "LinearFunctionBackward")
+    assert grad_fns(l0, autocast=True)[0] == "ConvFunctionBackward"
 
 
 def test_conv_transpose_output_size(backend):

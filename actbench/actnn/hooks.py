@@ -199,7 +199,8 @@ class SavedTensorPacker:
         when it is packed."""
         if kept_by_twin(t):
             return SKIP_TWIN
-        if isinstance(t, nn.Parameter) or compat.storage_identity(t) in self._state:
+        # the storage first: isinstance(t, nn.Parameter) runs a Python __instancecheck__
+        if compat.storage_identity(t) in self._state or isinstance(t, nn.Parameter):
             return SKIP_STATE
         if role == arguments.ROLE_POSITION:
             return SKIP_POSITION
@@ -238,6 +239,12 @@ class SavedTensorPacker:
 
     def pack(self, t: torch.Tensor):
         owner = self._owner
+        kept = saved_role(t)
+        if kept is not None:  # a twin's own (skip_reason's first case), the most common: no further checks
+            self._account(owner, kept, (t,))
+            if self.observer is not None:
+                self.observer(t, None, SKIP_TWIN, owner)
+            return t
         role = arguments.role_of(t, self._marked) if self._marked else None
         reason = self.skip_reason(t, role)
         if reason is not None:

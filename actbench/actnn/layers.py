@@ -128,7 +128,7 @@ class _QConvNd(ActNNModule):
         return float(math.prod(self.kernel_size)) / self.groups
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not self._compressing(input, self.weight, self.bias):
+        if not self._compressing(input, self.weight, self.bias) or self.actnn_slot.passes_through(input):
             return super().forward(input)
         x, padding = input, self.padding
         if isinstance(padding, str) or self.padding_mode != "zeros":
@@ -164,7 +164,8 @@ class _QConvTransposeNd(ActNNModule):
         return float(math.prod(self.kernel_size)) / self.groups
 
     def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
-        if not self._compressing(input, self.weight, self.bias) or self.padding_mode != "zeros":
+        if (not self._compressing(input, self.weight, self.bias) or self.padding_mode != "zeros"
+                or self.actnn_slot.passes_through(input)):
             return super().forward(input, output_size)  # torch raises for non-zero padding modes
         output_padding = self._output_padding(
             input, output_size, self.stride, self.padding, self.kernel_size, self._nd, self.dilation
@@ -201,7 +202,7 @@ class QLinear(ActNNModule, nn.Linear):
     actnn_kind = KIND_LINEAR
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not self._compressing(input, self.weight, self.bias):
+        if not self._compressing(input, self.weight, self.bias) or self.actnn_slot.passes_through(input):
             return super().forward(input)
         return LinearFunction.apply(input, self.weight, self.bias, self.actnn_slot)
 
