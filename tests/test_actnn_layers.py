@@ -108,7 +108,7 @@ LAYER_CASES = [
 ]
 
 
-# At L0 a conv or linear twin runs torch's own layer (LayerSlot.passes_through); with every saved
+# At L0 a conv or linear twin runs torch's own layer (ActNNModule._runs_as_torch); with every saved
 # tensor swapped ("all"), still exact, its autograd function runs, so its arithmetic is held here too.
 TWIN_FUNCTION_CASES = [c for c in LAYER_CASES if c[0].startswith(("conv", "linear"))]
 

@@ -176,6 +176,31 @@ def test_bench_actnn_rounds_give_the_median_ratio_and_its_range():
     assert (l3.ratio_min, l3.ratio_max, l3.met) == (0.70, 0.85, True)
 
 
+def test_bench_actnn_in_turn_ratios_pair_each_rounds_steps():
+    """--in-turn: each round's fp32 step over the strategy's, their median the ratio, images/s from the median step."""
+    from actbench.studies.actnn_cost import ratio_rows
+
+    # the machine slows 2x in round 2: paired, L3's ratio stays 0.8 where the medians alone would give 1.0
+    samples = {"fp32": [1.0, 2.0, 1.0], "L3": [1.25, 2.5, 1.25], "L0": [1.0, 4.0, 0.5]}
+    fp32, l3, l0 = ratio_rows(samples, "resnet50", 8, 112, "cpu", "cmd")
+    assert (fp32.strategy, fp32.ratio_to_fp32, fp32.ratio_min, fp32.ratio_max, fp32.met) == ("fp32", 1.0, 1.0, 1.0, None)
+    assert (l3.ratio_to_fp32, l3.ratio_min, l3.ratio_max, l3.met) == (0.8, 0.8, 0.8, True)
+    assert l3.images_per_s == pytest.approx(8 / 1.25) and l3.rounds == 3 and l3.target == ">= 0.8"
+    assert (l0.ratio_to_fp32, l0.ratio_min, l0.ratio_max, l0.met) == (1.0, 0.5, 2.0, True)
+
+
+def test_bench_actnn_in_turn_quick_times_every_strategy_in_one_process(tmp_path):
+    result = runner.invoke(app, ["bench-actnn", "--quick", "--in-turn", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (run_dir,) = tmp_path.iterdir()
+    rows = {r["strategy"]: r for r in csv.DictReader((run_dir / "actnn.csv").open())}
+    assert list(rows) == ["fp32", "L0", "L3"]
+    assert float(rows["fp32"]["ratio_to_fp32"]) == 1.0 and all(r["rounds"] == "3" for r in rows.values())
+    assert all(float(r["ratio_min"]) <= float(r["ratio_to_fp32"]) <= float(r["ratio_max"]) for r in rows.values())
+    assert all(float(r["images_per_s"]) > 0 for r in rows.values())
+    assert rows["L0"]["command"].startswith("actbench bench-actnn --in-turn --device cpu --rounds 3: resnet18, batch 2")
+
+
 def test_bench_actnn_bad_device_is_one_line(tmp_path):
     result = runner.invoke(app, ["bench-actnn", "--device", "tpu", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "'tpu' is not one of 'cpu', 'cuda'" in result.output

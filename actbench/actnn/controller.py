@@ -416,20 +416,6 @@ class LayerSlot:
         )
         return self._stash(packed.tensors, spec)
 
-    def passes_through(self, x: torch.Tensor) -> bool:
-        """Whether this conv/linear layer can run as torch's own: its level keeps its input in full
-        precision, nothing goes to the host and autocast is off, so torch's autograd saves exactly
-        the tensors :meth:`save_input` would keep, and the twin's Python (its autograd function,
-        about 0.1 ms a layer on the host, docs/design.md §3) buys nothing. Then ``x`` is marked as
-        kept in full precision, as :meth:`_stash` marks it, so the hook path leaves torch's saved
-        copy alone. Under autocast torch would save a cast copy the mark does not reach.
-        """
-        c = self.controller
-        if c.offloader is not None or c.target_bits(self.info.kind) is not None or torch.is_autocast_enabled(x.device.type):
-            return False
-        setattr(x, SAVED_ROLE, ROLE_FULL_PRECISION)
-        return True
-
     def save_mask(self, mask: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], PackSpec]:
         """A bool mask -> 1 bit per element."""
         self.controller.before_save()

@@ -20,7 +20,7 @@ from torch import nn
 from torchvision.models.convnext import LayerNorm2d
 from torchvision.ops import StochasticDepth
 
-from actbench.actnn.controller import LayerSlot
+from actbench.actnn.controller import ROLE_FULL_PRECISION, SAVED_ROLE, LayerSlot
 from actbench.actnn.pool3d import MaxPool3dFunction, Pool3dParams, triple
 from actbench.actnn.functions import (
     BatchNormFunction,
@@ -106,6 +106,20 @@ class ActNNModule:
         """
         return 1.0
 
+    def _runs_as_torch(self, input: torch.Tensor) -> bool:
+        """Whether this conv/linear twin can run as torch's own layer: its level keeps its input in
+        full precision, nothing goes to the host and autocast is off, so torch's autograd saves
+        exactly what the twin would keep, and the twin's Python (about 0.07 ms a layer on the host,
+        docs/design.md §2) buys nothing. Then ``input`` is marked full precision, as
+        ``LayerSlot.save_input`` marks it, and the hook path leaves torch's saved copy alone. Under
+        autocast torch would save a cast copy the mark does not reach.
+        """
+        c = self.actnn_slot.controller
+        if c.offloader is not None or c.target_bits(self.actnn_kind) is not None or torch.is_autocast_enabled(input.device.type):
+            return False
+        setattr(input, SAVED_ROLE, ROLE_FULL_PRECISION)
+        return True
+
     def _compressing(self, *tensors: torch.Tensor | None) -> bool:
         return (
             self.training
@@ -128,7 +142,7 @@ class _QConvNd(ActNNModule):
         return float(math.prod(self.kernel_size)) / self.groups
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not self._compressing(input, self.weight, self.bias) or self.actnn_slot.passes_through(input):
+        if not self._compressing(input, self.weight, self.bias) or self._runs_as_torch(input):
             return super().forward(input)
         x, padding = input, self.padding
         if isinstance(padding, str) or self.padding_mode != "zeros":
@@ -165,7 +179,7 @@ class _QConvTransposeNd(ActNNModule):
 
     def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
         if (not self._compressing(input, self.weight, self.bias) or self.padding_mode != "zeros"
-                or self.actnn_slot.passes_through(input)):
+                or self._runs_as_torch(input)):
             return super().forward(input, output_size)  # torch raises for non-zero padding modes
         output_padding = self._output_padding(
             input, output_size, self.stride, self.padding, self.kernel_size, self._nd, self.dilation
@@ -202,7 +216,7 @@ class QLinear(ActNNModule, nn.Linear):
     actnn_kind = KIND_LINEAR
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not self._compressing(input, self.weight, self.bias) or self.actnn_slot.passes_through(input):
+        if not self._compressing(input, self.weight, self.bias) or self._runs_as_torch(input):
             return super().forward(input)
         return LinearFunction.apply(input, self.weight, self.bias, self.actnn_slot)
 

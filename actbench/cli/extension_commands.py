@@ -157,10 +157,16 @@ def _kernel_cells(row) -> tuple[str, ...]:
 def bench_actnn(
     device: Annotated[MeasuringDevice, typer.Option("--device", help="The device to time on.")] = MeasuringDevice.cpu,
     quick: Annotated[bool, typer.Option("--quick", help="ResNet-18, batch 2, 32 px, one timed step: a check, not the targets.")] = False,
-    rounds: Annotated[int | None, typer.Option("--rounds", min=1, max=20,
+    rounds: Annotated[int | None, typer.Option("--rounds", min=1, max=50,
                                                help="Times the table is run (default 3; 1 with --quick); each ratio is "
                                                     "the median over the rounds, with its range (one round on a shared "
-                                                    "machine moves by up to 0.15).")] = None,
+                                                    "machine moves by up to 0.15). With --in-turn: steps of each "
+                                                    "strategy (default 10; 3 with --quick).")] = None,
+    in_turn: Annotated[bool, typer.Option("--in-turn",
+                                          help="Build every strategy's step in this one process and time one step of "
+                                               "each in turn, round after round: each ratio is the median of the "
+                                               "rounds' own ratios, so load that drifts reaches every strategy alike. "
+                                               "For comparing two builds; a user's run is the default's fresh process.")] = False,
     out: Annotated[Path, typer.Option("--out", parser=checked_out_dir,
                                       help="Results root; writes OUT/bench-actnn_<device>_<time>/.")] = Path("runs"),
 ) -> None:
@@ -169,12 +175,14 @@ def bench_actnn(
     Runs `actbench throughput MODEL --strategies fp32,L0,L1,L3,checkpoint --image-size 112` for
     ResNet-18 at batch 16 and ResNet-50 at batch 8, each in a fresh process, points one at a time,
     --rounds times (models taking turns). Targets: L0 >= 0.95x fp32, L3 >= 0.80x, judged on the
-    median ratio. Writes actnn.csv and env.json; prints a table.
+    median ratio. Writes actnn.csv and env.json; prints a table. With --in-turn the same table comes
+    from one process, every strategy's step timed in turn (steadier on a shared machine).
 
     \b
     Examples:
       actbench bench-actnn                 # the table, three rounds, on cpu (about 4 minutes on 2 cores)
       actbench bench-actnn --rounds 1      # one round: a quicker look, noisier
+      actbench bench-actnn --in-turn       # ten steps of each strategy in turn, one process
       actbench bench-actnn --quick         # a check in about a minute
     """
     from actbench.store.outputs import OutputError, atomic_write_csv
@@ -184,7 +192,9 @@ def bench_actnn(
     require_device(device)
     run_dir = new_bench_dir(out, f"bench-actnn_{device}", device)
     try:
-        rows = actnn_bench.run(device, quick, rounds=rounds or (1 if quick else 3), log=lambda line: err_console.print(line, markup=False))
+        default_rounds = (3 if quick else actnn_bench.IN_TURN_ROUNDS) if in_turn else (1 if quick else 3)
+        rows = actnn_bench.run(device, quick, rounds=rounds or default_rounds,
+                               log=lambda line: err_console.print(line, markup=False), in_turn=in_turn)
     except RuntimeError as err:
         fail(str(err), code=1)
     csv_path = run_dir / "actnn.csv"

@@ -78,13 +78,22 @@ def time_calls(fns: dict[str, Callable[[], object]], device: str, repeats: int,
     15 % faster or slower than the machine then ran the op (bench-kernels on a shared 2-core cpu),
     and the op's share of the copy moved by as much.
     """
-    calls = profile(device).kernel_calls_per_sample
+    samples = samples_in_turn(fns, device, repeats, profile(device).kernel_calls_per_sample, 1, clock)
+    return {name: _median_and_iqr(times) for name, times in samples.items()}
+
+
+def samples_in_turn(fns: dict[str, Callable[[], object]], device: str, rounds: int, calls: int = 1,
+                    warmup: int = 1, clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """Seconds per call of each function, one sample of each per round (``calls`` calls between two
+    synchronisations), after ``warmup`` calls of each; round r starts at function r (mod their
+    number). Sample r of every function was taken in the same round, so their ratios pair up."""
     names = list(fns)
     for name in names:
-        fns[name]()
+        for _ in range(warmup):
+            fns[name]()
     _sync(device)
     times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
+    for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             _sync(device)
             start = clock()
@@ -92,7 +101,7 @@ def time_calls(fns: dict[str, Callable[[], object]], device: str, repeats: int,
                 fns[name]()
             _sync(device)
             times[name].append((clock() - start) / calls)
-    return {name: _median_and_iqr(samples) for name, samples in times.items()}
+    return times
 
 
 def _median_and_iqr(times: list[float]) -> tuple[float, float]:

@@ -6,6 +6,12 @@ beside fp32's from the same run: the ratio is what a change to the ActNN hot pat
 Targets: L0 >= 0.95x fp32 (it compresses only masks and the pool's window index), L3 >= 0.80x.
 The table runs several rounds and reports each ratio's median and range: on a shared machine the
 load drifts between one point and the next, which moves one round's ratio by up to 0.15.
+
+``--in-turn`` measures the same table another way: every strategy's training step is built in this
+one process, then the steps are timed in turn, one step of each per round, so the load of any
+moment reaches every strategy alike; each ratio is the median over rounds of the round's own fp32
+step over the strategy's. Steps of one process share its allocator and caches, which separate
+processes do not: it is the way to compare two builds of the same code, not what a user's run gets.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -28,6 +35,8 @@ QUICK_CASES: tuple[tuple[str, int], ...] = (("resnet18", 2),)
 QUICK_IMAGE_SIZE = 32
 QUICK_STRATEGIES = "fp32,L0,L3"
 TARGETS = {"L0": 0.95, "L3": 0.80}
+#: rounds of ``--in-turn`` unless asked (one step of each strategy a round)
+IN_TURN_ROUNDS = 10
 
 
 @dataclass(frozen=True)
@@ -92,12 +101,17 @@ def combine_rounds(rounds: list[list[ActnnBenchRow]]) -> list[ActnnBenchRow]:
     return combined
 
 
-def run(device: str, quick: bool, rounds: int = 1, log: Callable[[str], None] = lambda _: None) -> list[ActnnBenchRow]:
+def run(device: str, quick: bool, rounds: int = 1, log: Callable[[str], None] = lambda _: None,
+        in_turn: bool = False) -> list[ActnnBenchRow]:
     """Every case's rows, in order, over ``rounds`` rounds (each case once per round, models taking
-    turns), measured in a scratch folder (removed afterwards)."""
+    turns), measured in a scratch folder (removed afterwards); ``in_turn``: each case's steps timed in
+    turn in this process instead (:func:`in_turn_rows`), ``rounds`` steps of each."""
     if rounds < 1:
         raise ValueError(f"bench-actnn: rounds must be at least 1, got {rounds}")
     cases, size, strategies = (QUICK_CASES, QUICK_IMAGE_SIZE, QUICK_STRATEGIES) if quick else (CASES, IMAGE_SIZE, STRATEGIES)
+    if in_turn:
+        return [row for model, batch_size in cases
+                for row in in_turn_rows(model, batch_size, size, device, strategies, rounds, log)]
     measured: list[list[ActnnBenchRow]] = []
     with tempfile.TemporaryDirectory(prefix="actbench-bench-actnn-") as tmp:
         for k in range(rounds):
@@ -109,3 +123,54 @@ def run(device: str, quick: bool, rounds: int = 1, log: Callable[[str], None] = 
                 rows.extend(bench_model(args, Path(tmp) / f"{model}_{batch_size}_{k}", log))
             measured.append(rows)
     return combine_rounds(measured)
+
+
+def in_turn_rows(model: str, batch_size: int, image_size: int, device: str, strategies: str, rounds: int,
+                 log: Callable[[str], None] = lambda _: None) -> list[ActnnBenchRow]:
+    """One model's strategies built side by side in this process, then ``rounds`` steps of each timed
+    in turn after two warm-up steps (``kernels.bench.samples_in_turn``): the rows of :func:`ratio_rows`."""
+    import torch
+
+    from actbench import strategies as registry
+    from actbench.kernels.bench import samples_in_turn
+    from actbench.schema import ModelSpec
+    from actbench.training.models import build_model
+    from actbench.training.step import build_training_step, synthetic_batch
+
+    dev, spec = torch.device(device), ModelSpec(model)
+    images, targets = synthetic_batch(batch_size, image_size, spec.num_classes, dev, 0)
+    steps = {}
+    for name in strategies.split(","):
+        torch.manual_seed(0)
+        steps[name], _ = build_training_step(registry.get(name), build_model(spec, image_size).to(dev), dev)
+    log(f"{model}: {rounds} steps of each of {strategies}, in turn")
+    samples = samples_in_turn({name: partial(_train_step, step, images, targets) for name, step in steps.items()},
+                              device, rounds, warmup=2)
+    command = (f"actbench bench-actnn --in-turn --device {device} --rounds {rounds}: "
+               f"{model}, batch {batch_size}, {image_size} px, {strategies}")
+    return ratio_rows(samples, model, batch_size, image_size, device, command)
+
+
+def _train_step(step, images, targets) -> None:
+    step.zero_grad()
+    step(images, targets)
+
+
+def ratio_rows(samples: dict[str, list[float]], model: str, batch_size: int, image_size: int, device: str,
+               command: str) -> list[ActnnBenchRow]:
+    """Rows from step seconds taken in turn (sample r of every strategy in round r, fp32 among them):
+    images/s from the median step, the ratio the median of each round's fp32 step over the
+    strategy's, with the lowest and highest round's."""
+    fp32 = samples["fp32"]
+    rows = []
+    for name, times in samples.items():
+        rates = sorted(batch_size / t for t in times)
+        quartiles = statistics.quantiles(rates, n=4) if len(rates) > 1 else [rates[0]] * 3
+        ratios = [f / t for f, t in zip(fp32, times)]
+        ratio = statistics.median(ratios)
+        need = TARGETS.get(name)
+        rows.append(ActnnBenchRow(
+            model, batch_size, image_size, device, name, batch_size / statistics.median(times),
+            quartiles[2] - quartiles[0], round(ratio, 3), f">= {need}" if need else "",
+            None if need is None else ratio >= need, command, len(times), min(ratios), max(ratios)))
+    return rows
