@@ -250,6 +250,68 @@ def test_max_pool_backward_of_any_argmax_adds_only_positions_inside_window_and_i
     assert torch.equal(got, _gathered(grad, corners, x.shape, kernel, stride, padding, dilation))
 
 
+_GATHER_SOURCE = r"""
+#include "actbench/quant_math.h"
+// Every input-gradient value of a [planes, in_h, in_w] plane stack, by the header's pool_input_grad:
+// what the CUDA kernel computes per thread, here in a host loop.
+extern "C" void gather(const float* grad, const int8_t* arg, int64_t planes, int64_t in_h, int64_t in_w,
+                       int64_t out_h, int64_t out_w, const int* k, float* out, int narrow) {
+  actbench::Pool2d p{in_h, in_w, out_h, out_w, k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7]};
+  using F = actbench::Format<actbench::kF32>;
+  for (int64_t c = 0; c < planes; ++c)
+    for (int64_t h = 0; h < in_h; ++h)
+      for (int64_t w = 0; w < in_w; ++w) {
+        const float* g = grad + c * out_h * out_w;
+        const int8_t* a = arg + c * out_h * out_w;
+        out[(c * in_h + h) * in_w + w] =
+            narrow ? actbench::pool_input_grad<F, float, int32_t>(g, a, p, int32_t(h), int32_t(w))
+                   : actbench::pool_input_grad<F, float, int64_t>(g, a, p, h, w);
+      }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def header_gather(tmp_path_factory):
+    """The CUDA backward's per-value gather (quant_math.h), compiled for the host: a plain C function."""
+    import ctypes
+    import os
+    import subprocess
+    from pathlib import Path
+
+    folder = tmp_path_factory.mktemp("gather")
+    (folder / "gather.cpp").write_text(_GATHER_SOURCE)
+    include = Path(ops.__file__).resolve().parents[2] / "csrc" / "include"
+    subprocess.run([os.environ.get("CXX", "c++"), "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{include}",
+                    str(folder / "gather.cpp"), "-o", str(folder / "gather.so")], check=True)
+    return ctypes.CDLL(str(folder / "gather.so")).gather
+
+
+@pytest.mark.parametrize("narrow", [True, False], ids=["int32", "int64"])
+@pytest.mark.parametrize("kernel,stride,padding,dilation,ceil_mode", POOLS)
+def test_the_cuda_gathers_shared_function_equals_the_cpu_scatter_bit_for_bit(header_gather, narrow, kernel, stride,
+                                                                             padding, dilation, ceil_mode):
+    """pool_input_grad, which each CUDA thread runs, run here on the host: for the forward's argmax
+    (ties, so windows share a winner) and for any int8 argmax, and gradients of magnitudes from 1e-4
+    to 1e4 (so a sum in another order would differ), it gives the CPU kernel's gradient exactly."""
+    import ctypes
+
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randint(0, 3, (2, 3, 11, 10), generator=gen).float()  # many ties
+    out, arg = ops.max_pool2d_with_argmax(x, kernel, stride, padding, dilation, ceil_mode)
+    grad = torch.randn(out.shape, generator=gen) * 10.0 ** torch.randint(-4, 5, out.shape, generator=gen)
+    params = (ctypes.c_int * 8)(*kernel, *stride, *padding, *dilation)
+    any_arg = torch.randint(-128, 128, out.shape, generator=gen, dtype=torch.int8)
+    for argmax in (arg, any_arg):
+        got = torch.empty(x.shape)
+        header_gather(ctypes.c_void_p(grad.data_ptr()), ctypes.c_void_p(argmax.data_ptr()), ctypes.c_int64(6),
+                      *(ctypes.c_int64(v) for v in (*x.shape[2:], *out.shape[2:])), params,
+                      ctypes.c_void_p(got.data_ptr()), ctypes.c_int(int(narrow)))
+        expected = ops.max_pool2d_backward(grad, argmax, x.shape, kernel, stride, padding, dilation)
+        assert torch.equal(got, expected)
+        assert torch.equal(got, _gathered(grad, argmax, x.shape, kernel, stride, padding, dilation))
+
+
 def _gathered(grad, arg, shape, kernel, stride, padding, dilation) -> torch.Tensor:
     """The input gradient as the CUDA kernel gathers it: per input, windows i, j ascending, from 0."""
     expected = torch.zeros(shape)

@@ -350,11 +350,13 @@ ACTBENCH_HD int8_t window_argmax_inside(const T* plane, const Pool2d& p, int64_t
 }
 
 // Gradient of input (h, w): the sum of grad_out over the windows whose argmax points at it.
-// A gather (not a scatter), so it is deterministic and needs no atomics on the GPU.
+// A gather (not a scatter), so it is deterministic and needs no atomics on the GPU. Window
+// positions are visited with i, then j, ascending (output rows, then columns, descending): the
+// CPU's scatter adds in this order too, so both agree bit for bit.
 // I: the index type, int32_t where a plane's sizes fit (GPU integer division is far cheaper at 32
 // bits), else int64_t; the sum and its order do not depend on it.
 template <typename Load, typename T, typename I = int64_t>
-ACTBENCH_HD float pool_input_grad(const T* grad_plane, const int8_t* arg_plane, const Pool2d& p, I h, I w) {
+ACTBENCH_HD float pool_input_grad_dilated(const T* grad_plane, const int8_t* arg_plane, const Pool2d& p, I h, I w) {
   float acc = 0.0f;
   const I sh = p.sh, sw = p.sw, out_h = static_cast<I>(p.out_h), out_w = static_cast<I>(p.out_w);
   for (int i = 0; i < p.kh; ++i) {
@@ -368,6 +370,35 @@ ACTBENCH_HD float pool_input_grad(const T* grad_plane, const int8_t* arg_plane, 
       const I ow = ww / sw;
       if (ow * sw != ww || ow >= out_w) continue;
       if (arg_plane[oh * out_w + ow] == i * p.kw + j) acc += Load::load(grad_plane[oh * out_w + ow]);
+    }
+  }
+  return acc;
+}
+
+// The first index q >= 0 with q * s >= a (a may be negative), for s > 0.
+template <typename I>
+ACTBENCH_HD I first_multiple_at_least(I a, I s) {
+  return a <= 0 ? I(0) : (a + s - 1) / s;
+}
+
+// pool_input_grad_dilated's sum in its order. Without dilation the outputs whose window holds
+// (h, w) form one range per axis, found with two divisions each, where the loop above divides at
+// every window position (on the GPU that division, not memory, bounded the kernel).
+template <typename Load, typename T, typename I = int64_t>
+ACTBENCH_HD float pool_input_grad(const T* grad_plane, const int8_t* arg_plane, const Pool2d& p, I h, I w) {
+  if (p.dh != 1 || p.dw != 1) return pool_input_grad_dilated<Load, T, I>(grad_plane, arg_plane, p, h, w);
+  const I sh = p.sh, sw = p.sw, out_w = static_cast<I>(p.out_w);
+  const I top = h + p.ph, left = w + p.pw;  // window row i of output oh holds h when oh * sh + i == top
+  const I last_h = static_cast<I>(p.out_h) - 1, last_w = out_w - 1;
+  const I oh_hi = top / sh < last_h ? top / sh : last_h, ow_hi = left / sw < last_w ? left / sw : last_w;
+  const I oh_lo = first_multiple_at_least<I>(top - (p.kh - 1), sh);
+  const I ow_lo = first_multiple_at_least<I>(left - (p.kw - 1), sw);
+  float acc = 0.0f;
+  for (I oh = oh_hi; oh >= oh_lo; --oh) {
+    const int i = static_cast<int>(top - oh * sh);
+    for (I ow = ow_hi; ow >= ow_lo; --ow) {
+      const I o = oh * out_w + ow;
+      if (arg_plane[o] == i * p.kw + static_cast<int>(left - ow * sw)) acc += Load::load(grad_plane[o]);
     }
   }
   return acc;
