@@ -17,14 +17,15 @@ Usage: OMP_NUM_THREADS=1 python scripts/interleaved_speed.py MODEL_FILE MODEL IM
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import statistics
 import sys
-import time
 
 import torch
 
 from actbench import strategies
+from actbench.kernels.bench import samples_in_turn
 from actbench.measure.meta import MetaSessions
 from actbench.measure.point import spread
 from actbench.planning.point import Point
@@ -52,7 +53,8 @@ def predicted(model: DeviceModel, spec: ModelSpec, size: int, batch: int, name: 
 
 
 def measured(spec: ModelSpec, size: int, batch: int, names: list[str], rounds: int) -> dict[str, list[float]]:
-    """Seconds of each strategy's cpu step, ``rounds`` of them, timed in turn after two warm-up steps."""
+    """Seconds of each strategy's cpu step, ``rounds`` of them, timed in turn after two warm-up steps
+    (``samples_in_turn``, as ``bench-actnn --in-turn`` times them)."""
     device = torch.device("cpu")
     steps = {}
     for name in names:
@@ -61,18 +63,13 @@ def measured(spec: ModelSpec, size: int, batch: int, names: list[str], rounds: i
         step, _ = build_training_step(strategies.get(strategy), build_model(spec, size).to(device), device,
                                       precision=precision)
         images, targets = synthetic_batch(batch, size, spec.num_classes, device, 1)
-        for _ in range(2):
-            step.zero_grad()
-            step(images, targets)
-        steps[name] = (step, images, targets)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for _ in range(rounds):
-        for name, (step, images, targets) in steps.items():
-            step.zero_grad()
-            start = time.perf_counter()
-            step(images, targets)
-            times[name].append(time.perf_counter() - start)
-    return times
+        steps[name] = functools.partial(_train_step, step, images, targets)
+    return samples_in_turn(steps, "cpu", rounds, warmup=2)
+
+
+def _train_step(step, images, targets) -> None:
+    step.zero_grad()
+    step(images, targets)
 
 
 def main(argv: list[str]) -> None:
