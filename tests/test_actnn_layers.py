@@ -152,6 +152,12 @@ def test_l0_conv_and_linear_run_torchs_own_layer_with_their_input_marked_full_pr
     assert grad_fns(level_config("L1", backend=backend))[:2] == ("ConvFunctionBackward", "LinearFunctionBackward")
     assert grad_fns(l0.replace(swap=True))[:2] == ("ConvFunctionBackward", "LinearFunctionBackward")
     assert grad_fns(l0, autocast=True)[0] == "ConvFunctionBackward"
+    # on the meta device, which autocast does not know (asking it raises), torch's layer runs too
+    model = convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()), l0).model.to("meta")
+    x = torch.randn(2, 3, 6, 6, device="meta", requires_grad=True)
+    h = model[0](x)
+    model[1](h).sum().backward()
+    assert type(h.grad_fn).__name__ == "ConvolutionBackward0" and x.grad.shape == x.shape
 
 
 def test_conv_transpose_output_size(backend):

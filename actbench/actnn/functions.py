@@ -59,6 +59,12 @@ def masked_grad(ctx, grad: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     return slot.masked_grad(tuple(ctx.saved_tensors), ctx.spec, grad, scale)
 
 
+def autocast_active(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type``; False for a type autocast does not know (meta),
+    where asking ``torch.is_autocast_enabled`` raises."""
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+
+
 def autocast_like_torch(x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
     """``(x, *tensors)`` cast as autocast casts torch's own conv and linear: when autocast is on for
     x's device type, every float32/float16/bfloat16 tensor goes to autocast's dtype (float64 stays).
@@ -70,7 +76,7 @@ def autocast_like_torch(x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple
     only: twins keep the fp32 parameter and cast it in backward.
     """
     kind = x.device.type
-    if not (torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)):
+    if not autocast_active(kind):
         return (x, *tensors)
     dtype = torch.get_autocast_dtype(kind)
     return tuple(t if t is None or not t.is_floating_point() or t.dtype in (dtype, torch.float64) else t.to(dtype)

@@ -35,6 +35,7 @@ from actbench.actnn.functions import (
     MaskScaleFunction,
     MaxPool2dFunction,
     PoolParams,
+    autocast_active,
 )
 
 KIND_CONV, KIND_LINEAR, KIND_BN, KIND_MASK, KIND_POOL = "conv", "linear", "bn", "mask", "pool"
@@ -115,7 +116,7 @@ class ActNNModule:
         autocast torch would save a cast copy the mark does not reach.
         """
         c = self.actnn_slot.controller
-        if c.offloader is not None or c.target_bits(self.actnn_kind) is not None or torch.is_autocast_enabled(input.device.type):
+        if c.offloader is not None or c.target_bits(self.actnn_kind) is not None or autocast_active(input.device.type):
             return False
         setattr(input, SAVED_ROLE, ROLE_FULL_PRECISION)
         return True
