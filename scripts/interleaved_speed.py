@@ -63,13 +63,8 @@ def measured(spec: ModelSpec, size: int, batch: int, names: list[str], rounds: i
         step, _ = build_training_step(strategies.get(strategy), build_model(spec, size).to(device), device,
                                       precision=precision)
         images, targets = synthetic_batch(batch, size, spec.num_classes, device, 1)
-        steps[name] = functools.partial(_train_step, step, images, targets)
+        steps[name] = functools.partial(step, images, targets)
     return samples_in_turn(steps, "cpu", rounds, warmup=2)
-
-
-def _train_step(step, images, targets) -> None:
-    step.zero_grad()
-    step(images, targets)
 
 
 def main(argv: list[str]) -> None:

@@ -144,16 +144,11 @@ def in_turn_rows(model: str, batch_size: int, image_size: int, device: str, stra
         torch.manual_seed(0)
         steps[name], _ = build_training_step(registry.get(name), build_model(spec, image_size).to(dev), dev)
     log(f"{model}: {rounds} steps of each of {strategies}, in turn")
-    samples = samples_in_turn({name: partial(_train_step, step, images, targets) for name, step in steps.items()},
+    samples = samples_in_turn({name: partial(step, images, targets) for name, step in steps.items()},
                               device, rounds, warmup=2)
     command = (f"actbench bench-actnn --in-turn --device {device} --rounds {rounds}: "
                f"{model}, batch {batch_size}, {image_size} px, {strategies}")
     return ratio_rows(samples, model, batch_size, image_size, device, command)
-
-
-def _train_step(step, images, targets) -> None:
-    step.zero_grad()
-    step(images, targets)
 
 
 def ratio_rows(samples: dict[str, list[float]], model: str, batch_size: int, image_size: int, device: str,
