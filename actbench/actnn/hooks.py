@@ -239,12 +239,6 @@ class SavedTensorPacker:
 
     def pack(self, t: torch.Tensor):
         owner = self._owner
-        kept = saved_role(t)
-        if kept is not None:  # a twin's own (skip_reason's first case), the most common: no further checks
-            self._account(owner, kept, (t,))
-            if self.observer is not None:
-                self.observer(t, None, SKIP_TWIN, owner)
-            return t
         role = arguments.role_of(t, self._marked) if self._marked else None
         reason = self.skip_reason(t, role)
         if reason is not None:
