@@ -34,13 +34,20 @@ def test_mask_errors():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(1,), (13,), (2, 64, 9, 9)])
+@pytest.mark.parametrize("shape", [(1,), (13,), (2, 64, 9, 9), (8 * 8192 * 3 + 13,)])
 def test_float_mask_is_value_above_zero(shape, dtype):
-    """A float tensor packs as value > 0 (a ReLU's output): NaN, -0 and 0 give clear bits."""
-    x = torch.randn(shape, generator=torch.Generator().manual_seed(3)).to(dtype)
-    x.view(-1)[0] = float("nan")
+    """A float tensor packs as value > 0 (a ReLU's output): NaN, -0 and 0 give clear bits, the smallest
+    denormal and +inf set ones. Special values sit everywhere, so the vector blocks (eight values a byte,
+    several parallel tasks of 8,192 bytes) and the scalar tail all meet them."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(shape, generator=g).to(dtype)
+    flat = x.view(-1)
+    specials = torch.tensor([float("nan"), -0.0, 0.0, float("inf"), -float("inf"), 1e-45, -1e-45]).to(dtype)
+    at = torch.rand(flat.shape, generator=g) < 0.3
+    flat[at] = specials[torch.randint(len(specials), (int(at.sum()),), generator=g)]
+    flat[0] = float("nan")
     if x.numel() > 2:
-        x.view(-1)[1], x.view(-1)[2] = -0.0, 0.0
+        flat[1], flat[2] = -0.0, 0.0
     assert torch.equal(ops.pack_mask(x), ops.pack_mask(x > 0))
     assert torch.equal(ops.pack_mask(torch.relu(x)), ops.pack_mask(x > 0))
 
