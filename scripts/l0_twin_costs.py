@@ -1,0 +1,78 @@
+"""What L0's twins cost a step: fp32 and L0 timed in turn beside L0 with some twins run as torch's layers.
+
+Why: at L0 the BatchNorm twin keeps its normalised input (a new buffer, `sub` + `mul_`) and the ReLU
+twin a 1-bit mask beside a new output, where torch's layers keep BatchNorm's input and apply ReLU in
+place. The variants here put torch's own forward back on every BatchNorm twin, every ReLU twin, or
+both, so a step's gap to fp32 splits by twin (docs/design.md §2, "What is left at L0"). The variants
+keep other bytes than L0 does: they are a measurement, not a strategy.
+
+Each variant is built in this process and one step of each is timed per round, in turn
+(``samples_in_turn``, as ``bench-actnn --in-turn`` times them); a variant's ratio is the median
+over rounds of that round's fp32 step over the variant's, with the lowest and highest round's.
+
+Usage: python scripts/l0_twin_costs.py MODEL IMAGE_SIZE BATCH ROUNDS [THREADS]
+Prints one JSON object per variant.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import sys
+import types
+
+import torch
+
+from actbench import strategies
+from actbench.actnn.layers import QReLU, _QBatchNorm
+from actbench.kernels.bench import samples_in_turn
+from actbench.schema import ModelSpec
+from actbench.training.models import build_model
+from actbench.training.step import build_training_step, synthetic_batch
+
+#: variant -> (strategy, BatchNorm twins run as torch's, ReLU twins run as torch's)
+VARIANTS = {
+    "fp32": ("fp32", False, False),
+    "L0": ("L0", False, False),
+    "L0, torch's BatchNorm": ("L0", True, False),
+    "L0, torch's ReLU": ("L0", False, True),
+    "L0, torch's BatchNorm and ReLU": ("L0", True, True),
+}
+
+
+def run_as_torch(model: torch.nn.Module, batch_norm: bool, relu: bool) -> int:
+    """Give the chosen twins their torch class's own forward (the class after the twin's in the MRO);
+    returns how many modules changed."""
+    changed = 0
+    for module in model.modules():
+        if (batch_norm and isinstance(module, _QBatchNorm)) or (relu and isinstance(module, QReLU)):
+            torch_class = next(c for c in type(module).__mro__ if c.__module__.startswith("torch.nn"))
+            module.forward = types.MethodType(torch_class.forward, module)
+            changed += 1
+    return changed
+
+
+def main(argv: list[str]) -> None:
+    model_name, size, batch, rounds = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
+    if len(argv) > 4:
+        torch.set_num_threads(int(argv[4]))
+    device, spec = torch.device("cpu"), ModelSpec(model_name)
+    images, targets = synthetic_batch(batch, size, spec.num_classes, device, 1)
+    steps, changed = {}, {}
+    for name, (strategy, batch_norm, relu) in VARIANTS.items():
+        torch.manual_seed(0)
+        step, _ = build_training_step(strategies.get(strategy), build_model(spec, size).to(device), device)
+        changed[name] = run_as_torch(step.model, batch_norm, relu)
+        steps[name] = functools.partial(step, images, targets)
+    times = samples_in_turn(steps, "cpu", rounds, warmup=2)
+    for name in VARIANTS:
+        ratios = [f / t for f, t in zip(times["fp32"], times[name])]
+        print(json.dumps({"model": model_name, "image_size": size, "batch": batch, "threads": torch.get_num_threads(),
+                          "variant": name, "modules_run_as_torch": changed[name],
+                          "median_step_s": statistics.median(times[name]), "ratio_to_fp32": statistics.median(ratios),
+                          "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": rounds}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
