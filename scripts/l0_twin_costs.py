@@ -10,12 +10,14 @@ Each variant is built in this process and one step of each is timed per round, i
 (``samples_in_turn``, as ``bench-actnn --in-turn`` times them); a variant's ratio is the median
 over rounds of that round's fp32 step over the variant's, with the lowest and highest round's.
 
-Usage: python scripts/l0_twin_costs.py MODEL IMAGE_SIZE BATCH ROUNDS [THREADS]
-Prints one JSON object per variant.
+Usage: python scripts/l0_twin_costs.py MODEL IMAGE_SIZE BATCH ROUNDS [--threads N] [--device cpu|cuda]
+Prints one JSON object per variant. On cuda a step waits for the device before its clock stops, so a
+twin's host cost shows where the host, not the device, bounds the step (docs/design.md §11).
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import statistics
@@ -54,25 +56,31 @@ def run_as_torch(model: torch.nn.Module, batch_norm: bool, relu: bool) -> int:
 
 
 def main(argv: list[str]) -> None:
-    model_name, size, batch, rounds = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
-    if len(argv) > 4:
-        torch.set_num_threads(int(argv[4]))
-    device, spec = torch.device("cpu"), ModelSpec(model_name)
-    images, targets = synthetic_batch(batch, size, spec.num_classes, device, 1)
+    parser = argparse.ArgumentParser(description="L0's gap to fp32, split by twin.")
+    parser.add_argument("model")
+    parser.add_argument("image_size", type=int)
+    parser.add_argument("batch", type=int)
+    parser.add_argument("rounds", type=int)
+    parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device, spec = torch.device(args.device), ModelSpec(args.model)
+    images, targets = synthetic_batch(args.batch, args.image_size, spec.num_classes, device, 1)
     steps, changed = {}, {}
     for name, (strategy, batch_norm, relu) in VARIANTS.items():
         torch.manual_seed(0)
-        step, _ = build_training_step(strategies.get(strategy), build_model(spec, size).to(device), device)
+        step, _ = build_training_step(strategies.get(strategy), build_model(spec, args.image_size).to(device), device)
         changed[name] = run_as_torch(step.model, batch_norm, relu)
         steps[name] = functools.partial(step, images, targets)
-    times = samples_in_turn(steps, "cpu", rounds, warmup=2)
+    times = samples_in_turn(steps, args.device, args.rounds, warmup=2)
     for name in VARIANTS:
         ratios = [f / t for f, t in zip(times["fp32"], times[name])]
-        print(json.dumps({"model": model_name, "image_size": size, "batch": batch, "threads": torch.get_num_threads(),
-                          "variant": name, "modules_run_as_torch": changed[name],
+        print(json.dumps({"model": args.model, "image_size": args.image_size, "batch": args.batch, "device": args.device,
+                          "threads": torch.get_num_threads(), "variant": name, "modules_run_as_torch": changed[name],
                           "median_step_s": statistics.median(times[name]), "ratio_to_fp32": statistics.median(ratios),
-                          "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": rounds}))
-
+                          "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": args.rounds}))
 
 if __name__ == "__main__":
     main(sys.argv[1:])
