@@ -122,11 +122,12 @@ class ActNNModule:
         return True
 
     def _compressing(self, *tensors: torch.Tensor | None) -> bool:
-        return (
-            self.training
-            and torch.is_grad_enabled()
-            and any(t is not None and t.requires_grad for t in tensors)
-        )
+        if not (self.training and torch.is_grad_enabled()):
+            return False
+        for t in tensors:  # a loop, not any(...): this runs for every twin call
+            if t is not None and t.requires_grad:
+                return True
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
