@@ -288,3 +288,37 @@ def test_allocation_noise_script_runs():
     assert lines[0].startswith("cifar_resnet8 after 2 fp32 steps: SGD variance (batch 64, around 256 images)")
     ratios = [float(line.rsplit("=", 1)[1].split("x")[0]) for line in lines[1:]]
     assert len(ratios) == 2 and all(math.isfinite(r) and r > 0 for r in ratios), lines
+
+
+def test_range_statistic_from_packed_scales_takes_one_temporary_and_torchs_values():
+    """record_packed_ranges: per sample, the sum of ((2^b - 1) / scale)^2 over groups (non-finite -> 0), the
+    values of torch's ``levels / scale`` bit for bit, from one fp32 copy of the scales: the out-of-place form
+    held two [N, groups] temporaries at once, which raised ResNet-50's peak on meta (docs/design.md §2)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from actbench.actnn.controller import Controller
+    from actbench.kernels import ops
+
+    class Outputs(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.full_size = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not func._schema.is_mutable and isinstance(out, torch.Tensor) and out.shape == scale.shape:
+                self.full_size += 1
+            return out
+
+    x = torch.randn(4, 6000, generator=torch.Generator().manual_seed(0))
+    x[1, 10] = float("inf")  # a non-finite group: its scale gives no range
+    packed = ops.quantize(x, 2)
+    scale = packed.scale
+    before = scale.clone()
+    controller = Controller(level_config("L3"))
+    with Outputs() as outputs:
+        controller.record_packed_ranges(0, packed)
+    expected = torch.nan_to_num((3.0 / scale.float()).square(), nan=0.0, posinf=0.0).sum(1)
+    assert torch.equal(controller._range_sq[0], expected)
+    assert torch.equal(scale.view(torch.int16), before.view(torch.int16))  # bit for bit: the inf group's scale is NaN
+    assert outputs.full_size == 1

@@ -267,7 +267,9 @@ class Controller:
         scales: scale = (2^b - 1) / (range + eps) rounded towards zero, so (2^b - 1) / scale is the
         range to within one bf16 step (non-finite groups -> 0, as for the min/max form)."""
         levels = float((1 << packed.bits) - 1)
-        span = levels / packed.scale.float()
+        # levels / scale as torch computes it (Tensor.__rdiv__: reciprocal, then times levels), in place on
+        # one fp32 copy: the out-of-place form held two [N, groups] temporaries at once, at ResNet-50's peak
+        span = packed.scale.to(torch.float32, copy=True).reciprocal_().mul_(levels)
         self._range_sq[index] = torch.nan_to_num_(span.square_(), nan=0.0, posinf=0.0).sum(1)
 
     def allocation(self) -> dict[str, LayerAllocation]:
