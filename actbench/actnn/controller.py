@@ -263,13 +263,11 @@ class Controller:
         return self._calls.get(index, (0, 1))[1]
 
     def record_packed_ranges(self, index: int, packed: ops.PackedTensor) -> None:
-        """The range statistic (per sample, the sum over groups of range^2) from a packed tensor's
-        scales: scale = (2^b - 1) / (range + eps) rounded towards zero, so (2^b - 1) / scale is the
-        range to within one bf16 step (non-finite groups -> 0, as for the min/max form)."""
-        levels = float((1 << packed.bits) - 1)
-        # levels / scale as torch computes it (Tensor.__rdiv__: reciprocal, then times levels), in place on
-        # one fp32 copy: the out-of-place form held two [N, groups] temporaries at once, at ResNet-50's peak
-        span = packed.scale.to(torch.float32, copy=True).reciprocal_().mul_(levels)
+        """Per sample, the sum over groups of range^2, from a packed tensor's scales: scale = (2^b - 1) / (range + eps)
+        rounded towards zero, so (2^b - 1) / scale is the range to one bf16 step (non-finite groups -> 0). torch's
+        levels / scale (a reciprocal, then a product), in place on one fp32 copy: out of place it held two [N, groups]
+        temporaries at once, at ResNet-50's peak on meta (docs/design.md §2)."""
+        span = packed.scale.to(torch.float32, copy=True).reciprocal_().mul_(float((1 << packed.bits) - 1))
         self._range_sq[index] = torch.nan_to_num_(span.square_(), nan=0.0, posinf=0.0).sum(1)
 
     def allocation(self) -> dict[str, LayerAllocation]:
