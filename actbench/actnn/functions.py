@@ -110,7 +110,7 @@ class ConvFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, slot: LayerSlot, p: ConvParams):
         x, w, b = autocast_like_torch(x, weight, bias)
         # torch.convolution, not torch.ops.aten.convolution: the same aten op, but torch's generated binding
-        # parses the arguments 4-5 µs faster than an op packet, host time every layer pays (design.md §2)
+        # parses the arguments 4-5 µs faster than an op packet, host time every layer pays (docs/design.md §2)
         out = torch.convolution(x, w, b, p.stride, p.padding, p.dilation, p.transposed, p.output_padding, p.groups)
         del w, b  # a cast copy lives for the forward only; backward casts the saved parameter
         tensors, spec = slot.save_input(x)
