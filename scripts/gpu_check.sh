@@ -114,7 +114,7 @@ step bench_actnn 150 "$PY" -m actbench bench-actnn --device cuda --in-turn --out
 keep "$SCRATCH/bench-actnn_cuda_*/actnn.csv" actnn_cuda.csv
 # L0's gap to fp32 split by twin (docs/design.md §2): L0 beside L0 with its BatchNorm and/or ReLU twins
 # running torch's forward, timed in turn; on a GPU the twins' host cost is what shows (one JSON line each)
-step l0_twin_costs 90 "$PY" scripts/l0_twin_costs.py resnet50 112 8 10 --device cuda
+step l0_twin_costs 60 "$PY" scripts/l0_twin_costs.py resnet50 112 8 10 --device cuda
 # ActNN in a user's own loop on cuda: a classifier at L3, and a detector at L3 whose roi_align boxes must
 # stay exact on the device too (its census line says "positions: kept exact")
 step own_loop_classifier 60 "$PY" scripts/own_loop_classifier.py --device cuda --size 112 --batch 8 --steps 3
