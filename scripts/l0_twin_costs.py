@@ -7,8 +7,8 @@ both, so a step's gap to fp32 splits by twin (docs/design.md §2, "What is left 
 keep other bytes than L0 does: they are a measurement, not a strategy.
 
 Each variant is built in this process and one step of each is timed per round, in turn
-(``samples_in_turn``, as ``bench-actnn --in-turn`` times them); a variant's ratio is the median
-over rounds of that round's fp32 step over the variant's, with the lowest and highest round's.
+(``samples_in_turn``), and its row is bench-actnn's (``studies.actnn_cost.ratio_rows``): the ratio is
+the median over rounds of that round's fp32 step over the variant's, with the lowest and highest round's.
 
 Usage: python scripts/l0_twin_costs.py MODEL IMAGE_SIZE BATCH ROUNDS [--threads N] [--device cpu|cuda]
 Prints one JSON object per variant. On cuda a step waits for the device before its clock stops, so a
@@ -18,9 +18,9 @@ twin's host cost shows where the host, not the device, bounds the step (docs/des
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
-import statistics
 import sys
 import types
 
@@ -30,6 +30,7 @@ from actbench import strategies
 from actbench.actnn.layers import QReLU, _QBatchNorm
 from actbench.kernels.bench import samples_in_turn
 from actbench.schema import ModelSpec
+from actbench.studies.actnn_cost import ratio_rows
 from actbench.training.models import build_model
 from actbench.training.step import build_training_step, synthetic_batch
 
@@ -75,12 +76,12 @@ def main(argv: list[str]) -> None:
         changed[name] = run_as_torch(step.model, batch_norm, relu)
         steps[name] = functools.partial(step, images, targets)
     times = samples_in_turn(steps, args.device, args.rounds, warmup=2)
-    for name in VARIANTS:
-        ratios = [f / t for f, t in zip(times["fp32"], times[name])]
-        print(json.dumps({"model": args.model, "image_size": args.image_size, "batch": args.batch, "device": args.device,
-                          "threads": torch.get_num_threads(), "variant": name, "modules_run_as_torch": changed[name],
-                          "median_step_s": statistics.median(times[name]), "ratio_to_fp32": statistics.median(ratios),
-                          "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": args.rounds}))
+    command = "python scripts/l0_twin_costs.py " + " ".join(argv)
+    for row in ratio_rows(times, args.model, args.batch, args.image_size, args.device, command):
+        # a row's strategy is the variant's name
+        print(json.dumps({**dataclasses.asdict(row), "threads": torch.get_num_threads(),
+                          "modules_run_as_torch": changed[row.strategy]}))
+
 
 if __name__ == "__main__":
     main(sys.argv[1:])

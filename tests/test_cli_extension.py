@@ -223,9 +223,9 @@ def test_l0_twin_costs_script_times_l0_with_its_twins_run_as_torchs_layers(capsy
     assert type(out.grad_fn).__name__ == "NativeBatchNormBackward0"
     script.main(["resnet18", "32", "2", "1"])
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
-    assert [(r["variant"], r["modules_run_as_torch"]) for r in rows] == [
+    assert [(r["strategy"], r["modules_run_as_torch"]) for r in rows] == [
         ("fp32", 0), ("L0", 0), ("L0, torch's BatchNorm", 20), ("L0, torch's ReLU", 9), ("L0, torch's BatchNorm and ReLU", 29)]
-    assert rows[0]["ratio_to_fp32"] == 1.0 and all(r["median_step_s"] > 0 and r["rounds"] == 1 for r in rows)
+    assert rows[0]["ratio_to_fp32"] == 1.0 and all(r["images_per_s"] > 0 and r["rounds"] == 1 for r in rows)
 
 
 def test_bench_actnn_bad_device_is_one_line(tmp_path):
