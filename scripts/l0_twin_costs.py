@@ -1,10 +1,11 @@
-"""What L0's twins cost a step: fp32 and L0 timed in turn beside L0 with some twins run as torch's layers.
+"""What L0's twins cost a step: fp32 and L0 timed in turn beside L0 with its ReLU twins run as torch's layers.
 
-Why: at L0 the BatchNorm twin keeps its normalised input (a new buffer, `sub` + `mul_`) and the ReLU
-twin a 1-bit mask beside a new output, where torch's layers keep BatchNorm's input and apply ReLU in
-place. The variants here put torch's own forward back on every BatchNorm twin, every ReLU twin, or
-both, so a step's gap to fp32 splits by twin (docs/design.md §2, "What is left at L0"). The variants
-keep other bytes than L0 does: they are a measurement, not a strategy.
+Why: at L0 a ReLU twin keeps a 1-bit mask beside a new output, where torch's layer applies ReLU in
+place and keeps nothing of its own. The variant here puts torch's own forward back on every ReLU
+twin, so a step's gap to fp32 splits into the ReLU twins' share and the rest (docs/design.md §2,
+"What is left at L0"). BatchNorm, conv and linear twins already run as torch's layers at L0
+(``ActNNModule._runs_as_torch``). The variant keeps other bytes than L0 does: it is a measurement,
+not a strategy.
 
 Each variant is built in this process and one step of each is timed per round, in turn
 (``samples_in_turn``), and its row is bench-actnn's (``studies.actnn_cost.ratio_rows``): the ratio is
@@ -27,29 +28,27 @@ import types
 import torch
 
 from actbench import strategies
-from actbench.actnn.layers import QReLU, _QBatchNorm
+from actbench.actnn.layers import QReLU
 from actbench.kernels.bench import samples_in_turn
 from actbench.schema import ModelSpec
 from actbench.studies.actnn_cost import ratio_rows
 from actbench.training.models import build_model
 from actbench.training.step import build_training_step, synthetic_batch
 
-#: variant -> (strategy, BatchNorm twins run as torch's, ReLU twins run as torch's)
+#: variant -> (strategy, ReLU twins run as torch's)
 VARIANTS = {
-    "fp32": ("fp32", False, False),
-    "L0": ("L0", False, False),
-    "L0, torch's BatchNorm": ("L0", True, False),
-    "L0, torch's ReLU": ("L0", False, True),
-    "L0, torch's BatchNorm and ReLU": ("L0", True, True),
+    "fp32": ("fp32", False),
+    "L0": ("L0", False),
+    "L0, torch's ReLU": ("L0", True),
 }
 
 
-def run_as_torch(model: torch.nn.Module, batch_norm: bool, relu: bool) -> int:
-    """Give the chosen twins their torch class's own forward (the class after the twin's in the MRO);
-    returns how many modules changed."""
+def run_as_torch(model: torch.nn.Module, relu: bool) -> int:
+    """Give every ReLU twin (when ``relu``) its torch class's own forward (the class after the twin's
+    in the MRO); returns how many modules changed."""
     changed = 0
     for module in model.modules():
-        if (batch_norm and isinstance(module, _QBatchNorm)) or (relu and isinstance(module, QReLU)):
+        if relu and isinstance(module, QReLU):
             torch_class = next(c for c in type(module).__mro__ if c.__module__.startswith("torch.nn"))
             module.forward = types.MethodType(torch_class.forward, module)
             changed += 1
@@ -57,7 +56,7 @@ def run_as_torch(model: torch.nn.Module, batch_norm: bool, relu: bool) -> int:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description="L0's gap to fp32, split by twin.")
+    parser = argparse.ArgumentParser(description="L0's gap to fp32 and its ReLU twins' share of it.")
     parser.add_argument("model")
     parser.add_argument("image_size", type=int)
     parser.add_argument("batch", type=int)
@@ -70,10 +69,10 @@ def main(argv: list[str]) -> None:
     device, spec = torch.device(args.device), ModelSpec(args.model)
     images, targets = synthetic_batch(args.batch, args.image_size, spec.num_classes, device, 1)
     steps, changed = {}, {}
-    for name, (strategy, batch_norm, relu) in VARIANTS.items():
+    for name, (strategy, relu) in VARIANTS.items():
         torch.manual_seed(0)
         step, _ = build_training_step(strategies.get(strategy), build_model(spec, args.image_size).to(device), device)
-        changed[name] = run_as_torch(step.model, batch_norm, relu)
+        changed[name] = run_as_torch(step.model, relu)
         steps[name] = functools.partial(step, images, targets)
     times = samples_in_turn(steps, args.device, args.rounds, warmup=2)
     command = "python scripts/l0_twin_costs.py " + " ".join(argv)

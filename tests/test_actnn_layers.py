@@ -108,9 +108,10 @@ LAYER_CASES = [
 ]
 
 
-# At L0 a conv or linear twin runs torch's own layer (ActNNModule._runs_as_torch); with every saved
-# tensor swapped ("all"), still exact, its autograd function runs, so its arithmetic is held here too.
-TWIN_FUNCTION_CASES = [c for c in LAYER_CASES if c[0].startswith(("conv", "linear"))]
+# At L0 a conv, linear or batch-norm twin runs torch's own layer (ActNNModule._runs_as_torch); with
+# every saved tensor swapped ("all"), still exact, its autograd function runs, so its arithmetic is
+# held here too.
+TWIN_FUNCTION_CASES = [c for c in LAYER_CASES if c[0].startswith(("conv", "linear", "bn"))]
 
 
 @pytest.mark.parametrize(
@@ -158,6 +159,25 @@ def test_l0_conv_and_linear_run_torchs_own_layer_with_their_input_marked_full_pr
     h = model[0](x)
     model[1](h).sum().backward()
     assert type(h.grad_fn).__name__ == "ConvolutionBackward0" and x.grad.shape == x.shape
+
+
+def test_l0_batchnorm_runs_torchs_own_layer_where_its_statistics_stay_exact(backend):
+    """torch's batch norm keeps its batch mean and invstd besides the input; the hook path would
+    quantize them at L1's act_bits (the 2048-channel layers of a ResNet-50 reach hook_min_elements),
+    so there the twin runs, and without hooks torch's layer runs at L1 too."""
+    from actbench.actnn.controller import ROLE_FULL_PRECISION, saved_role
+
+    def grad_fn(level, channels=4):
+        model = convert(nn.Sequential(nn.BatchNorm2d(channels)), level).model.train()
+        x = torch.randn(2, channels, 3, 3, requires_grad=True)
+        return type(model(x).grad_fn).__name__, saved_role(x)
+
+    l0 = level_config("L0", backend=backend)
+    assert grad_fn(l0) == ("NativeBatchNormBackward0", ROLE_FULL_PRECISION)
+    assert grad_fn(level_config("L1", backend=backend))[0] == "BatchNormFunctionBackward"
+    assert grad_fn(level_config("L1", backend=backend, saved_tensor_hooks=False))[0] == "NativeBatchNormBackward0"
+    assert grad_fn(l0.replace(swap=True))[0] == "BatchNormFunctionBackward"
+    assert grad_fn(level_config("L2", backend=backend))[0] == "BatchNormFunctionBackward"
 
 
 def test_conv_transpose_output_size(backend):

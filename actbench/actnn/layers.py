@@ -108,10 +108,10 @@ class ActNNModule:
         return 1.0
 
     def _runs_as_torch(self, input: torch.Tensor) -> bool:
-        """Whether this conv/linear twin can run as torch's own layer: its level keeps its input in
-        full precision, nothing goes to the host and autocast is off, so torch's autograd saves
-        exactly what the twin would keep, and the twin's Python (about 0.07 ms a layer on the host,
-        docs/design.md §2) buys nothing. Then ``input`` is marked full precision, as
+        """Whether this conv/linear (or BatchNorm) twin can run as torch's own layer: its level keeps
+        its input in full precision, nothing goes to the host and autocast is off, so torch's autograd
+        saves what the twin would keep (BatchNorm: its batch mean besides), and the twin's Python
+        (about 0.07 ms a layer on the host, docs/design.md §2) buys nothing. Then ``input`` is marked full precision, as
         ``LayerSlot.save_input`` marks it, and the hook path leaves torch's saved copy alone. Under
         autocast torch would save a cast copy the mark does not reach.
         """
@@ -227,7 +227,7 @@ class _QBatchNorm(ActNNModule):
     actnn_kind = KIND_BN
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not self._compressing(input, self.weight, self.bias):
+        if not self._compressing(input, self.weight, self.bias) or self._runs_as_torch(input):
             return super().forward(input)
         self._check_input_dim(input)
         _check_values_per_channel(input)
@@ -239,6 +239,15 @@ class _QBatchNorm(ActNNModule):
         rm = self.running_mean if self.track_running_stats else None
         rv = self.running_var if self.track_running_stats else None
         return BatchNormFunction.apply(input, self.weight, self.bias, rm, rv, factor, self.eps, self.actnn_slot)
+
+    def _runs_as_torch(self, input: torch.Tensor) -> bool:
+        """As a conv's, and only where the hook path keeps every other saved tensor exact (L0):
+        torch's batch norm also saves its batch mean and invstd, which at L1's ``act_bits`` the
+        hook path would quantize."""
+        config = self.actnn_slot.config
+        if config.act_bits is not None and config.saved_tensor_hooks:
+            return False
+        return super()._runs_as_torch(input)
 
 
 def _check_values_per_channel(input: torch.Tensor) -> None:
