@@ -150,3 +150,15 @@ def test_cuda_max_pool_identical_to_cpu(kernel, stride, padding, dilation, ceil_
     gin = ops.max_pool2d_backward(grad, noise, x.shape, kernel, stride, padding, dilation)
     ggin = ops.max_pool2d_backward(grad.cuda(), noise.cuda(), x.shape, kernel, stride, padding, dilation)
     assert torch.equal(gin, ggin.cpu())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_apply_mask_of_an_offset_view_identical_to_cpu(dtype):
+    """apply_mask loads a mask byte's 8 gradient values with 16-byte loads where they are aligned: a
+    gradient that starts 3 values into its storage is not, so its values go one by one, same result."""
+    numel = 4 * 8 * 33
+    base = _x((numel + 3,), dtype)
+    grad, grad_gpu = base[3:], base.cuda()[3:]  # .cuda() of the view would copy it to an aligned start
+    assert grad_gpu.data_ptr() % 16 != 0
+    packed = ops.pack_mask(torch.relu(_x((2, numel // 2), dtype)).flatten())
+    assert torch.equal(ops.apply_mask(grad, packed, 0.5), ops.apply_mask(grad_gpu, packed.cuda(), 0.5).cpu())

@@ -1,6 +1,7 @@
 // CUDA kernels of the actbench ops, through the same __host__ __device__ functions the CPU loops
-// call (quant_math.h). quantize and group_minmax run one warp per group; every other kernel one
-// thread per value it writes, so a warp's loads and stores are consecutive (coalesced). Grid-stride
+// call (quant_math.h). quantize and group_minmax run one warp per group; dequantize and apply_mask one
+// thread per 8-value chunk (16-byte loads and stores where aligned); every other kernel one thread
+// per value it writes, so a warp's loads and stores are consecutive (coalesced). Grid-stride
 // loops, with 32-bit indices where a launch's indices fit (GPU integer division costs several
 // times more at 64 bits) and 64-bit ones otherwise, so tensors over 2^31 values and batches over
 // 65,535 work.
@@ -138,23 +139,56 @@ __global__ void quantize_kernel(const typename Format<D>::T* __restrict__ x, Gro
   }
 }
 
-// One thread per output value (consecutive threads write consecutive values): its code read from
-// its chunk's bytes (code_of), then dequantize_code. I: the index type (int32_t when it fits).
+// The 8 values v of a chunk written to dst (its first `valid`): one 16-byte store (16-bit formats) or
+// two (fp32) when the chunk is whole and dst aligned, else value by value. The store side of
+// load_chunk_vec.
+template <int D>
+__device__ __forceinline__ void store_chunk_vec(typename Format<D>::T* dst, int valid, const float v[8]) {
+  if (valid == 8 && (reinterpret_cast<uintptr_t>(dst) & 15u) == 0) {
+    if constexpr (D == kF32) {
+      reinterpret_cast<float4*>(dst)[0] = make_float4(v[0], v[1], v[2], v[3]);
+      reinterpret_cast<float4*>(dst)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        w[j] = static_cast<uint32_t>(Format<D>::store(v[2 * j])) |
+               (static_cast<uint32_t>(Format<D>::store(v[2 * j + 1])) << 16);
+      }
+      reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    return;
+  }
+  for (int j = 0; j < valid; ++j) dst[j] = Format<D>::store(v[j]);
+}
+
+// One thread per 8-value chunk of a sample: its `bits` code bytes read once (unpack8), its group's
+// lo and scale once, its values written by store_chunk_vec. A value per thread, as before, took two
+// integer divisions and a layout lookup per value, and a 4-byte store each: 22 % of a copy's rate on
+// an H200 (docs/design.md §11). I: the index type (int32_t when the values' indices fit).
 template <int D, typename I>
 __global__ void dequantize_kernel(const uint8_t* __restrict__ codes, const uint16_t* __restrict__ lo,
                                   const uint16_t* __restrict__ scale, Groups gr, SampleLayout layout,
                                   int64_t total_bytes, typename Format<D>::T* __restrict__ out) {
-  const I per_sample = static_cast<I>(gr.per_sample), group_size = static_cast<I>(gr.group_size);
-  const I total = static_cast<I>(gr.n * gr.per_sample), g = static_cast<I>(gr.g);
+  const I per_sample = static_cast<I>(gr.per_sample), chunks = static_cast<I>((gr.per_sample + 7) / 8);
+  const I per_group = static_cast<I>(gr.group_size / 8), g = static_cast<I>(gr.g);
+  const I total = static_cast<I>(gr.n) * chunks;
   const int64_t cps = gr.chunks_per_sample();
-  for (I i = static_cast<I>(global_thread()); i < total; i += static_cast<I>(grid_threads())) {
-    const I n = i / per_sample, idx = i - n * per_sample;
+  for (I c = static_cast<I>(global_thread()); c < total; c += static_cast<I>(grid_threads())) {
+    const I n = c / chunks, k = c - n * chunks;
     const int bits = layout.bits_of(n);
-    const int64_t at = layout.start_of(n, cps) + static_cast<int64_t>(idx >> 3) * bits;
+    const int64_t at = layout.start_of(n, cps) + static_cast<int64_t>(k) * bits;
     if (at + bits > total_bytes) continue;
-    const I t = n * g + idx / group_size;
-    const uint32_t q = code_of(codes + at, bits, static_cast<int>(idx & 7));
-    out[i] = Format<D>::store(dequantize_code(q, bf16_to_float(lo[t]), bf16_to_float(scale[t])));
+    const I t = n * g + k / per_group;
+    const float l = bf16_to_float(lo[t]), s = bf16_to_float(scale[t]);
+    uint32_t q[8];
+    unpack8(codes + at, bits, q);
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = dequantize_code(q[j], l, s);
+    const I first = k * 8;
+    store_chunk_vec<D>(out + static_cast<int64_t>(n) * per_sample + first,
+                       per_sample - first >= 8 ? 8 : static_cast<int>(per_sample - first), v);
   }
 }
 
@@ -189,12 +223,20 @@ __global__ void unpack_mask_kernel(const uint8_t* __restrict__ packed, I numel, 
   }
 }
 
-// One thread per value: the gradient masked (and scaled) by bit i % 8 of byte i / 8.
+// One thread per mask byte: its 8 gradient values loaded together (load_chunk_vec), masked (and
+// scaled) by the byte's bits, stored together (store_chunk_vec). A value per thread, as before,
+// kept one 4-byte load in flight per thread: 33 % of a copy's rate on an H200 (docs/design.md §11).
 template <int D, typename I>
 __global__ void apply_mask_kernel(const typename Format<D>::T* __restrict__ grad, const uint8_t* __restrict__ packed,
                                   I numel, float s, typename Format<D>::T* __restrict__ out) {
-  for (I i = static_cast<I>(global_thread()); i < numel; i += static_cast<I>(grid_threads())) {
-    out[i] = Format<D>::store(masked_value(Format<D>::load(grad[i]), (packed[i >> 3] >> (i & 7)) & 1u, s));
+  const I bytes = numel / 8 + (numel % 8 != 0);
+  for (I b = static_cast<I>(global_thread()); b < bytes; b += static_cast<I>(grid_threads())) {
+    const uint32_t byte = packed[b];
+    float v[8];
+    const int valid = load_chunk_vec<D>(grad, numel, b, v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = masked_value(v[j], (byte >> j) & 1u, s);
+    store_chunk_vec<D>(out + static_cast<int64_t>(b) * 8, valid, v);
   }
 }
 
@@ -265,15 +307,15 @@ cudaError_t launch_quantize(int dtype, const void* x, Groups gr, const float* mn
 
 cudaError_t launch_dequantize(int dtype, const uint8_t* codes, const uint16_t* lo, const uint16_t* scale, Groups gr,
                               SampleLayout layout, int64_t total_bytes, void* out, cudaStream_t stream) {
-  const int64_t work = gr.n * gr.per_sample;
+  const int64_t values = gr.n * gr.per_sample, chunks = gr.n * ((gr.per_sample + 7) / 8);
   return by_dtype(dtype, [&]<int D>() {
     using T = typename Format<D>::T;
-    if (fits_int32(work)) {
-      dequantize_kernel<D, int32_t><<<blocks_for(work), kThreads, 0, stream>>>(codes, lo, scale, gr, layout,
-                                                                              total_bytes, static_cast<T*>(out));
+    if (fits_int32(values)) {
+      dequantize_kernel<D, int32_t><<<blocks_for(chunks), kThreads, 0, stream>>>(codes, lo, scale, gr, layout,
+                                                                                total_bytes, static_cast<T*>(out));
     } else {
-      dequantize_kernel<D, int64_t><<<blocks_for(work), kThreads, 0, stream>>>(codes, lo, scale, gr, layout,
-                                                                              total_bytes, static_cast<T*>(out));
+      dequantize_kernel<D, int64_t><<<blocks_for(chunks), kThreads, 0, stream>>>(codes, lo, scale, gr, layout,
+                                                                                total_bytes, static_cast<T*>(out));
     }
   });
 }
@@ -303,11 +345,12 @@ cudaError_t launch_apply_mask(int dtype, const void* grad, const uint8_t* packed
                               void* out, cudaStream_t stream) {
   return by_dtype(dtype, [&]<int D>() {
     using T = typename Format<D>::T;
+    const unsigned blocks = blocks_for((numel + 7) / 8);
     if (fits_int32(numel)) {
-      apply_mask_kernel<D, int32_t><<<blocks_for(numel), kThreads, 0, stream>>>(
+      apply_mask_kernel<D, int32_t><<<blocks, kThreads, 0, stream>>>(
           static_cast<const T*>(grad), packed, static_cast<int32_t>(numel), scale, static_cast<T*>(out));
     } else {
-      apply_mask_kernel<D, int64_t><<<blocks_for(numel), kThreads, 0, stream>>>(
+      apply_mask_kernel<D, int64_t><<<blocks, kThreads, 0, stream>>>(
           static_cast<const T*>(grad), packed, numel, scale, static_cast<T*>(out));
     }
   });
