@@ -235,3 +235,31 @@ def test_einsum_attention_packs_what_its_score_product_saves_at_qk_bits(backend)
 def test_an_einsum_is_attentions_scores_only_in_its_one_form(equation, scores):
     from actbench.actnn.saved_arguments import is_score_equation
     assert is_score_equation(equation) is scores
+
+
+def test_model_state_is_read_at_each_training_forward(backend):
+    """What the hook path keeps exact as the model's state is read from each module's parameters and
+    buffers when a training forward starts, so a buffer replaced between steps is still state, and
+    a tensor made from it in the forward (not state) is packed."""
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("scale", torch.rand(4096) + 0.5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.fresh = self.scale + 0  # each mul keeps its other operand for x's gradient
+            return x * self.scale * self.fresh
+
+    model = convert(nn.Sequential(Scaled()), level_config("L3", backend=backend)).model.train()
+    packer = packer_of(model)
+    seen: list[tuple[int, str | None]] = []
+    packer.observer = lambda t, packed, reason, owner: seen.append((t.data_ptr(), reason))
+    x = torch.randn(2, 4096, requires_grad=True)
+    for _ in range(2):
+        seen.clear()
+        model(x).sum().backward()
+        reasons = dict(seen)
+        assert reasons[model[0].scale.data_ptr()] == "model state"
+        assert reasons[model[0].fresh.data_ptr()] is None  # packed
+        model[0].scale = torch.rand(4096) + 0.5  # a new tensor in the same buffer

