@@ -134,7 +134,7 @@ def test_the_recorder_writes_down_actnn_layers_and_checkpoint_segments_of_a_real
 
     images, targets = torch.randn(2, 3, 8, 8), torch.randint(0, 10, (2,))
     counts = {}
-    for strategy in ("fp32", "L2", "checkpoint", "sac"):
+    for strategy in ("fp32", "L0", "L2", "checkpoint", "sac"):
         step, _ = build_training_step(strategies.get(strategy), tiny_model(blocks=2), torch.device("cpu"))
         recorder = OpRecorder()
         with LiveStorageTracker(observer=recorder):
@@ -143,10 +143,11 @@ def test_the_recorder_writes_down_actnn_layers_and_checkpoint_segments_of_a_real
         calls = [op.name for op in recorder.ops if op.kind == STRATEGY_CALL]
         counts[strategy] = {name: calls.count(name) for name in calls}
         assert any(op.kind == KERNEL for op in recorder.ops)
-    # 3 conv-BN-ReLU blocks and the linear head: 10 ActNN layers; 3 blocks, one checkpoint segment each
-    # of 4 modules (the block's Sequential and its 3 layers)
-    assert counts == {"fp32": {}, "L2": {"actnn_layer:L2": 10}, "checkpoint": {"checkpoint_module": 12},
-                      "sac": {"selective_module": 12}}
+    # 3 conv-BN-ReLU blocks and the linear head: 10 ActNN layers, of which L0 runs the convs, batch norms
+    # and the head as torch's own layers (no twin Python: no call); 3 blocks, one checkpoint segment
+    # each of 4 modules (the block's Sequential and its 3 layers)
+    assert counts == {"fp32": {}, "L0": {"actnn_layer:L0": 3}, "L2": {"actnn_layer:L2": 10},
+                      "checkpoint": {"checkpoint_module": 12}, "sac": {"selective_module": 12}}
 
 
 @pytest.mark.parametrize("strategy", ["swap", "save_on_cpu"])

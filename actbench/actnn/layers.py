@@ -92,11 +92,17 @@ class ActNNModule:
             )
         return slot
 
-    def strategy_host_calls(self) -> tuple[str, int]:
-        """For the step-time model: each call is one ActNN layer of this level (its Python forward and
-        backward, priced per level by the device model's ``strategy_call_s``)."""
+    #: whether this twin's forward asks :meth:`_runs_as_torch` (conv, linear, BatchNorm)
+    can_run_as_torch = False
+
+    def strategy_host_calls(self, args: tuple = ()) -> tuple[str, int]:
+        """For the step-time model: a call is one ActNN layer of this level (its Python forward and
+        backward, priced per level by the device model's ``strategy_call_s``), or none where it will
+        run as torch's own layer (``args``: the call's arguments, as a forward pre-hook sees them)."""
         slot = self.attached_slot
-        return (f"actnn_layer:{slot.config.name}" if slot is not None else "actnn_layer"), 1
+        kind = f"actnn_layer:{slot.config.name}" if slot is not None else "actnn_layer"
+        x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        return kind, 0 if self.can_run_as_torch and x is not None and self._torch_keeps_the_same(x) else 1
 
     def actnn_cost_factor(self) -> float:
         """Scale of this layer's weight-gradient variance per unit of range^2 * ||grad||^2.
@@ -107,16 +113,21 @@ class ActNNModule:
         """
         return 1.0
 
-    def _runs_as_torch(self, input: torch.Tensor) -> bool:
-        """Whether this conv/linear (or BatchNorm) twin can run as torch's own layer: its level keeps
-        its input in full precision, nothing goes to the host and autocast is off, so torch's autograd
-        saves what the twin would keep (BatchNorm: its batch mean besides), and the twin's Python
-        (about 0.07 ms a layer on the host, docs/design.md §2) buys nothing. Then ``input`` is marked full precision, as
-        ``LayerSlot.save_input`` marks it, and the hook path leaves torch's saved copy alone. Under
-        autocast torch would save a cast copy the mark does not reach.
-        """
+    def _torch_keeps_the_same(self, input: torch.Tensor) -> bool:
+        """Whether torch's own layer would keep what this twin keeps: its level keeps the input in
+        full precision, nothing goes to the host and autocast is off."""
         c = self.actnn_slot.controller
-        if c.offloader is not None or c.target_bits(self.actnn_kind) is not None or autocast_active(input.device.type):
+        return c.offloader is None and c.target_bits(self.actnn_kind) is None and not autocast_active(input.device.type)
+
+    def _runs_as_torch(self, input: torch.Tensor) -> bool:
+        """Whether this conv/linear (or BatchNorm) twin runs as torch's own layer
+        (:meth:`_torch_keeps_the_same`): torch's autograd saves what the twin would keep (BatchNorm: its
+        batch mean besides), and the twin's Python (about 0.07 ms a layer on the host, docs/design.md
+        §2) buys nothing. Then ``input`` is marked full precision, as ``LayerSlot.save_input`` marks
+        it, and the hook path leaves torch's saved copy alone. Under autocast torch would save a cast
+        copy the mark does not reach.
+        """
+        if not self._torch_keeps_the_same(input):
             return False
         setattr(input, SAVED_ROLE, ROLE_FULL_PRECISION)
         return True
@@ -137,6 +148,7 @@ class ActNNModule:
 
 class _QConvNd(ActNNModule):
     actnn_kind = KIND_CONV
+    can_run_as_torch = True
     _nd = 2
 
     def actnn_cost_factor(self) -> float:
@@ -173,6 +185,7 @@ class QConv3d(_QConvNd, nn.Conv3d):
 
 class _QConvTransposeNd(ActNNModule):
     actnn_kind = KIND_CONV
+    can_run_as_torch = True
     _nd = 2
 
     def actnn_cost_factor(self) -> float:
@@ -216,6 +229,7 @@ class QConvTranspose3d(_QConvTransposeNd, nn.ConvTranspose3d):
 
 class QLinear(ActNNModule, nn.Linear):
     actnn_kind = KIND_LINEAR
+    can_run_as_torch = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._compressing(input, self.weight, self.bias) or self._runs_as_torch(input):
@@ -225,6 +239,7 @@ class QLinear(ActNNModule, nn.Linear):
 
 class _QBatchNorm(ActNNModule):
     actnn_kind = KIND_BN
+    can_run_as_torch = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._compressing(input, self.weight, self.bias) or self._runs_as_torch(input):
@@ -240,14 +255,14 @@ class _QBatchNorm(ActNNModule):
         rv = self.running_var if self.track_running_stats else None
         return BatchNormFunction.apply(input, self.weight, self.bias, rm, rv, factor, self.eps, self.actnn_slot)
 
-    def _runs_as_torch(self, input: torch.Tensor) -> bool:
+    def _torch_keeps_the_same(self, input: torch.Tensor) -> bool:
         """As a conv's, and only where the hook path keeps every other saved tensor exact (L0):
         torch's batch norm also saves its batch mean and invstd, which at L1's ``act_bits`` the
         hook path would quantize."""
         config = self.actnn_slot.config
         if config.act_bits is not None and config.saved_tensor_hooks:
             return False
-        return super()._runs_as_torch(input)
+        return super()._torch_keeps_the_same(input)
 
 
 def _check_values_per_channel(input: torch.Tensor) -> None:

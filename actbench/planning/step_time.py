@@ -82,7 +82,7 @@ class OpRecorder:
 
     def start(self) -> None:
         """Also write down the strategy's own Python calls until :meth:`stop`: a module with a
-        ``strategy_host_calls()`` method (ActNN's layers, checkpoint's segments) answers, on each call
+        ``strategy_host_calls(args)`` method (ActNN's layers, checkpoint's segments) answers, on each call
         under autograd, (kind, count), recorded as ``count`` :data:`STRATEGY_CALL` entries named ``kind``."""
         if self._hook is None:
             self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._module_called)
@@ -96,7 +96,7 @@ class OpRecorder:
         calls = getattr(module, "strategy_host_calls", None)
         if calls is None or not torch.is_grad_enabled():
             return
-        kind, count = calls()
+        kind, count = calls(args)
         self.ops.extend(OpCost(kind, STRATEGY_CALL) for _ in range(count))
 
     def observe(self, func: Any, args: tuple, kwargs: dict, out: Any, copy: bool) -> None:

@@ -51,7 +51,7 @@ class CheckpointedSequential(nn.Module):
             x = self.inner[i](x)
         return x
 
-    def strategy_host_calls(self) -> tuple[str, int]:
+    def strategy_host_calls(self, args: tuple = ()) -> tuple[str, int]:
         """For the step-time model: each call checkpoints, and in backward recomputes, this many modules
         (containers included), whose bookkeeping and Python the device model's ``strategy_call_s``
         prices per module: a segment's host cost grows with what it recomputes."""
