@@ -96,6 +96,33 @@ def test_l3_weighs_a_layer_by_all_its_calls_in_a_step(backend):
     assert 1.9 <= conv.controller.network_mean_bits() <= 2.0
 
 
+class _RowsNotBatch(nn.Module):
+    """A head applied to [batch x 16, 64] rows: its saved inputs have 16 times the batch's samples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Linear(64, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.conv(x))).reshape(-1, 64)
+        return self.fc(h).reshape(x.shape[0], -1, 10).mean(1)
+
+
+def test_l3_allocates_layers_whose_samples_are_not_the_batch(backend):
+    """Layers of one budget with different sample counts (6 images, 96 rows): each gets one width per
+    sample of its own, and the shared budget still holds (the allocation takes the per-layer means one
+    layer at a time there, all at once where every layer has the batch's samples)."""
+    x, y = torch.randn(6, 3, 8, 8), torch.randint(0, 10, (6,))
+    conv = convert(_RowsNotBatch(), level_config("L3", backend=backend))
+    for _ in range(3):
+        _step(conv.model, x, y)
+    alloc = conv.controller.allocation()
+    assert {k: len(a.bits_desc) for k, a in alloc.items()} == {"conv": 6, "bn": 6, "fc": 96}
+    assert all(list(a.bits_desc) == sorted(a.bits_desc, reverse=True) for a in alloc.values())
+    assert 1.9 <= conv.controller.network_mean_bits() <= 2.0
+
+
 def test_l3_an_overflowed_statistic_does_not_fail_the_step(backend):
     """A diverging run (RAFT under SGD at lr 0.1 reaches activations whose squared ranges overflow fp32)
     leaves an infinite range statistic: the allocation counts it 0 instead of raising in allocate_bits."""
