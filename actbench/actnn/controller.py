@@ -210,13 +210,13 @@ class Controller:
             log.info("actnn: statistics have no data (%s); uniform allocation this step", type(exc).__name__)
             return
         with compat.dispatch_modes_disabled():  # plain CPU bookkeeping, also inside a FakeTensorMode
-            self._allocate(groups, order, torch.tensor(host_values, dtype=torch.float64))
+            self._allocate(groups, order, host_values)
         log.debug("actnn step %d: network mean bits %.3f", self.step, self.network_mean_bits() or float("nan"))
 
-    def _allocate(self, groups: dict[tuple, list[int]], order: list[int], host: torch.Tensor) -> None:
+    def _allocate(self, groups: dict[tuple, list[int]], order: list[int], values: list[float]) -> None:
         """Greedy allocation per budget group from last step's statistics (float64 on the CPU); Python floats
         past the per-layer means: torch's products and sums, without tiny tensor ops per layer (5-10 ms a step)."""
-        sizes, values = [self._grad_sq[i].numel() for i in order], host.tolist()
+        sizes, host = [self._grad_sq[i].numel() for i in order], torch.tensor(values, dtype=torch.float64)
         means = host.view(len(order), 2, sizes[0])[:, 0].contiguous().mean(1).tolist() if len(set(sizes)) == 1 else None
         stats, pos = {}, 0
         for k, (i, n) in enumerate(zip(order, sizes)):
