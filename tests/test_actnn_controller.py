@@ -131,7 +131,7 @@ def test_l3_an_overflowed_statistic_does_not_fail_the_step(backend):
     c = conv.controller
     _step(conv.model, x, y)
     c._range_sq[0] = torch.full_like(c._range_sq[0], math.inf)
-    c._grad_sq[3] = torch.zeros_like(c._grad_sq[3])
+    c._grad_sq[3] = (torch.zeros_like(c._grad_sq[3][0]), c._grad_sq[3][1])
     c._range_sq[3] = torch.full_like(c._range_sq[3], math.inf)  # 0 x inf
     assert math.isfinite(_step(conv.model, x, y))
     assert 1.9 <= c.network_mean_bits() <= 2.0

@@ -80,7 +80,8 @@ class Controller:
         self.offloader = Offloader(config.prefetch_depth) if config.swap else None
         self.step = 0  # counts forward passes that started after a backward
         self._backward_seen = True
-        self._grad_sq: dict[int, torch.Tensor] = {}
+        #: per layer: last step's ||grad_output||^2 (a 0-d tensor on the device) and its sample count
+        self._grad_sq: dict[int, tuple[torch.Tensor, int]] = {}
         self._range_sq: dict[int, torch.Tensor] = {}
         self._seeds: list[list[int]] = []  # this step's Philox (seed, offset) pairs not yet used
         self._elements: dict[int, int] = {}
@@ -153,22 +154,21 @@ class Controller:
         return seed, offset
 
     def record_grad(self, index: int, grad_output: torch.Tensor) -> None:
-        """The layer's mean per-sample ||grad_output||^2, kept on the device as an [N] tensor.
+        """The layer's ||grad_output||^2 and its sample count, kept on the device until the next step.
 
-        Only the batch mean enters the cost (docs/design.md §2), so it is one dot product
-        over the whole gradient (BLAS, memory speed), not a per-sample reduction.
+        Only the batch mean per sample enters the cost (docs/design.md §2): one dot product over the
+        whole gradient (memory speed), not a per-sample reduction; ``_reallocate`` divides, once a step.
         """
         self._backward_seen = True
         if not self.config.mixed_precision:
             return
         g = grad_output.detach()
-        n = g.shape[0] if g.dim() > 1 else 1
         flat = g.reshape(-1)
         if flat.dtype in (torch.float32, torch.float64):
             total = torch.dot(flat, flat).float()
         else:  # 16-bit: accumulate in fp32 without an fp32 copy of the gradient
             total = torch.linalg.vector_norm(flat, dtype=torch.float32).square()
-        self._grad_sq[index] = torch.nan_to_num(total / n, posinf=0.0).expand(n)
+        self._grad_sq[index] = (total, g.shape[0] if g.dim() > 1 else 1)
 
     # -- allocation ---------------------------------------------------------------------------
 
@@ -177,7 +177,7 @@ class Controller:
         groups: dict[tuple, list[int]] = {}
         for index in sorted(self._grad_sq):
             r2 = self._range_sq.get(index)
-            if r2 is None or r2.numel() != self._grad_sq[index].numel():
+            if r2 is None or r2.numel() != self._grad_sq[index][1]:
                 continue
             kind = self.layers[index].kind
             target = self.target_bits(kind)
@@ -195,18 +195,20 @@ class Controller:
         if not groups:
             return
         order = [i for key in sorted(groups) for i in groups[key]]
-        if compat.is_fake(self._grad_sq[order[0]]):
+        totals = torch.stack([self._grad_sq[i][0] for i in order])
+        if compat.is_fake(totals):
             # Meta sizing (fake tensors, no data): keep the uniform allocation of each target. With
             # unit weights the greedy lands on exactly max(N, floor(target * N)) sample-bits per
             # budget; with real statistics the split between layers differs and the total moves
             # slightly (docs/design.md §4).
             return
-        stacked = torch.cat([t for i in order for t in (self._grad_sq[i], self._range_sq[i].to(self._grad_sq[i].device))])
+        # each layer's mean per sample, in fp32 as its sum; an overflowed sum (a diverging run) counts 0
+        samples = torch.tensor([self._grad_sq[i][1] for i in order], dtype=totals.dtype, device=totals.device)
+        means = torch.nan_to_num(totals / samples, posinf=0.0)
+        stacked = torch.cat([means, *(self._range_sq[i].to(totals.device) for i in order)])
         try:
             host_values = stacked.to("cpu", torch.float64).tolist()  # the one device -> host transfer per step
-        except RuntimeError as exc:
-            # Fake tensors (the harness's meta sizing) carry no data: keep the uniform allocation
-            # (its packed sizes: see above).
+        except RuntimeError as exc:  # fake tensors without data (meta sizing): the uniform allocation, as above
             log.info("actnn: statistics have no data (%s); uniform allocation this step", type(exc).__name__)
             return
         with compat.dispatch_modes_disabled():  # plain CPU bookkeeping, also inside a FakeTensorMode
@@ -214,19 +216,18 @@ class Controller:
         log.debug("actnn step %d: network mean bits %.3f", self.step, self.network_mean_bits() or float("nan"))
 
     def _allocate(self, groups: dict[tuple, list[int]], order: list[int], values: list[float]) -> None:
-        """Greedy allocation per budget group from last step's statistics (float64 on the CPU); Python floats
-        past the per-layer means: torch's products and sums, without tiny tensor ops per layer (5-10 ms a step)."""
-        sizes, host = [self._grad_sq[i].numel() for i in order], torch.tensor(values, dtype=torch.float64)
-        means = host.view(len(order), 2, sizes[0])[:, 0].contiguous().mean(1).tolist() if len(set(sizes)) == 1 else None
-        stats, pos = {}, 0
-        for k, (i, n) in enumerate(zip(order, sizes)):
-            mean = means[k] if means is not None else float(host[pos : pos + n].mean())
-            stats[i] = (mean, values[pos + n : pos + 2 * n])
-            pos += 2 * n
+        """Greedy allocation per budget group from last step's statistics (float64 on the CPU): ``values`` holds each
+        layer's mean ||grad||^2 per sample, in ``order``, then each layer's per-sample ranges. Python floats, not tiny
+        tensor ops per layer (5-10 ms a step)."""
+        stats, pos = {}, len(order)
+        for k, i in enumerate(order):
+            n = self._grad_sq[i][1]
+            stats[i] = (values[k], values[pos : pos + n])
+            pos += n
         for (target, _), indices in groups.items():
             # Bits are chosen in forward, before a sample's own gradient exists: last step's per-sample norms belong
             # to other samples, so a layer's cost uses their mean and the split across samples follows the range. A
-            # diverging run's overflowed statistic (inf, or inf x 0 = nan) counts 0, as record_grad's does.
+            # diverging run's overflowed statistic (inf, or inf x 0 = nan) counts 0, as the layer means' does.
             cost, weight = [], []
             for i in indices:
                 scale = self._cost_factor(i) * self._calls_per_step(i) * stats[i][0]
