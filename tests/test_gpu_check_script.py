@@ -28,7 +28,7 @@ from pathlib import Path
 
 args = sys.argv[1:]
 if args[:2] == ["-m", "actbench"]:
-    import click, typer
+    import typer  # not click: newer Typer releases carry their own copy of it
     from actbench.cli.app import app
     name, rest = args[2], args[3:]
     command = typer.main.get_command(app).commands.get(name)
@@ -36,8 +36,9 @@ if args[:2] == ["-m", "actbench"]:
         sys.exit(f"gpu_check rehearsal: actbench has no command {name!r}")
     try:
         command.make_context(name, rest)
-    except click.exceptions.ClickException as exc:
-        sys.exit(f"gpu_check rehearsal: actbench {name}: {exc.format_message()}")
+    except Exception as exc:  # the parser's usage errors; any other is a failed parse too
+        message = exc.format_message() if hasattr(exc, "format_message") else repr(exc)
+        sys.exit(f"gpu_check rehearsal: actbench {name}: {message}")
     sys.exit(0)
 if args[:2] == ["-m", "pytest"]:
     missing = [a for a in args if a.startswith("tests/") and not Path(a).is_file()]
