@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -70,25 +69,31 @@ def _step_names(text: str) -> list[str]:
     return names
 
 
+def _rehearsal_env(folder: Path, **extra: str) -> dict[str, str]:
+    """The environment of a rehearsal under ``folder``: the python and nvidia-smi stand-ins written there,
+    ``$OUT`` at ``folder/out``, ``HOME`` (the extension cache's parent) inside ``folder``."""
+    tools = folder / "bin"
+    tools.mkdir()
+    (tools / "python").write_text(f"#!{sys.executable}\n{STAND_IN}")
+    (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'name, memory.total [MiB], driver_version'\n")
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(tools / "python"), "OUT": str(folder / "out"), "HOME": str(folder),
+           "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}", **extra}
+    if "GPU_CHECK_STEPS" not in extra:
+        env.pop("GPU_CHECK_STEPS", None)
+    return env
+
+
 def test_gpu_check_is_valid_bash() -> None:
-    bash = shutil.which("bash")
-    done = subprocess.run([bash, "-n", str(SCRIPT)], capture_output=True, text=True)
+    done = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
 
 def test_gpu_check_rehearsal_parses_every_step(tmp_path: Path) -> None:
     """Every step's command line parses, every step reports rc=0, and what comes back is packed."""
-    stand_in = tmp_path / "python"
-    stand_in.write_text(f"#!{sys.executable}\n{STAND_IN}")
-    stand_in.chmod(0o755)
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'name, memory.total [MiB], driver_version'\n")
-    (tools / "nvidia-smi").chmod(0o755)
+    env = _rehearsal_env(tmp_path, GPU_CHECK_SECONDS="540")
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHON": str(stand_in), "OUT": str(out), "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}",
-           "HOME": str(tmp_path), "GPU_CHECK_SECONDS": "540"}
-    env.pop("GPU_CHECK_STEPS", None)
     done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=300)
     log = (out / "gpu_check.log").read_text()
     assert done.returncode == 0, log[-4000:]
@@ -104,23 +109,17 @@ def test_gpu_check_rehearsal_fails_on_a_misspelled_option(tmp_path: Path) -> Non
     """The rehearsal can fail: a copy of the script with one option misspelled reports that step's rc."""
     text = SCRIPT.read_text()
     assert "--sizes-mib 1,16,256" in text, "bench_kernels' line changed: update this test"
-    copy = tmp_path / "scripts" / "gpu_check.sh"
-    copy.parent.mkdir()
+    tree = tmp_path / "tree"  # the repository's files, with the misspelled copy of the script
+    (tree / "scripts").mkdir(parents=True)
+    (tree / "actbench").symlink_to(ROOT / "actbench")
+    (tree / "tests").symlink_to(ROOT / "tests")
+    for f in (ROOT / "scripts").iterdir():
+        if f.name != SCRIPT.name:
+            (tree / "scripts" / f.name).symlink_to(f)
+    copy = tree / "scripts" / SCRIPT.name
     copy.write_text(text.replace("--sizes-mib 1,16,256", "--size-mib 1,16,256"))
-    for name in ("actbench", "scripts", "tests"):
-        target = tmp_path / name
-        if name == "scripts":
-            for f in (ROOT / "scripts").iterdir():
-                if f.name != "gpu_check.sh":
-                    (target / f.name).symlink_to(f)
-        else:
-            target.symlink_to(ROOT / name)
-    stand_in = tmp_path / "python"
-    stand_in.write_text(f"#!{sys.executable}\n{STAND_IN}")
-    stand_in.chmod(0o755)
+    env = _rehearsal_env(tmp_path, GPU_CHECK_STEPS="bench_kernels bench_actnn")
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHON": str(stand_in), "OUT": str(out), "HOME": str(tmp_path),
-           "GPU_CHECK_STEPS": "bench_kernels bench_actnn"}
     done = subprocess.run(["bash", str(copy)], capture_output=True, text=True, env=env, timeout=120)
     summary = (out / "summary.txt").read_text()
     assert done.returncode != 0
