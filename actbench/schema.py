@@ -26,7 +26,8 @@ DIMENSIONS: tuple[str, ...] = ("depth", "width", "resolution")
 PLAN_DIMENSIONS: tuple[str, ...] = ("batch",) + DIMENSIONS
 #: Seconds before a point's child is killed (status ``timeout``), unless the user says otherwise.
 DEFAULT_TIMEOUT_S = 1800.0
-#: The smallest input side every torchvision classifier accepts after its strides.
+#: The smallest input side any point trains at; a model that needs more says so (its task's ``size_problem``:
+#: AlexNet, Inception, VGG, ... in ``actbench/training/tasks/classification.py``).
 MIN_IMAGE_SIZE = 16
 #: The model that max-scale grows in depth and width (docs/design.md §5).
 GROWABLE_MODEL = "resnet152"
@@ -41,6 +42,9 @@ DEFAULT_PRECISION = "fp32"
 LIMITS: dict[str, int] = {"batch": 2**20, "depth": 65536, "width": 8192, "resolution": 16384, "frames": 4096}
 #: Most values a batch list may expand to (a scan measures each one; --find-max searches a range).
 MAX_LIST_VALUES = 10_000
+#: Most compressed draws one verify-grads takes: hundreds of times the 8 to 16 a bias check needs, yet a
+#: typo like 100000000 is refused instead of training for months (each draw is a training step).
+MAX_SEEDS = 10_000
 
 STATUSES: tuple[str, ...] = ("ok", "oom", "over_budget", "host_over_budget", "error", "timeout")
 #: Statuses that mean "does not fit": what bounds a search (error and timeout say nothing about memory).
@@ -383,14 +387,20 @@ def number_problem(name: str, value: Any, low: float, high: float) -> str | None
     return None
 
 
+def column_range(name: str) -> tuple[int, int]:
+    """The smallest and largest value column ``name`` may hold. Reading rows back checks them, and what
+    writes a point's values (options, experiment files) checks the same ones first, so a command never
+    records a row its own readers would skip."""
+    low = 1 if name in _AT_LEAST_ONE else 0
+    return low, _AT_LEAST_ONE.get(name, _AT_MOST.get(name, MAX_COLUMN_VALUE))
+
+
 def row_value_problem(data: dict[str, Any]) -> str | None:
     """Why a row's values (of the right types) cannot be a measurement, or None: sizes are at least 1
     and within :data:`LIMITS`, every other number finite and non-negative, the precision known.
     What reads rows back (results, analysis, plots, report) skips such a row instead of publishing it."""
     for name in COLUMNS:
-        low = 1 if name in _AT_LEAST_ONE else 0
-        high = _AT_LEAST_ONE.get(name, _AT_MOST.get(name, MAX_COLUMN_VALUE))
-        problem = number_problem(name, data.get(name), low, high)
+        problem = number_problem(name, data.get(name), *column_range(name))
         if problem is not None:
             return problem
     precision = data.get("precision", DEFAULT_PRECISION)

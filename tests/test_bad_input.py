@@ -24,6 +24,7 @@ def invoke(args: list[str]):
     (["sweep-batch", "resnet18", "--batch", "1:100000000000:1", "--dry-run"], "at most 1048576"),
     (["sweep-batch", "resnet18", "--batch", "1:1000000:1", "--dry-run"], "1000000 values, at most 10000"),
     (["sweep-batch", "resnet18", "--batch", "16:100000000000", "--find-max", "--dry-run"], "at most 1048576"),
+    (["sweep-batch", "resnet18", "--batch", "5:7", "--find-max", "--dry-run"], "5..7 holds none"),
     (["plan", "resnet50", "--budget", "16GiB", "--high", "100000000000"], "--high must be at most 1048576"),
     (["plan", "resnet152", "--budget", "16GiB", "--dim", "depth", "--high", "100000000000"], "at most 65536"),
     (["memory", "resnet18", "--batch", "99999999999999999999", "--device", "meta"], "at most 1048576"),
@@ -230,7 +231,8 @@ META = ["--device", "meta", "--image-size", "32", "--batch", "2"]
     (["memory", "resnet18", *META, "--isolate"], "--isolate"),
     (["memory", "resnet18", *META, "--force", "--no-retry"], "--no-retry"),
     (["memory", "resnet18", *META, "--timeout", "5"], "--timeout limits a point's child process"),
-    (["sweep-batch", "resnet18", *META, "--budget", "1GiB", "--find-max", "--stop-after", "3"], "--stop-after"),
+    (["sweep-batch", "resnet18", *META, "--batch", "4:64", "--budget", "1GiB", "--find-max", "--stop-after", "3"],
+     "--stop-after"),
     (["sweep-batch", "resnet18", "--strategies", ",", *META, "--budget", "1GiB"], "--strategies is empty"),
     (["throughput", "resnet18", "--device", "cpu", "--timed-steps", "0"], "--timed-steps must be at least 1 for"),
     (["memory", "resnet18", "--batch", "16:8", "--device", "meta"], "START <= STOP"),
@@ -248,13 +250,15 @@ def _out_cases(tmp_path: Path) -> dict[str, tuple[str, str]]:
     """--out values that cannot hold results, with what the one-line error says."""
     afile = tmp_path / "afile"
     afile.write_text("keep me\n")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone" / "runs")
     return {"empty": ("", "--out must name a directory, got ''"),
             "file": (str(afile), "is a file"),
             "under a file": (str(afile / "sub"), "is not a directory"),
-            "control": ("runs\ntouch x", "got 'runs\\ntouch x'")}
+            "control": ("runs\ntouch x", "got 'runs\\ntouch x'"),
+            "dangling link": (str(tmp_path / "dangling"), f"is a dangling symbolic link (to '{tmp_path}/gone/runs')")}
 
 
-@pytest.mark.parametrize("case", ["empty", "file", "under a file", "control"])
+@pytest.mark.parametrize("case", ["empty", "file", "under a file", "control", "dangling link"])
 @pytest.mark.parametrize("args", [
     ["memory", "resnet18", *META],
     ["sweep-batch", "resnet18", *META, "--budget", "1GiB", "--dry-run"],

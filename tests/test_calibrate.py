@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -89,30 +91,78 @@ def test_a_saved_model_loads_as_it_was(tmp_path: Path) -> None:
     assert load_device_model(path) == gpu_speed_model("t4")
 
 
+INF = float("inf")
+SECONDS, BYTES = "a number of seconds in 0..3600", "a number of bytes/s in 1..1e+21"
+
+
 @pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(version=99), "version 99 is not 1"),
+    (lambda d: d.update(version=99), "version must be 1 (the layout this actbench reads), got 99"),
+    (lambda d: d.update(version=True), "version must be 1 (the layout this actbench reads), got true"),
     (lambda d: d.pop("dram_bytes_per_s"), "missing field(s) dram_bytes_per_s"),
-    (lambda d: d.update(dram_bytes_per_s=-1), "dram_bytes_per_s must be a positive number, got -1"),
+    (lambda d: d.update(dram_bytes_per_s=-1), f"dram_bytes_per_s must be {BYTES}, got -1"),
+    (lambda d: d.update(dram_bytes_per_s=INF), f"dram_bytes_per_s must be {BYTES}, got Infinity"),
+    (lambda d: d.update(dram_bytes_per_s=True), f"dram_bytes_per_s must be {BYTES}, got true"),
     (lambda d: d.update(peak_flops={"fp8": 1e12}), "peak_flops must map fp32, tf32, bf16, fp16"),
-    (lambda d: d.update(host_op_s="fast"), "host_op_s must be a number >= 0, got 'fast'"),
-    (lambda d: d.update(backward_efficiency=0), "backward_efficiency must be a positive number, got 0"),
-    (lambda d: d.update(extension_bytes_per_s=-2), "extension_bytes_per_s must be a positive number or null, got -2"),
-    (lambda d: d.update(strategy_call_s={"actnn_layer": -1}), "strategy_call_s must map names to seconds >= 0"),
-    (lambda d: d.update(strategy_call_s=[1e-4]), "strategy_call_s must map names to seconds >= 0"),
+    (lambda d: d["peak_flops"].update(fp32=INF), "peak_flops.fp32 must be a number of FLOP/s in 1..1e+21, got Infinity"),
+    (lambda d: d.update(host_op_s="fast"), f"host_op_s must be {SECONDS}, got \"fast\""),
+    (lambda d: d.update(host_op_s=1e308), f"host_op_s must be {SECONDS}, got 1e+308"),
+    (lambda d: d.update(launch_s=INF), f"launch_s must be {SECONDS}, got Infinity"),
+    (lambda d: d.update(launch_s=float("nan")), f"launch_s must be {SECONDS}, got NaN"),
+    (lambda d: d.update(backward_efficiency=0), "backward_efficiency must be a number (a share of peak) in "
+                                                "1e-06..1000, got 0"),
+    (lambda d: d.update(extension_bytes_per_s=-2), f"extension_bytes_per_s must be {BYTES} or null, got -2"),
+    (lambda d: d.update(extension_bytes_per_s=INF), f"extension_bytes_per_s must be {BYTES} or null, got Infinity"),
+    (lambda d: d.update(strategy_call_s={"actnn_layer": -1}), f"strategy_call_s.actnn_layer must be {SECONDS}, got -1"),
+    (lambda d: d.update(strategy_call_s={"actnn_layer": INF}), f"strategy_call_s.actnn_layer must be {SECONDS}, "
+                                                               "got Infinity"),
+    (lambda d: d.update(strategy_call_s=[1e-4]), "strategy_call_s must map names to seconds in 0..3600, got [0.0001]"),
     (lambda d: d.update(conv_rates={"fp8:pointwise": [[16, 1e9]]}), "conv_rates must map DTYPE:CURVE"),
     (lambda d: d.update(conv_rates={"fp32:spatial": [[64, 1e9], [16, 2e9]]}), "conv_rates.fp32:spatial must be"),
     (lambda d: d.update(conv_rates={"fp32:spatial": [[16, -1]]}), "conv_rates.fp32:spatial must be"),
-    (lambda d: d.update(op_bytes_per_s={"native_batch_norm": 0}), "op_bytes_per_s must map op names to positive"),
+    (lambda d: d.update(conv_rates={"fp32:spatial": [[16, INF]]}), "conv_rates.fp32:spatial must be"),
+    (lambda d: d.update(op_bytes_per_s={"native_batch_norm": 0}), f"op_bytes_per_s.native_batch_norm must be {BYTES}"),
+    (lambda d: d.update(op_bytes_per_s={"native_batch_norm": INF}), "op_bytes_per_s.native_batch_norm must be"),
+    (lambda d: d.update(name={"a": 1}), 'name must be a non-empty string of at most 100 printable characters (no new '
+                                        'line, tab or other control character), got {"a": 1}'),
+    (lambda d: d.update(name="evil\nname"), r'name must be a non-empty string of at most 100 printable characters '
+                                            r'(no new line, tab or other control character), got "evil\nname"'),
+    (lambda d: d.update(name=" "), "name must be a non-empty string"),
+    (lambda d: d.update(name="x" * 101), "name must be a non-empty string of at most 100"),
+    (lambda d: d.update(label=None), "label must be a non-empty string"),
+    (lambda d: d.update(async_copies="no"), 'async_copies must be true or false, got "no"'),
+    (lambda d: d.update(calibrated=1), "calibrated must be true or false, got 1"),
+    (lambda d: d.update(pcie_generation="gen9"), 'pcie_generation must be one of 1, 2, 3, 4, 5, 6, 7 or null, got "gen9"'),
+    (lambda d: d.update(pcie_generation=9), "pcie_generation must be one of 1, 2, 3, 4, 5, 6, 7 or null, got 9"),
 ])
 def test_a_bad_model_file_is_refused_naming_what_is_wrong(tmp_path: Path, change, message: str) -> None:
+    """Every field by type and bounds: a number finite and within its bounds (``true`` is no number), a
+    flag true or false, a name one printable line; the message names the file, the field and the value
+    as the file spells it (json.dump writes ``Infinity`` for inf)."""
     data = gpu_speed_model("t4").to_dict()
     change(data)
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=f"device model {path}: " + message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(f"device model {path}: {message}")) as raised:
         load_device_model(path)
+    assert "\n" not in str(raised.value)
     with pytest.raises(ValueError):
         DeviceModel.from_dict(data)
+
+
+def test_the_widest_model_the_bounds_allow_still_prices_a_step_finitely() -> None:
+    """The bounds keep every prediction finite: the slowest rates, smallest shares and longest times a
+    file may hold, over a step of the largest counts, still add up to a finite time."""
+    from actbench.planning.step_time import HOST_ONLY, KERNEL, OpCost, STRATEGY_CALL, predict_step
+
+    data = gpu_speed_model("t4").to_dict()
+    data.update(peak_flops={"fp32": 1}, dram_bytes_per_s=1, h2d_bytes_per_s=1, d2h_bytes_per_s=1, launch_s=3600,
+                host_op_s=3600, compute_efficiency=1e-6, memory_efficiency=1e-6, backward_efficiency=1e-6,
+                tensor_core_efficiency=1e-6, extension_bytes_per_s=1, strategy_call_s={"actnn_layer": 3600})
+    model = DeviceModel.from_dict(data)
+    ops = [OpCost("mm", KERNEL, flops=2**63 - 1, bytes_moved=2**63 - 1, backward=True)] * 1000 + \
+        [OpCost("copy_", "copy", bytes_moved=2**63 - 1), OpCost("size", HOST_ONLY),
+         OpCost("actnn_layer", STRATEGY_CALL)] * 1000
+    assert math.isfinite(predict_step(ops, model).step_s)
 
 
 def test_a_model_file_from_before_strategy_calls_loads_pricing_them_at_nothing_and_says_so(tmp_path: Path) -> None:
@@ -200,6 +250,84 @@ def test_device_model_option_refuses_a_bad_file_in_one_line_and_writes_nothing(t
                                                   "valid JSON (Expecting property name enclosed in double quotes: "
                                                   "line 1 column 2 (char 1))"]
     assert not out.exists()
+
+
+META_RUN = ["memory", "resnet18", "--device", "meta", "--image-size", "32", "--batch", "2", "--strategies", "fp32",
+            "--no-baseline"]
+
+
+@pytest.mark.parametrize("field, value", [("launch_s", float("inf")), ("host_op_s", 1e308), ("name", "evil\nname")])
+@pytest.mark.parametrize("given", ["option", "environment"])
+def test_a_model_file_with_an_unpriceable_value_is_one_line_and_writes_no_row(tmp_path: Path, field: str, value,
+                                                                              given: str) -> None:
+    """Refused up front, by --device-model or ACTBENCH_DEVICE_MODEL alike, before a run folder exists:
+    never a row with ``Infinity`` in it (skipped on reading) or a model name over two lines."""
+    data = gpu_speed_model("t4").to_dict()
+    data[field] = value
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "out"
+    args = [*META_RUN, "--out", str(out)]
+    if given == "option":
+        result = invoke([*args, "--device-model", str(path)])
+    else:
+        result = CliRunner(env={**ENV, DEVICE_MODEL_ENV: str(path)}).invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and f"device model {path}: {field} must be" in lines[0], result.output
+    assert not out.exists()
+
+
+def _run_folders(out: Path) -> dict[str, float | None]:
+    """Each run folder under ``out`` and its one row's predicted step time."""
+    found = {}
+    for rows in sorted(out.glob("*/rows.jsonl")):
+        (row,) = [json.loads(line) for line in rows.read_text().splitlines()]
+        found[rows.parent.name] = row["predicted_step_s"]
+    return found
+
+
+def test_another_device_model_is_another_run_not_a_resume_of_rows_priced_on_none_or_another(tmp_path: Path) -> None:
+    """A run folder's name holds the model file's name and fingerprint: adding --device-model, or changing
+    the file, predicts anew into a folder of its own; the same file again resumes. The folder made
+    without a model keeps its name (and its rows)."""
+    out, model = tmp_path / "out", tmp_path / "model.json"
+    assert invoke([*META_RUN, "--out", str(out)]).exit_code == 0
+    (plain,) = _run_folders(out)
+    save_device_model(gpu_speed_model("t4"), model)
+    first = invoke([*META_RUN, "--out", str(out), "--device-model", str(model)])
+    assert first.exit_code == 0 and "(resumed)" not in first.output, first.output
+    folders = _run_folders(out)
+    assert folders[plain] is None and len(folders) == 2
+    (priced,) = set(folders) - {plain}
+    assert folders[priced] > 0
+    assert json.loads((out / priced / "config.json").read_text())["device_model"] == {
+        "name": "t4", "sha256": gpu_speed_model("t4").fingerprint()}
+    again = invoke([*META_RUN, "--out", str(out), "--device-model", str(model)])
+    assert again.exit_code == 0 and "(resumed)" in again.output and len(_run_folders(out)) == 2
+    data = gpu_speed_model("t4").to_dict()
+    data["host_op_s"] *= 100  # a corrected model, same name
+    model.write_text(json.dumps(data))
+    corrected = invoke([*META_RUN, "--out", str(out), "--device-model", str(model)])
+    assert corrected.exit_code == 0 and "(resumed)" not in corrected.output, corrected.output
+    folders = _run_folders(out)
+    (newest,) = set(folders) - {plain, priced}
+    assert folders[newest] > folders[priced]
+
+
+def test_a_gpus_built_in_model_keeps_the_run_folders_name() -> None:
+    """--gpu prices meta rows on the GPU's built-in model: that is not named in the identity, so runs made
+    before device models were part of it still resume; a file's model is, even one holding the same values."""
+    from actbench.core.devices import profile
+    from actbench.core.gpus import gpu_spec
+    from actbench.planning.settings import MeasureSettings
+
+    def identity(model):
+        return MeasureSettings.resolve(profile("meta"), "memory", gpu=gpu_spec("t4"), speed_model=model).identity()
+
+    assert identity(None) == identity(gpu_speed_model("t4")) and "device_model" not in identity(None)
+    from_a_file = DeviceModel.from_dict(gpu_speed_model("t4").to_dict())
+    assert identity(from_a_file)["device_model"] == {"name": "t4", "sha256": gpu_speed_model("t4").fingerprint()}
 
 
 def test_calibrate_refuses_a_folder_as_its_output(tmp_path: Path) -> None:

@@ -76,11 +76,15 @@ def test_bench_kernels_times_every_op_the_extension_registers():
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--sizes-mib", "0"], "--sizes-mib must be positive"),
-        (["--sizes-mib", "big"], "--sizes-mib must be a comma list"),
+        (["--sizes-mib", "0"], "--sizes-mib sizes must be positive, got 0"),
+        (["--sizes-mib", "big"], "bad --sizes-mib 'big': use START:STOP:STEP"),
+        (["--sizes-mib", "1,,2"], "bad --sizes-mib '1,,2': use START:STOP:STEP"),
+        (["--sizes-mib", "1:2000000000"], "--sizes-mib sizes must be at most 1073741824, got 2000000000"),
         (["--bits", "3"], "--bits must be a comma list of 1, 2, 4, 8, got '3'"),
         (["--device", "tpu"], "'tpu' is not one of 'cpu', 'cuda'"),
-        (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+        (["--repeats", "0"], "--repeats must be between 1 and 1000, got 0"),
+        (["--repeats", "100000000"], "--repeats must be between 1 and 1000, got 100000000"),
+        (["--oracle-max-mib", "-5"], "--oracle-max-mib must be between 0 and 1073741824, got -5"),
     ],
 )
 def test_bench_kernels_bad_input(tmp_path, args, message):

@@ -194,6 +194,56 @@ def test_torn_last_line_is_set_aside_and_the_next_row_is_intact(tmp_path: Path, 
     assert [r["batch_size"] for r in table(run_dir)] == ["1", "2", "3", "4"]
 
 
+def _refuse_writes(monkeypatch, path: Path) -> None:
+    """Opening ``path`` for writing fails as it does on a read-only or immutable file (the tests run as
+    root, whom permission bits do not stop)."""
+    real = Path.open
+
+    def guarded(self: Path, mode: str = "r", *args: Any, **kwargs: Any):
+        if self == path and any(c in mode for c in "+wa"):
+            raise PermissionError(1, "Operation not permitted", str(self))
+        return real(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", guarded)
+
+
+def test_a_finished_run_resumes_from_a_read_only_rows_file(tmp_path: Path, monkeypatch) -> None:
+    run_dir = tmp_path / "run"
+    runner(run_dir, Scripted()).run(point(1))
+    before = (run_dir / "rows.jsonl").read_bytes()
+    _refuse_writes(monkeypatch, run_dir / "rows.jsonl")
+    ex = Scripted()
+    assert runner(run_dir, ex).run(point(1)).status == "ok"
+    assert ex.calls == [] and (run_dir / "rows.jsonl").read_bytes() == before
+
+
+def test_a_torn_read_only_rows_file_or_an_unmakeable_lock_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    from actbench.store.reading import RunFileError
+    run_dir = tmp_path / "run"
+    runner(run_dir, Scripted()).run(point(1))
+    rows_path = run_dir / "rows.jsonl"
+    with rows_path.open("ab") as fh:
+        fh.write(b'{"batch')
+    before = rows_path.read_bytes()
+    with monkeypatch.context() as patch:
+        _refuse_writes(patch, rows_path)
+        with pytest.raises(RunFileError, match=r"rows\.jsonl' cannot be repaired: Operation not permitted"):
+            runner(run_dir, Scripted()).run(point(2))
+    assert rows_path.read_bytes() == before
+    (run_dir / ".lock").unlink()
+    real_open = os.open
+
+    def no_lock(path: Any, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith(".lock"):
+            raise PermissionError(1, "Operation not permitted", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_lock)
+    with pytest.raises(RunFileError, match=r"\.lock' cannot be opened: Operation not permitted") as caught:
+        runner(run_dir, Scripted()).run(point(2))
+    assert "\n" not in str(caught.value) and rows_path.read_bytes() == before
+
+
 def test_last_row_without_its_newline_is_kept(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     runner(run_dir, Scripted()).run(point(1))
@@ -752,6 +802,24 @@ def test_a_paper_csv_that_is_a_fifo_is_refused_not_read(meta_run, tmp_path: Path
                            "--paper", "--paper-csv", str(fifo)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [f"actbench: error: '{fifo}' is a FIFO; expected a regular file"]
+
+
+@pytest.mark.parametrize("command", ["plot", "report"])
+def test_a_figures_folder_that_is_a_link_is_refused_not_followed(meta_run, tmp_path: Path, command: str) -> None:
+    from actbench.cli import app
+
+    import shutil
+
+    src = shutil.copytree(meta_run[0], tmp_path / "runs")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (src / "figures").symlink_to(elsewhere)
+    result = CliRunner().invoke(app, [command, str(src)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        f"actbench: error: '{src / 'figures'}' is a symbolic link (to '{elsewhere}'): figures are drawn into a real "
+        "folder beside the runs; name another folder to draw them elsewhere (plot --out, report --figures)"]
+    assert list(elsewhere.iterdir()) == [] and not (src / "report.md").exists()
 
 
 def test_a_full_disk_while_a_command_writes_its_table_is_one_line_and_keeps_the_rows(tmp_path: Path,

@@ -224,6 +224,25 @@ def test_paper_overlay_only_in_the_papers_setting(results: Path) -> None:
     assert "no budget" in other.axes[0].get_title()
 
 
+@pytest.mark.parametrize("body, needle", [
+    (b"L3,64,-100,ok", "line 2: ips must be a positive number"),
+    (b"L3,64,inf,ok", "line 2: ips must be a positive number"),
+    (b"L3,0,80,ok", "line 2: batch_size must be an integer in 1..1048576, got '0'"),
+    (b"L3,64,80,weird", "line 2: status must be one of ok, oom, got 'weird'"),
+    (b"../x,64,80,ok", "line 2: strategy must be a label"),
+    (b"L3,64", "line 2: must have exactly the columns"),
+    (b"L3,64," + b"9" * 200_000 + b",ok", "is not a CSV table"),
+    (b"L3,64,80,ok\n\xfe\xff", "is not UTF-8 text"),
+])
+def test_a_paper_csv_with_a_bad_line_is_one_line_naming_file_and_line(tmp_path: Path, body: bytes,
+                                                                      needle: str) -> None:
+    path = tmp_path / "paper.csv"
+    path.write_bytes(b"strategy,batch_size,ips,status\n" + body + b"\n")
+    with pytest.raises(ValueError) as caught:
+        paper.load_throughput(path)
+    assert needle in str(caught.value) and str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
 def test_predicted_rows_are_hollow_and_labelled(results: Path) -> None:
     fig = plot_activation_vs_batch(group_of(results, "resnet50"))
     ax = fig.axes[0]

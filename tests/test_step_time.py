@@ -281,6 +281,25 @@ def test_prediction_columns_are_their_own_and_old_rows_load_without_them() -> No
     assert loaded.predicted_step_s is None and loaded.device_model is None
 
 
+_A_STEP = [OpCost("size", HOST_ONLY), OpCost("add", KERNEL, bytes_moved=100)]
+
+
+@pytest.mark.parametrize("change, ops", [(dict(launch_s=float("inf")), _A_STEP), (dict(host_op_s=1e308), _A_STEP),
+                                         (dict(launch_s=float("nan")), _A_STEP),
+                                         (dict(host_op_s=0.0), [OpCost("size", HOST_ONLY)])])
+def test_a_prediction_a_row_cannot_hold_leaves_the_columns_empty(change: dict, ops: list, caplog) -> None:
+    """A model built in code skips the file's bounds: a step it prices at Infinity, NaN or nothing (an
+    infinite rate) leaves the predicted columns empty, with a warning, never non-finite JSON in a row."""
+    from actbench.planning.step_time import fill_prediction
+
+    result = Measurement(status="ok")
+    fill_prediction(result, ops, dataclasses.replace(ROUND, **change), 2)
+    assert (result.predicted_step_s, result.predicted_samples_per_s, result.device_model) == (None, None, None)
+    assert "the predicted columns are left empty" in caplog.text
+    fill_prediction(result, _A_STEP, ROUND, 2)
+    assert result.predicted_step_s > 0 and result.device_model == "round"
+
+
 def _resnet18_on_meta(strategy: str, **kw):
     """ResNet-18 at batch 32, 160 px, predicted on meta: the point resolved, as measure_point takes it."""
     from actbench.planning.point import Point

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from actbench.cli.app import (PRECISION_HELP, MeasuringDevice, Precision, app, checked_out_dir, fail,
                               require_device)
-from actbench.schema import DEFAULT_PRECISION, LEVEL_NAMES
+from actbench.schema import DEFAULT_PRECISION, LEVEL_NAMES, MAX_SEEDS
 
 
 Level = enum.Enum("Level", {name: name for name in LEVEL_NAMES}, type=str)
@@ -75,7 +75,7 @@ def verify_grads_command(
     model: Annotated[str, typer.Argument(help="torchvision model name, e.g. resnet18.")],
     level: Annotated[Level, typer.Option("--level", help="ActNN level.")] = Level.L3,
     batch_size: Annotated[int, typer.Option("--batch", min=1, help="Batch size.")] = 4,
-    seeds: Annotated[int, typer.Option("--seeds", min=2, help="Compressed draws K (>= 2).")] = 8,
+    seeds: Annotated[int, typer.Option("--seeds", min=2, help=f"Compressed draws K (2..{MAX_SEEDS}).")] = 8,
     image_size: Annotated[str, typer.Option("--image-size", help=(
         "Input size: N (square) or HxW (RAFT: multiples of 8, at least 128)."))] = "64",
     frames: Annotated[Optional[int], typer.Option("--frames", show_default=False, help=(
@@ -107,9 +107,12 @@ def verify_grads_command(
     from actbench.execution.executors import InProcessExecutor, Task
     precision = precision.value
     _check_model_and_size(model, batch_size, image_size, frames)
+    try:  # the batch and the seeds, in their bounds (VerifyConfig's own checks)
+        config = VerifyConfig(model, level_config(level.value, backend=backend.value), batch_size, seeds, image_size,
+                              device.value, precision=precision, frames=frames)
+    except ValueError as exc:
+        fail(str(exc))
     require_device(device.value)
-    config = VerifyConfig(model, level_config(level.value, backend=backend.value), batch_size, seeds, image_size,
-                          device.value, precision=precision, frames=frames)
     tag = "" if precision == DEFAULT_PRECISION else f" {precision}"
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err) as bar:

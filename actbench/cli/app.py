@@ -13,7 +13,7 @@ import typer
 
 from actbench.core.devices import DEVICE_NAMES, MEASURING_DEVICES, profile
 from actbench.core.gpus import GPU_NAMES
-from actbench.schema import PRECISIONS
+from actbench.schema import LIMITS, PRECISIONS
 
 app = typer.Typer(
     name="actbench",
@@ -48,11 +48,34 @@ def fail(message: str, code: int = 2) -> NoReturn:
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def refuse_control_characters(option: str, text: str) -> None:
+def refuse_control_characters(option: str, text: str, what: str = "a path") -> None:
     """Exit 2 with one line when ``text`` holds a control character (below 0x20, or 0x7f)."""
     if CONTROL_CHARACTERS.search(text):
-        fail(f"{option} must be a path of printable characters (no new line, tab, escape or other control "
+        fail(f"{option} must be {what} of printable characters (no new line, tab, escape or other control "
              f"character), got {text!r}")
+
+
+def refuse_run_file(option: str, path: Path) -> None:
+    """Exit 2 with one line when output ``path`` would replace a file a run folder owns (``rows.jsonl``,
+    ``table.csv``, ``config.json``, ...: ``actbench.store.results.RUN_FILES``) in a folder that holds
+    ``rows.jsonl`` or ``config.json``: an output aimed at another run must not overwrite its rows."""
+    import fnmatch
+
+    from actbench.store.results import RUN_FILES
+
+    folder = path.parent
+    if not (path.name in RUN_FILES or fnmatch.fnmatchcase(path.name, "env_*.json")):
+        return
+    if any(os.path.lexists(folder / name) for name in ("rows.jsonl", "config.json")):
+        fail(f"{option} '{path}' would overwrite {path.name} of the run folder '{folder}' (a run's own files: "
+             f"{', '.join(RUN_FILES)}, env_<id>.json); choose another name, or a folder that holds no run")
+
+
+def require_train_batch(batch_size: int) -> None:
+    """Exit 2 with one line unless ``--batch`` is in 2..LIMITS["batch"] (the cap every command keeps):
+    BatchNorm in train mode needs two samples, and a typo is refused before a step allocates for it."""
+    if not 2 <= batch_size <= LIMITS["batch"]:
+        fail(f"--batch must be in 2..{LIMITS['batch']} (BatchNorm in train mode needs two samples), got {batch_size}")
 
 
 def checked_out_dir(value: str | Path, option: str = "--out") -> Path:
@@ -67,6 +90,9 @@ def checked_out_dir(value: str | Path, option: str = "--out") -> Path:
     if not text.strip():
         fail(f"{option} must name a directory, got {text!r}")
     path = Path(text)
+    if path.is_symlink() and not path.exists():
+        fail(f"{option} '{path}' is a dangling symbolic link (to '{os.readlink(path)}'); name a directory, "
+             "or remove the link")
     if path.exists() and not path.is_dir():
         kind = "a file" if path.is_file() else "not a directory"
         fail(f"{option} must be a directory (or one to create), got '{path}': it is {kind}")
@@ -77,6 +103,7 @@ def checked_out_dir(value: str | Path, option: str = "--out") -> Path:
         fail(f"{option} '{path}' is not writable: '{ancestor}' is not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         fail(f"{option} '{path}' is not writable: '{ancestor}' does not let this user write in it")
+    refuse_run_file(option, path)
     return path
 
 

@@ -16,6 +16,13 @@ from actbench.cli.app import MeasuringDevice, app, checked_out_dir, fail, new_be
 console = Console()
 err_console = Console(stderr=True)
 
+#: bench-kernels' most timed calls per point: a median and IQR of 1000 samples are long settled, and every
+#: op at every size is timed that often (a typo like 100000000 would run for days).
+MAX_REPEATS = 1000
+#: bench-kernels' largest input size, in MiB of fp32 (1 PiB): beyond any machine's memory, so sizes are
+#: refused by what fits (kernels.bench.check_sizes_fit), not by this bound, which keeps the numbers sane.
+MAX_SIZE_MIB = 2**30
+
 
 @app.command()
 def doctor() -> None:
@@ -60,13 +67,13 @@ def build(
 
 
 def _parse_sizes(text: str) -> tuple[int, ...]:
+    """--sizes-mib by the list parser every command's sizes go through (an empty entry is refused)."""
+    from actbench.execution.parsing import parse_int_range
+
     try:
-        sizes = tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        fail(f"--sizes-mib must be a comma list of whole MiB like 1,16,256, got {text!r}")
-    if not sizes or any(s <= 0 for s in sizes):
-        fail(f"--sizes-mib must be positive whole MiB, got {text!r}")
-    return sizes
+        return parse_int_range(text, "--sizes-mib", largest=MAX_SIZE_MIB)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def _parse_bits(text: str) -> tuple[int, ...]:
@@ -81,9 +88,10 @@ def bench_kernels(
     device: Annotated[MeasuringDevice, typer.Option("--device", help="The device to time on.")] = MeasuringDevice.cpu,
     sizes_mib: Annotated[str, typer.Option("--sizes-mib", help="Input sizes in MiB of fp32.")] = "1,4,16,64,256,1024",
     bits: Annotated[str, typer.Option("--bits", help="Bit widths to time, comma list of 1,2,4,8.")] = "2",
-    repeats: Annotated[int, typer.Option("--repeats", help="Timed calls per point (after one warm-up).")] = 5,
+    repeats: Annotated[int, typer.Option("--repeats", help=(
+        f"Timed calls per point (after one warm-up), 1..{MAX_REPEATS}."))] = 5,
     oracle_max_mib: Annotated[
-        int, typer.Option("--oracle-max-mib", help="Time the pure-torch oracle up to this size.")
+        int, typer.Option("--oracle-max-mib", help="Time the pure-torch oracle up to this size (0: never).")
     ] = 256,
     out: Annotated[Path, typer.Option("--out", parser=checked_out_dir,
                                       help="Results root; writes OUT/bench-kernels_<device>_<time>/.")] = Path("runs"),
@@ -133,8 +141,13 @@ def _kernel_config(device: str, sizes_mib: str, bits: str, repeats: int, oracle_
     """bench-kernels' options checked (sizes that cannot fit refused before anything runs)."""
     from actbench.kernels import bench as kernel_bench
 
-    if repeats < 1:
-        fail(f"--repeats must be >= 1, got {repeats}")
+    from actbench.execution.parsing import check_int
+
+    try:
+        check_int(repeats, "--repeats", MAX_REPEATS)
+        check_int(oracle_max_mib, "--oracle-max-mib", MAX_SIZE_MIB, smallest=0)
+    except ValueError as err:
+        fail(str(err))
     require_device(device)
     config = kernel_bench.KernelBenchConfig(device=device, sizes_mib=_parse_sizes(sizes_mib), bits=_parse_bits(bits),
                                             repeats=repeats, oracle_max_mib=oracle_max_mib)

@@ -129,16 +129,11 @@ def _launch(command: str, shared: SharedOptions, **fields: Any):
 def _refuse_idle_switches(spec, execution, switches: dict[str, Any]) -> None:
     """Run and execution options that would do nothing here are one-line errors, not silently recorded.
 
-    --jobs beyond this machine's cores only queue for them (and env.json would record points at once
-    that never ran at once); --isolate asks for a child per point where points are predicted in this
-    process, as does --timeout (no child to stop there); --stop-after ends a scan that --find-max does
-    not run; --no-retry keeps error rows that --force measures again anyway.
+    --isolate asks for a child per point where points are predicted in this process, as does --timeout
+    (no child to stop there); --stop-after ends a scan that --find-max does not run; --no-retry keeps
+    error rows that --force measures again anyway. (--jobs beyond this machine's cores is refused by
+    ``ExecutionOptions.check``, for every command that runs points.)
     """
-    from actbench.execution.executors import cpu_count
-
-    if execution.executor == "local" and execution.jobs > cpu_count():
-        fail(f"--jobs must be between 1 and {cpu_count()} (this machine's cores: each point at once takes one), "
-             f"got {execution.jobs}")
     in_this_process = profile(spec.device).in_process and execution.jobs <= 1 and not execution.gpus
     if execution.isolate and in_this_process:
         fail(f"--isolate starts a child process per point, but on {spec.device} with --jobs 1 points are predicted "

@@ -22,7 +22,7 @@ from actbench.cli.speed_commands import DeviceModelOpt
 from actbench.core.devices import PROFILES
 from actbench.core.gpus import GPU_NAMES
 from actbench.execution.specs import DEFAULT_STRATEGIES
-from actbench.schema import DEFAULT_TIMEOUT_S
+from actbench.schema import DEFAULT_TIMEOUT_S, column_range
 from actbench.strategies import PLAIN_STRATEGIES
 from actbench.training.tasks import registered
 
@@ -62,11 +62,17 @@ ForceOpt = Annotated[bool, typer.Option("--force", help=(
     "Measure every point again, even those already recorded (old rows stay in rows.jsonl; the new ones win)."))]
 NoRetryOpt = Annotated[bool, typer.Option("--no-retry", help=(
     "Keep recorded error and timeout rows instead of measuring those points again."))]
-WarmupOpt = Annotated[Optional[int], typer.Option("--warmup-steps", help="Untimed steps first (default: cpu 1, cuda 3).")]
+#: the most warm-up and timed steps a row holds (actbench/schema.py): the options take no more
+MAX_WARMUP_STEPS, MAX_TIMED_STEPS = column_range("warmup_steps")[1], column_range("timed_steps")[1]
+#: how each device that times extends the timed steps asked for, in words (its profile's bounds)
+TIMING_BOUNDS = "; ".join(f"{p.name}: {p.min_timed_seconds:g} s minimum, then at most {p.max_timed_steps} steps or "
+                          f"{p.max_timed_seconds:g} s" for p in PROFILES.values() if p.max_timed_steps)
+WarmupOpt = Annotated[Optional[int], typer.Option("--warmup-steps", help=(
+    f"Untimed steps first, 0..{MAX_WARMUP_STEPS} (default: cpu 1, cuda 3)."))]
 TimedOpt = Annotated[Optional[int], typer.Option("--timed-steps", help=(
-    "Timed steps, at least (default: cpu 3, cuda 10). Timing goes on until the device's minimum time has "
-    "passed and the spread (IQR) is within 10% of the median, within bounds (cpu: 2 s minimum, at most "
-    "50 steps or 10 s; cuda: 1 s minimum, at most 200 steps or 20 s)."))]
+    f"Timed steps, at least: 0..{MAX_TIMED_STEPS} (default: cpu 3, cuda 10), every one of them run. Past them, "
+    "timing goes on until the device's minimum time has passed and the spread (IQR) is within 10% of the "
+    f"median, within bounds ({TIMING_BOUNDS}); the bounds never cut the steps asked for, --timeout does."))]
 SegmentsOpt = Annotated[Optional[int], typer.Option("--checkpoint-segments", help="Checkpoint segments (default: one per block).")]
 PrecisionOpt = Annotated[Precision, typer.Option("--precision", help=(
     "fp32, or autocast to bf16 / fp16 (fp16 with a gradient scaler), for every strategy; rows record it."))]

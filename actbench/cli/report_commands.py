@@ -1,8 +1,8 @@
 """Commands that read finished runs: ``plot`` (figures) and ``report`` (Markdown).
 
 Thin: parse, call actbench.reporting.plots / actbench.reporting.report, print what was written. A missing or empty
-results folder, or an output path that is empty, unwritable or one of the run files read, exits 2
-with one line on stderr before anything is drawn.
+results folder, or an output path that is empty, unwritable, one of the run files read or a run file
+of another run folder, exits 2 with one line on stderr before anything is drawn.
 """
 
 from __future__ import annotations
@@ -12,17 +12,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from actbench.cli.app import app, fail, refuse_control_characters
+from actbench.cli.app import app, fail, refuse_control_characters, refuse_run_file
 
 
 def _path(option: str, value: Optional[str]) -> Optional[Path]:
-    """An output path option, refused when given as the empty string (which would mean the cwd) or with
-    control characters."""
+    """An output path option, refused when given as the empty string (which would mean the cwd), with
+    control characters, or naming a file of another run folder."""
     if value is None:
         return None
     refuse_control_characters(option, value)
     if not value.strip():
         fail(f"{option} must not be empty (a path, e.g. {option} report/)")
+    refuse_run_file(option, Path(value))
     return Path(value)
 
 

@@ -12,7 +12,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from actbench.cli.app import Gpu, MeasuringDevice, app, fail, refuse_control_characters, require_device
+from actbench.cli.app import (Gpu, MeasuringDevice, app, fail, refuse_control_characters, refuse_run_file,
+                              require_device, require_train_batch)
 from actbench.schema import one_line
 
 #: ``--device-model FILE``, shared by the commands whose rows carry a predicted step time.
@@ -58,12 +59,15 @@ def calibrate_command(
 
     if name is not None and not name.strip():
         fail("--name is empty: give the model a name, e.g. --name my-laptop")
+    if name is not None:
+        refuse_control_characters("--name", name, "a name")
     if out is not None:
         refuse_control_characters("--out", str(out))
         if not str(out).strip() or str(out) == ".":
             fail(f"--out must name a file, e.g. runs/device_models/{device.value}.json, got {str(out)!r}")
     require_device(device.value)
     path = out if out is not None else Path("runs/device_models") / f"{device.value}.json"
+    refuse_run_file("--out", path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -98,14 +102,14 @@ def _print_model(model, path: Path) -> None:
 
 
 def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...], batch_size: int, image_size: str,
-                precision: str, out: Path, model_path: Path) -> None:
+                precision: str, path: Path, kept: list[dict[str, str]], model_path: Path) -> None:
     """``actbench trust --device-model FILE``: predicted ÷ measured step time per point, printed as each
-    finishes, ``OUT/speed_vs_<device>.csv`` kept current; exit 1 if a point failed."""
+    finishes, ``path`` (``OUT/speed_vs_<device>.csv``) kept current with its ``kept`` rows and this run's;
+    exit 1 if a point failed."""
     from rich.console import Console
     from rich.table import Table
 
-    from actbench.studies.trust import (compare_speed, describe_speed_order, speed_csv_name, speed_order_misses,
-                                        write_speed_csv)
+    from actbench.studies.trust import compare_speed, describe_speed_order, speed_order_misses, write_speed_csv
     from actbench.planning.device_models import load_device_model
     from actbench.store.outputs import OutputError
 
@@ -113,16 +117,15 @@ def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...
         speed_model = load_device_model(model_path)
     except ValueError as exc:
         fail(f"--device-model: {exc}")
-    path = out / speed_csv_name(device, precision)
     console, done = Console(), []
 
     def on_point(c) -> None:
         done.append(c)
-        write_speed_csv(done, path)
+        write_speed_csv(done, path, kept)
         console.print(f"{c.model:12s} {c.strategy:10s} predicted {_seconds(c.predicted_step_s)}  measured "
                       f"{_seconds(c.measured_step_s)} (spread {_share(c.measured_spread)})  ratio "
                       f"{_share(c.step_ratio, '.3f')}  {c.predicted_status}/{c.measured_status} {c.message}",
-                      highlight=False, markup=False)
+                      highlight=False, markup=False, soft_wrap=True)
 
     typer.echo(f"timing {len(models) * len(strategies)} points on {device}, each also predicted on meta with "
                f"{speed_model.name} ...", err=True)
@@ -178,18 +181,19 @@ def fastest_command(
     from actbench.core.gpus import gpu_spec
     from actbench.training.model_names import ModelSpec, validate_model_spec
     from actbench.execution.parsing import parse_strategies
-    from actbench.schema import LIMITS, MIN_IMAGE_SIZE
+    from actbench.schema import SizeError
+    from actbench.training.tasks import input_size_for
 
     try:
         spec = gpu_spec(gpu.value)
         validate_model_spec(ModelSpec(model))
+        input_size_for(model, image_size)  # the sizes every command takes, and the least this model trains at
         chosen = parse_strategies(strategies)
+    except SizeError as exc:
+        fail(exc.as_option())
     except ValueError as exc:
         fail(str(exc))
-    if not 2 <= batch_size <= LIMITS["batch"]:
-        fail(f"--batch must be in 2..{LIMITS['batch']} (BatchNorm in train mode needs two samples), got {batch_size}")
-    if not MIN_IMAGE_SIZE <= image_size <= LIMITS["resolution"]:
-        fail(f"--image-size must be in {MIN_IMAGE_SIZE}..{LIMITS['resolution']} pixels, got {image_size}")
+    require_train_batch(batch_size)
     if not chosen:
         fail("--strategies is empty: give at least one of fp32, swap, checkpoint, L0..L5")
     _print_choices(model, spec, batch_size, image_size, _choices(model, spec, batch_size, image_size, chosen))
@@ -201,14 +205,18 @@ def _choices(model: str, gpu, batch_size: int, image_size: int, chosen: tuple[st
     from actbench.planning.point import Point
     from actbench.planning.step_time import StrategyChoice
     from actbench.schema import ModelSpec, PointConfig
+    from actbench.worker import error_measurement
 
     sessions = MetaSessions(speed_model=gpu_speed_model(gpu.name))
     out = []
     for strategy in chosen:
         typer.echo(f"predicting {model} {strategy} b{batch_size} {image_size}px on {gpu.name} ...", err=True)
-        m = sessions.measure_point(Point.resolve(PointConfig(ModelSpec(model), strategy, batch_size, image_size, "meta",
-                                                             budget_bytes=gpu.usable_bytes, timed_steps=0,
-                                                             gpu=gpu.name)))
+        point = Point.resolve(PointConfig(ModelSpec(model), strategy, batch_size, image_size, "meta",
+                                          budget_bytes=gpu.usable_bytes, timed_steps=0, gpu=gpu.name))
+        try:
+            m = sessions.measure_point(point)
+        except Exception as exc:  # a step that cannot run: its row says why in one line, as every command's
+            m = error_measurement(exc)
         out.append(StrategyChoice(strategy, m.status, m.peak_alloc_bytes, m.reserved_bytes,
                                   m.predicted_samples_per_s, m.message))
     return out
@@ -241,7 +249,10 @@ def repredict_command(
     """Predict measured speed rows again on meta, on a device model (a changed one, a GPU not at hand).
 
     Measured columns are copied as they were; predicted_step_s is the new prediction, and the row's
-    earlier one stays in predicted_step_s_earlier (its model in device_model_earlier).
+    earlier one stays in predicted_step_s_earlier (its model in device_model_earlier). A line that is not
+    a measured point (an unknown model, strategy, precision, device or status, a size out of range, a
+    time that is not a positive number) is skipped with one warning naming file, line and field; with no
+    row left, OUT is not written and the exit code is 2.
 
     \b
     Example:
@@ -252,10 +263,12 @@ def repredict_command(
     from actbench.studies.repredict import read_speed_csv, repredict_speed
     from actbench.studies.trust import describe_speed_order, speed_order_misses, write_speed_csv
 
+    refuse_control_characters("--out", str(out))
+    refuse_run_file("--out", out)
     try:
         model = load_device_model(device_model)
-        measured = read_speed_csv(rows)
         check_output(out, [rows, device_model])
+        measured = read_speed_csv(rows)
     except (ValueError, OutputError) as exc:
         fail(one_line(str(exc)))
     again = repredict_speed(measured, model)
@@ -266,6 +279,7 @@ def repredict_command(
     for r in again:
         earlier = "-" if r.predicted_step_s_earlier is None or not r.measured_step_s else \
             f"{r.predicted_step_s_earlier / r.measured_step_s:.3f}"
+        failed = "" if r.predicted_status == "ok" else f" {r.predicted_status}: {r.message}"
         typer.echo(f"{r.model} {r.strategy} b{r.batch_size} {r.image_size}px: predicted ÷ measured {earlier} "
-                   f"({r.device_model_earlier}) -> {_share(r.step_ratio, '.3f')} ({r.device_model})")
+                   f"({r.device_model_earlier}) -> {_share(r.step_ratio, '.3f')} ({r.device_model}){failed}")
     typer.echo(describe_speed_order(speed_order_misses(again)))

@@ -1,6 +1,7 @@
 """``actbench trust``: how far meta's predictions are from measurements on this machine.
 
-Thin: validate, call actbench.studies.trust, print each point as it finishes, keep the CSV current.
+Thin: validate, call actbench.studies.trust, print each point as it finishes, keep the CSV current: the
+rows earlier runs wrote stay, a point measured again replaces its own.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from actbench.cli.app import (PRECISION_HELP, MeasuringDevice, Precision, app, checked_out_dir, fail,
-                              interrupted_by, interrupted_exit_code, require_device, terminate_like_ctrl_c)
+                              interrupted_by, interrupted_exit_code, require_device, require_train_batch,
+                              terminate_like_ctrl_c)
 from actbench.cli.progress import ensure_extension
 from actbench.studies.trust import TRUST_MODELS, TRUST_STRATEGIES
 from actbench.schema import DEFAULT_PRECISION
@@ -34,17 +36,19 @@ def trust_command(
         "Input size of every point: N (square) or HxW; a video model's clip has its task's frames."))] = "32",
     precision: Annotated[Precision, typer.Option("--precision", help=PRECISION_HELP)] = Precision(DEFAULT_PRECISION),
     out: Annotated[Path, typer.Option("--out", parser=checked_out_dir, help=(
-        "Folder for meta_vs_<device>.csv (meta_vs_<device>_<precision>.csv at bf16, fp16)."))] = Path("runs/trust"),
+        "Folder for meta_vs_<device>.csv (meta_vs_<device>_<precision>.csv at bf16, fp16). Rows accumulate: "
+        "a point measured again replaces its row, the other points' rows stay."))] = Path("runs/trust"),
     device_model: Annotated[Optional[Path], typer.Option("--device-model", help=(
         "Compare step times instead: predicted on this device model (from `actbench calibrate`) ÷ measured; "
-        "writes speed_vs_<device>.csv and names each pair of strategies predicted in the other order than "
-        "measured, with the measured gap beside the steps' spread (a gap within it the measurement does not "
-        "settle)."))] = None,
+        "writes speed_vs_<device>.csv (its rows accumulate as --out says) and names each pair of strategies "
+        "predicted in the other order than measured, with the measured gap beside the steps' spread (a gap "
+        "within it the measurement does not settle)."))] = None,
 ) -> None:
     """How far to trust meta: the same points predicted on meta and measured on cpu or cuda.
 
     Prints activation and peak bytes as ratios meta ÷ measured (1.0000 = exact) and keeps
-    OUT/meta_vs_<device>.csv current after every point. On cuda the gap includes what the caching
+    OUT/meta_vs_<device>.csv current after every point; rows of earlier runs stay in it (a point measured
+    again replaces its own row). On cuda the gap includes what the caching
     allocator and cuDNN workspaces add, which meta does not model. --precision runs both sides under
     the same autocast. Exit 1 if a point failed.
 
@@ -57,15 +61,19 @@ def trust_command(
     """
     names, chosen = _checked_points(models, strategies, batch_size, image_size)
     require_device(device.value)
+    from actbench.schema import one_line
     from actbench.store.outputs import check_writable
+    from actbench.studies.trust import csv_name, read_table, speed_csv_name
 
+    path = out / (csv_name if device_model is None else speed_csv_name)(device.value, precision.value)
     try:
         check_writable(out)
+        kept = read_table(path)  # checked before anything is measured: its rows are written back
     except ValueError as exc:
-        fail(str(exc))
+        fail(one_line(exc))
     if device_model is not None:
-        return _speed(device.value, names, chosen, batch_size, image_size, precision.value, out, device_model)
-    _memory_trust(device.value, names, chosen, batch_size, image_size, precision.value, out)
+        return _speed(device.value, names, chosen, batch_size, image_size, precision.value, path, kept, device_model)
+    _memory_trust(device.value, names, chosen, batch_size, image_size, precision.value, path, kept)
 
 
 def _checked_points(models: str, strategies: str, batch_size: int, image_size: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -75,9 +83,8 @@ def _checked_points(models: str, strategies: str, batch_size: int, image_size: s
     from actbench.schema import SizeError
     from actbench.training.tasks import input_size_for
 
-    if batch_size < 2:
-        fail(f"--batch must be >= 2 (BatchNorm in train mode needs two samples), got {batch_size}")
-    names = tuple(m.strip() for m in models.split(",") if m.strip())
+    require_train_batch(batch_size)
+    names = tuple(dict.fromkeys(m.strip() for m in models.split(",") if m.strip()))  # each point once
     if not names:
         fail("--models is empty: give at least one model name (see `actbench models`)")
     try:
@@ -96,12 +103,12 @@ def _checked_points(models: str, strategies: str, batch_size: int, image_size: s
 
 
 def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch_size: int, image_size: str,
-                  precision: str, out: Path) -> None:
-    """meta ÷ measured bytes per point, printed as each finishes, the CSV kept current; exit 1 if one failed."""
+                  precision: str, path: Path, kept: list[dict[str, str]]) -> None:
+    """meta ÷ measured bytes per point, printed as each finishes, the CSV at ``path`` kept current (its
+    ``kept`` rows and this run's); exit 1 if one failed."""
     from actbench.store.outputs import OutputError
-    from actbench.studies.trust import compare, csv_name, write_csv
+    from actbench.studies.trust import compare, write_csv
 
-    path = out / csv_name(device, precision)
     tag = "" if precision == DEFAULT_PRECISION else f" {precision}"
     console = Console()
     err = Console(stderr=True, highlight=False)
@@ -109,10 +116,10 @@ def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], 
 
     def on_point(c) -> None:
         done.append(c)
-        write_csv(done, path)
+        write_csv(done, path, kept)
         console.print(f"{c.model:14s} {c.strategy + tag:10s} activation {_ratio(c.activation_ratio)}  "
                       f"peak {_ratio(c.peak_ratio)}  {c.meta_status}/{c.measured_status} {c.message}",
-                      highlight=False, markup=False)
+                      highlight=False, markup=False, soft_wrap=True)
 
     with terminate_like_ctrl_c():
         try:
@@ -140,7 +147,7 @@ def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], 
 
 
 def _speed(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch_size: int, image_size: str,
-           precision: str, out: Path, device_model: Path) -> None:
+           precision: str, path: Path, kept: list[dict[str, str]], device_model: Path) -> None:
     """--device-model: trust for speed (actbench.cli.speed_commands), with the options checked above."""
     from actbench.cli.speed_commands import speed_trust
 
@@ -148,4 +155,4 @@ def _speed(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch_s
         problem = ensure_extension(chosen, device, lambda text: typer.echo(text, err=True))
         if problem is not None:
             fail(problem, code=1)
-        speed_trust(device, names, tuple(chosen), batch_size, image_size, precision, out, device_model)
+        speed_trust(device, names, tuple(chosen), batch_size, image_size, precision, path, kept, device_model)

@@ -70,7 +70,28 @@ def fake_tensor_mode() -> "contextlib.AbstractContextManager":
     """A fresh FakeTensorMode; tensors created inside it (parameters included) are fake."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    _quiet_meta_kernel_failures()
     return FakeTensorMode()
+
+
+def _quiet_meta_kernel_failures() -> None:
+    """FakeTensorMode logs a meta kernel's exception with its traceback before raising it again; the
+    exception becomes the point's ``error`` row and its one-line message, so the log is dropped (any
+    other record of that logger still passes)."""
+    import logging
+
+    from torch._subclasses import fake_tensor
+
+    logger = getattr(fake_tensor, "log", logging.getLogger(fake_tensor.__name__))
+    if not any(isinstance(f, _MetaKernelFailure) for f in logger.filters):
+        logger.addFilter(_MetaKernelFailure())
+
+
+class _MetaKernelFailure:
+    """A logging filter: False for FakeTensorMode's "failed while attempting to run meta for OP" record."""
+
+    def filter(self, record: object) -> bool:
+        return not str(getattr(record, "msg", "")).startswith("failed while attempting to run meta")
 
 
 def is_fake(tensor: object) -> bool:

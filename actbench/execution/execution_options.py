@@ -250,6 +250,12 @@ class ExecutionOptions:
             raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got '{self.executor}'")
         if self.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
+        if self.executor == "local":
+            from actbench.execution.executors import cpu_count
+
+            if self.jobs > cpu_count():  # beyond the cores, points only queue for them
+                raise ValueError(f"--jobs must be between 1 and {cpu_count()} (this machine's cores: each point "
+                                 f"at once takes one), got {self.jobs}")
         on_gpus = device.environment_in_child
         if self.gpus and self.jobs > 1:
             raise ValueError("--jobs and --gpus do not go together: --gpus runs one point per GPU at a time")

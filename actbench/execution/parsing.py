@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import re
+from decimal import Decimal
 from typing import Sequence
 
-from actbench.schema import LIMITS, MAX_LIST_VALUES
+from actbench.schema import LIMITS, MAX_LIST_VALUES, column_range
 from actbench.strategies import BASELINE, LEVEL_NAMES, canonical
 
 _UNITS = {
@@ -16,23 +16,26 @@ _UNITS = {
 }
 
 
+#: The most bytes a size option may say: what a row's ``budget_bytes`` and ``host_budget_bytes`` hold, so
+#: a budget the command takes is one its rows can be read back with.
+MAX_SIZE_BYTES = column_range("budget_bytes")[1]
 #: What a size option allows, said by every message about one (--budget, --host-budget, experiment files).
-SIZE_ALLOWED = ("a size in bytes of at least 1, like 16GiB or 512MiB (a number with an optional unit B, KiB, MiB, "
-                "GiB, TiB, KB, MB, GB or TB)")
+SIZE_ALLOWED = (f"a size in bytes of at least 1 and at most {MAX_SIZE_BYTES} (2^63 - 1, just under 8388608TiB), "
+                "like 16GiB or 512MiB (a number with an optional unit B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)")
 
 
 def parse_bytes(text: str, what: str = "budget") -> int:
-    """'16GiB' -> 17179869184; '1.5GB' -> 1500000000; plain numbers are bytes.
+    """'16GiB' -> 17179869184; '1.5GB' -> 1500000000; plain numbers are bytes (exact: no float rounding).
 
     A ValueError names the text given and says ``what`` must be :data:`SIZE_ALLOWED`.
     """
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
     if not match or match.group(2).lower() not in _UNITS:
         raise ValueError(f"cannot parse {what} '{text}': it must be {SIZE_ALLOWED}")
-    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    if not (math.isfinite(value) and value >= 1):
+    value = int(Decimal(match.group(1)) * _UNITS[match.group(2).lower()])
+    if not 1 <= value <= MAX_SIZE_BYTES:
         raise ValueError(f"{what} must be {SIZE_ALLOWED}, got '{text}'")
-    return int(value)
+    return value
 
 
 def parse_levels(text: str | None) -> tuple[str, ...]:
@@ -86,10 +89,11 @@ def combine_strategies(strategies: tuple[str, ...], levels: tuple[str, ...], bas
     return tuple(dict.fromkeys(combined))
 
 
-def check_int(value: int, what: str = "batch", largest: int = LIMITS["batch"]) -> int:
-    """``value`` itself when it is a size from 1 to ``largest``; ValueError naming it and the range."""
-    if not 1 <= value <= largest:
-        raise ValueError(f"{what} size must be between 1 and {largest}, got {value}")
+def check_int(value: int, what: str = "batch size", largest: int = LIMITS["batch"], smallest: int = 1) -> int:
+    """``value`` itself when it is a count from ``smallest`` to ``largest``; ValueError naming ``what``,
+    the value and the range."""
+    if not smallest <= value <= largest:
+        raise ValueError(f"{what} must be between {smallest} and {largest}, got {value}")
     return value
 
 

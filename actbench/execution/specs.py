@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from actbench.core.devices import DEVICE_NAMES, PROFILES
 from actbench.schema import DEFAULT_PRECISION, PRECISIONS
-from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, LIMITS, MAX_LIST_VALUES, PLAN_DIMENSIONS
+from actbench.schema import DEFAULT_TIMEOUT_S, DIMENSIONS, LIMITS, MAX_LIST_VALUES, PLAN_DIMENSIONS, column_range
 
 #: Commands that measure (or predict) points through the runner.
 MEASURING_COMMANDS: tuple[str, ...] = ("sweep-batch", "throughput", "memory", "max-scale", "plan")
@@ -178,7 +178,20 @@ class CommandSpec:
                 value = getattr(self, name)
                 if value is not None and value > limit:
                     raise SpecError(name, f"must be at most {limit} for --dim {self.dim}, got {value}")
+            if self.dim == "resolution" and self.low is not None:
+                self._check_smallest_side(self.low)
         return searches_a_dim
+
+    def _check_smallest_side(self, side: int) -> None:
+        """A resolution search's --low is a size the model trains at (the check every --image-size gets)."""
+        from actbench.schema import SizeError
+        from actbench.training.tasks import input_size_for
+
+        try:
+            input_size_for(self.model, side, self.frames)
+        except SizeError as exc:
+            raise SpecError("low", exc.problem if exc.whole else f"is the smallest side searched: {exc.problem}",
+                            whole=exc.whole) from None
 
     def _validate_memory(self) -> None:
         """The device memory (--budget or --gpu, one of them where a search needs it) and the host budget."""
@@ -215,8 +228,9 @@ class CommandSpec:
         _positive_finite("timeout_s", self.timeout_s)
         for name in ("warmup_steps", "timed_steps"):
             value = getattr(self, name)
-            if value is not None and value < 0:
-                raise SpecError(name, f"must be >= 0, got {value}")
+            low, high = column_range(name)  # what a row may hold, so its readers keep the row
+            if value is not None and not low <= value <= high:
+                raise SpecError(name, f"must be in {low}..{high}, got {value}")
         if self.checkpoint_segments is not None and self.checkpoint_segments <= 0:
             raise SpecError("checkpoint_segments", f"must be > 0, got {self.checkpoint_segments}")
         if PROFILES[self.device].predicts and self.timed_steps:
@@ -309,8 +323,12 @@ class CommandSpec:
         from actbench.execution.parsing import check_int, parse_int_range
 
         if isinstance(self.batch, int):
-            return (check_int(self.batch, "batch"),)
-        return parse_int_range(self.batch, "batch", max_values=None if self.find_max else MAX_LIST_VALUES)
+            return (check_int(self.batch),)
+        values = parse_int_range(self.batch, "batch", max_values=None if self.find_max else MAX_LIST_VALUES)
+        if self.find_max and max(values) // 4 * 4 < min(values):
+            raise ValueError(f"bad batch '{self.batch}': --find-max searches the multiples of 4 from its smallest "
+                             f"to its largest value, and {min(values)}..{max(values)} holds none (e.g. 4:512)")
+        return values
 
     def budget_bytes(self) -> int | None:
         """--budget, or what the --gpu profile leaves to PyTorch's allocator (docs/design.md §10)."""

@@ -10,6 +10,7 @@ name a model without loading it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
+
+from actbench.schema import MAX_COLUMN_VALUE
 
 #: The environment variable naming a device-model file (``--device-model FILE``), read where points are
 #: measured, as child processes inherit it.
@@ -127,39 +130,30 @@ class DeviceModel:
         data["op_bytes_per_s"] = dict(self.op_bytes_per_s)
         return {"version": MODEL_FILE_VERSION, **data}
 
+    def fingerprint(self) -> str:
+        """16 hex digits of SHA-256 over the model's JSON: a run folder's name changes with the model its
+        rows are priced on, so a resume never keeps another model's predictions."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], origin: str = "device model") -> "DeviceModel":
-        """The model ``data`` describes; ValueError naming the bad field (a wrong version, a missing or
-        non-positive speed, an unknown dtype)."""
-        if data.get("version") != MODEL_FILE_VERSION:
-            raise ValueError(f"{origin}: version {data.get('version')!r} is not {MODEL_FILE_VERSION}")
+        """The model ``data`` describes; ValueError naming the field, its value and what is allowed (a
+        wrong version, a missing field, a number of the wrong type or outside its bounds, a bad name)."""
+        version = data.get("version")
+        if not (_real(version) and version == MODEL_FILE_VERSION):
+            raise ValueError(f"{origin}: version must be {MODEL_FILE_VERSION} (the layout this actbench reads), "
+                             f"got {_shown(version)}")
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         missing = [n for n in ("name", "label", "peak_flops", "dram_bytes_per_s", "h2d_bytes_per_s",
                                "d2h_bytes_per_s", "launch_s", "host_op_s") if n not in values]
         if missing:
             raise ValueError(f"{origin}: missing field(s) {', '.join(missing)}")
-        peaks = values["peak_flops"]
-        if not isinstance(peaks, dict) or "fp32" not in peaks or set(peaks) - set(PEAK_DTYPES):
-            raise ValueError(f"{origin}: peak_flops must map {', '.join(PEAK_DTYPES)} (fp32 required) to FLOP/s, "
-                             f"got {peaks!r}")
-        for name in ("dram_bytes_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "compute_efficiency",
-                     "memory_efficiency", "backward_efficiency"):
-            if name in values and not (isinstance(values[name], (int, float)) and values[name] > 0):
-                raise ValueError(f"{origin}: {name} must be a positive number, got {values[name]!r}")
-        for name in ("launch_s", "host_op_s"):
-            if not (isinstance(values[name], (int, float)) and values[name] >= 0):
-                raise ValueError(f"{origin}: {name} must be a number >= 0, got {values[name]!r}")
-        for name in ("tensor_core_efficiency", "extension_bytes_per_s"):
-            optional = values.get(name)
-            if optional is not None and not (isinstance(optional, (int, float)) and optional > 0):
-                raise ValueError(f"{origin}: {name} must be a positive number or null, got {optional!r}")
-        tensor = values.get("tensor_core_efficiency")
-        if tensor is not None and not (isinstance(tensor, (int, float)) and tensor > 0):
-            raise ValueError(f"{origin}: tensor_core_efficiency must be a positive number or null, got {tensor!r}")
-        if any(not (isinstance(v, (int, float)) and v > 0) for v in peaks.values()):
-            raise ValueError(f"{origin}: every peak_flops value must be a positive number, got {peaks!r}")
-        values["peak_flops"] = MappingProxyType(dict(peaks))
+        check_model_text(values["name"], "name", origin)
+        check_model_text(values["label"], "label", origin)
+        _check_scalars(values, origin)
+        values["peak_flops"] = _peaks(values["peak_flops"], origin)
         sources = values.get("sources") or {}
         if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
             raise ValueError(f"{origin}: sources must map names to strings, got {type(sources).__name__}")
@@ -170,22 +164,99 @@ class DeviceModel:
         return cls(**values)
 
 
+#: Bounds of a model file's numbers, wide beyond any device yet narrow enough that a step's predicted time
+#: (a sum over its ops of bytes or FLOPs over a rate, plus times per op) always comes out finite:
+#: seconds per op or call (0: a CPU has no launch gap; an hour at most), rates in FLOP/s or bytes/s (at
+#: least 1 per second, at most 1e21, a million times an H200's peak), and fractions of a peak.
+SECONDS_BOUNDS: tuple[float, float] = (0.0, 3600.0)
+RATE_BOUNDS: tuple[float, float] = (1.0, 1e21)
+FRACTION_BOUNDS: tuple[float, float] = (1e-6, 1e3)
+#: PCIe generations a model may name (null: not a PCIe device, as a CPU).
+PCIE_GENERATIONS: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7)
+#: Longest model name or label: the name is a column of every row priced on it, both label tables and figures.
+MAX_NAME_CHARS = 100
+_SECONDS, _BYTES, _SHARE = "a number of seconds", "a number of bytes/s", "a number (a share of peak)"
+#: A model file's scalar numbers: (bounds, what they are, null allowed).
+_NUMBERS: Mapping[str, tuple[tuple[float, float], str, bool]] = MappingProxyType({
+    "dram_bytes_per_s": (RATE_BOUNDS, _BYTES, False), "h2d_bytes_per_s": (RATE_BOUNDS, _BYTES, False),
+    "d2h_bytes_per_s": (RATE_BOUNDS, _BYTES, False), "launch_s": (SECONDS_BOUNDS, _SECONDS, False),
+    "host_op_s": (SECONDS_BOUNDS, _SECONDS, False), "compute_efficiency": (FRACTION_BOUNDS, _SHARE, False),
+    "memory_efficiency": (FRACTION_BOUNDS, _SHARE, False), "backward_efficiency": (FRACTION_BOUNDS, _SHARE, False),
+    "tensor_core_efficiency": (FRACTION_BOUNDS, _SHARE, True), "extension_bytes_per_s": (RATE_BOUNDS, _BYTES, True)})
+_FLAGS = ("host_overlaps_device", "async_copies", "conv_fp32_as_tf32", "calibrated")
+
+
+def _shown(value: Any) -> str:
+    """``value`` as the JSON file spells it (Infinity, true, null), on one line and cut short."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
+def _number(value: Any, name: str, origin: str, bounds: tuple[float, float], what: str,
+            nullable: bool = False) -> Any:
+    """``value`` when it is a JSON number within ``bounds`` (so finite; ``true`` is no number), or null
+    where ``nullable``; ValueError naming ``name``, the value and the bounds otherwise."""
+    low, high = bounds
+    if (nullable and value is None) or (_real(value) and low <= value <= high):  # NaN, infinities: False
+        return value
+    raise ValueError(f"{origin}: {name} must be {what} in {low:g}..{high:g}{' or null' if nullable else ''}, "
+                     f"got {_shown(value)}")
+
+
+def _check_scalars(values: Mapping[str, Any], origin: str) -> None:
+    """ValueError naming the first scalar field of a model file of the wrong type or out of bounds."""
+    for name, (bounds, what, nullable) in _NUMBERS.items():
+        if name in values:
+            _number(values[name], name, origin, bounds, what, nullable)
+    for name in _FLAGS:
+        if name in values and not isinstance(values[name], bool):
+            raise ValueError(f"{origin}: {name} must be true or false, got {_shown(values[name])}")
+    generation = values.get("pcie_generation")
+    if generation is not None and not (_real(generation) and isinstance(generation, int)
+                                       and generation in PCIE_GENERATIONS):
+        raise ValueError(f"{origin}: pcie_generation must be one of {', '.join(map(str, PCIE_GENERATIONS))} or "
+                         f"null, got {_shown(generation)}")
+
+
+def check_model_text(text: Any, field_name: str, origin: str) -> str:
+    """``text`` when it can stand as a model's name or label in rows, tables and figures: a non-empty
+    string of at most :data:`MAX_NAME_CHARS` printable characters (no new line, tab or escape); ValueError."""
+    if isinstance(text, str) and text.strip() and text.isprintable() and len(text) <= MAX_NAME_CHARS:
+        return text
+    raise ValueError(f"{origin}: {field_name} must be a non-empty string of at most {MAX_NAME_CHARS} printable "
+                     f"characters (no new line, tab or other control character), got {_shown(text)}")
+
+
+def _peaks(peaks: Any, origin: str) -> Mapping[str, float]:
+    """A model file's ``peak_flops``: dtypes of :data:`PEAK_DTYPES` (fp32 required) mapped to FLOP/s."""
+    if not isinstance(peaks, dict) or "fp32" not in peaks or set(peaks) - set(PEAK_DTYPES):
+        raise ValueError(f"{origin}: peak_flops must map {', '.join(PEAK_DTYPES)} (fp32 required) to FLOP/s, "
+                         f"got {_shown(peaks)}")
+    for dtype, value in peaks.items():
+        _number(value, f"peak_flops.{dtype}", origin, RATE_BOUNDS, "a number of FLOP/s")
+    return MappingProxyType(dict(peaks))
+
+
 #: What a model without ``strategy_call_s`` (a file written before it existed) says about it.
 NO_STRATEGY_CALLS = ("not in this file (written before calibrate measured it): a strategy's own Python "
                      "(ActNN's layers, checkpoint's segments) costs nothing in this model's predictions")
 
 
 def _strategy_calls(values: Mapping[str, Any], origin: str) -> tuple[Mapping[str, float], Mapping[str, str]]:
-    """(``strategy_call_s``, ``sources``) of a model file: a mapping of names to seconds >= 0; absent,
+    """(``strategy_call_s``, ``sources``) of a model file: a mapping of names to seconds; absent,
     an empty one, and ``sources`` says so (:data:`NO_STRATEGY_CALLS`)."""
     sources = values["sources"]
     if "strategy_call_s" not in values:
         return MappingProxyType({}), MappingProxyType({**sources, "strategy_calls": NO_STRATEGY_CALLS})
     calls = values["strategy_call_s"]
-    if not isinstance(calls, dict) or not all(
-            isinstance(k, str) and _real(v) and v >= 0
-            for k, v in calls.items()):
-        raise ValueError(f"{origin}: strategy_call_s must map names to seconds >= 0, got {calls!r}")
+    if not isinstance(calls, dict):
+        raise ValueError(f"{origin}: strategy_call_s must map names to seconds in {SECONDS_BOUNDS[0]:g}.."
+                         f"{SECONDS_BOUNDS[1]:g}, got {_shown(calls)}")
+    for kind, seconds in calls.items():
+        _number(seconds, f"strategy_call_s.{kind}", origin, SECONDS_BOUNDS, _SECONDS)
     return MappingProxyType(dict(calls)), sources
 
 
@@ -195,37 +266,41 @@ def _real(value: Any) -> bool:
 
 
 def _op_rates(data: Any, origin: str) -> Mapping[str, float]:
-    """A model file's ``op_bytes_per_s``: op names mapped to positive bytes/s; ValueError otherwise."""
-    if not isinstance(data, dict) or not all(isinstance(k, str) and _real(v) and v > 0 for k, v in data.items()):
-        raise ValueError(f"{origin}: op_bytes_per_s must map op names to positive bytes/s, got {str(data)[:120]}")
+    """A model file's ``op_bytes_per_s``: op names mapped to bytes/s; ValueError naming the op otherwise."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{origin}: op_bytes_per_s must map op names to bytes/s, got {_shown(data)}")
+    for op, rate in data.items():
+        _number(rate, f"op_bytes_per_s.{op}", origin, RATE_BOUNDS, _BYTES)
     return MappingProxyType(dict(data))
 
 
 def _conv_rates(data: Any, origin: str) -> Mapping[str, tuple[tuple[int, float], ...]]:
     """A model file's ``conv_rates``: ``DTYPE:CURVE`` keys mapped to [rows, FLOP/s] pairs, rows
-    whole and rising, rates positive; ValueError naming the field otherwise."""
+    whole and rising, rates within :data:`RATE_BOUNDS`; ValueError naming the field otherwise."""
     def pair(p: Any) -> bool:
-        return isinstance(p, list) and len(p) == 2 and _real(p[0]) and isinstance(p[0], int) and p[0] > 0 \
-            and _real(p[1]) and p[1] > 0
+        return isinstance(p, list) and len(p) == 2 and _real(p[0]) and isinstance(p[0], int) \
+            and 0 < p[0] <= MAX_COLUMN_VALUE and _real(p[1]) and RATE_BOUNDS[0] <= p[1] <= RATE_BOUNDS[1]
 
     keys = {f"{dtype}:{curve}" for dtype in PEAK_DTYPES for curve in CONV_CURVES}
     if not isinstance(data, dict) or set(data) - keys:
         raise ValueError(f"{origin}: conv_rates must map DTYPE:CURVE (a dtype of {', '.join(PEAK_DTYPES)}, a curve "
-                         f"of {', '.join(CONV_CURVES)}) to [rows, FLOP/s] pairs, got {str(data)[:120]}")
+                         f"of {', '.join(CONV_CURVES)}) to [rows, FLOP/s] pairs, got {_shown(data)}")
     curves = {}
     for curve, points in data.items():
         if not isinstance(points, list) or not points or not all(pair(p) for p in points) or any(
                 a[0] >= b[0] for a, b in zip(points, points[1:])):
             raise ValueError(f"{origin}: conv_rates.{curve} must be [rows, FLOP/s] pairs with rising whole rows "
-                             f"and positive rates, got {str(points)[:120]}")
+                             f"and rates in {RATE_BOUNDS[0]:g}..{RATE_BOUNDS[1]:g}, got {_shown(points)}")
         curves[curve] = tuple((int(r), float(v)) for r, v in points)
     return MappingProxyType(curves)
 
 
 def save_device_model(model: DeviceModel, path: Path) -> None:
-    """Write ``model`` as JSON, atomically (a failed write leaves any earlier file whole)."""
+    """Write ``model`` as JSON, atomically (a failed write leaves any earlier file whole); a model its
+    own file could not load back (a measured value out of bounds) is a ValueError, and nothing is written."""
     from actbench.store.outputs import atomic_write_text
 
+    DeviceModel.from_dict(model.to_dict(), origin=f"device model {model.name!r}")
     atomic_write_text(Path(path), json.dumps(model.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
@@ -331,6 +406,12 @@ def gpu_speed_model(name: str) -> DeviceModel:
         return GPU_SPEED_MODELS[name]
     except KeyError:
         raise ValueError(f"unknown GPU '{name}'; choose {', '.join(GPU_SPEED_MODELS)}") from None
+
+
+def is_built_in(model: DeviceModel) -> bool:
+    """Whether ``model`` is one of :data:`GPU_SPEED_MODELS` itself (the object, not a file holding the same
+    values): what ``--gpu`` implies, where a file's model is a setting of its own."""
+    return any(model is built_in for built_in in GPU_SPEED_MODELS.values())
 
 
 def selected_device_model(gpu: str | None) -> DeviceModel | None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from actbench.core.devices import DeviceProfile
 from actbench.core.gpus import GpuSpec
-from actbench.planning.device_models import DeviceModel
+from actbench.planning.device_models import DeviceModel, is_built_in
 from actbench.planning.point import Point
 from actbench.schema import DEFAULT_PRECISION, DEFAULT_TIMEOUT_S, InputSize, ModelSpec, PointConfig
 from actbench.strategies import Strategy
@@ -27,7 +27,8 @@ class MeasureSettings:
     #: the GPU planned for (budget_bytes is then its usable memory), None: none
     gpu: GpuSpec | None = None
     host_budget_bytes: int | None = None
-    #: the device model step times are priced on (None: not priced); not part of what is measured
+    #: the device model step times are priced on (None: not priced); part of the identity when a file gave
+    #: it (``--device-model``), as its predictions are the rows' too
     speed_model: DeviceModel | None = None
 
     def point(self, model: ModelSpec, strategy: Strategy, batch_size: int, size: InputSize) -> Point:
@@ -40,7 +41,8 @@ class MeasureSettings:
 
     def identity(self) -> dict[str, Any]:
         """What makes results differ (the timeout does not), by name. fp32, and a GPU or host budget not
-        given, are left out, so the run directories named before they existed keep their names."""
+        given, are left out, so the run directories named before they existed keep their names; so is a
+        device model unless a file gave one (:meth:`priced_on`): another model is another run directory."""
         data: dict[str, Any] = {"device": self.device.name, "budget_bytes": self.budget_bytes,
                                 "warmup_steps": self.warmup_steps, "timed_steps": self.timed_steps,
                                 "checkpoint_segments": self.checkpoint_segments}
@@ -50,7 +52,18 @@ class MeasureSettings:
             data["gpu"] = self.gpu.name
         if self.host_budget_bytes is not None:
             data["host_budget_bytes"] = self.host_budget_bytes
+        priced_on = self.priced_on()
+        if priced_on is not None:
+            data["device_model"] = priced_on
         return data
+
+    def priced_on(self) -> dict[str, str] | None:
+        """The device model's name and fingerprint where a file gave it (``--device-model``): a resume must
+        not keep rows priced on another model, or on none. None without one, or for a GPU's built-in
+        model, which the GPU spec in the identity implies (run folders named before keep their names)."""
+        if self.speed_model is None or is_built_in(self.speed_model):
+            return None
+        return {"name": self.speed_model.name, "sha256": self.speed_model.fingerprint()}
 
     @classmethod
     def resolve(cls, device: DeviceProfile, command: str, budget_bytes: int | None = None,

@@ -8,6 +8,7 @@ docs/design.md §11.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,9 +16,12 @@ import torch
 
 from actbench.core.compat import op_bytes_moved, op_flops
 from actbench.planning.device_models import DeviceModel
+from actbench.schema import MAX_COLUMN_VALUE, number_problem
 
 if TYPE_CHECKING:
     from actbench.strategies import Strategy
+
+log = logging.getLogger(__name__)
 
 #: Op kinds of a record: a device kernel, a copy between device and host (serial or overlapped), host-only,
 #: and a call of a strategy's own Python (an ActNN layer, a checkpoint segment), named by what it is.
@@ -219,12 +223,20 @@ def predict_step(ops: list[OpCost], model: DeviceModel) -> StepPrediction:
 def fill_prediction(result: Any, ops: list[OpCost] | tuple[OpCost, ...], model: DeviceModel | None,
                     batch_size: int) -> None:
     """Set a measurement's ``predicted_step_s``, ``predicted_samples_per_s`` and ``device_model`` from
-    ``ops`` priced on ``model`` (None: no model, the columns stay empty)."""
+    ``ops`` priced on ``model`` (None: no model, the columns stay empty). A prediction a row cannot hold
+    (not finite, as ``schema.number_problem`` checks every row read back, which skips a row with
+    ``Infinity`` in it) leaves the columns empty, with a warning."""
     if model is None or not ops:
         return
     prediction = predict_step(list(ops), model)
+    rate = prediction.samples_per_s(batch_size)
+    problem = (number_problem("predicted_step_s", prediction.step_s, 0, MAX_COLUMN_VALUE)
+               or number_problem("predicted_samples_per_s", rate, 0, MAX_COLUMN_VALUE))
+    if problem is not None:
+        log.warning("device model %s: %s; the predicted columns are left empty", model.name, problem)
+        return
     result.predicted_step_s = prediction.step_s
-    result.predicted_samples_per_s = prediction.samples_per_s(batch_size)
+    result.predicted_samples_per_s = rate
     result.device_model = model.name
 
 

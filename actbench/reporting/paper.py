@@ -8,12 +8,14 @@ size and memory budget, so :func:`matches` is the single gate every caller goes 
 from __future__ import annotations
 
 import csv
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 
-from actbench.schema import InputSize
+from actbench.schema import LIMITS, InputSize, one_line
 from actbench.store.reading import check_kind
 
 if TYPE_CHECKING:
@@ -107,25 +109,57 @@ def paper_max_batch(strategy: str) -> int | None:
     return MAX_BATCH.get(strategy) if strategy in MAX_BATCH else MAX_BATCH.get(strategy.lower())
 
 
+#: what a paper point's status may be: measured, or the figure's cross (the first batch that failed)
+PAPER_STATUSES = ("ok", "oom")
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+@-]{0,63}")
+
+
 def load_throughput(path: Path | None = None) -> tuple[PaperPoint, ...]:
-    """Points of the paper's throughput-vs-batch figure; raises ValueError when the CSV is missing or bad."""
+    """Points of the paper's throughput-vs-batch figure; ValueError (one line naming the file, the line
+    and the field) when the CSV is missing or any line is bad: a reference that is silently wrong would
+    be drawn beside every measurement."""
     path = DEFAULT_THROUGHPUT_CSV if path is None else path
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"paper throughput CSV '{path}' cannot be read: {exc.strerror or exc}") from None
-    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"paper throughput CSV '{path}' is not UTF-8 text (byte {exc.start})") from None
+    numbered = [(n, line) for n, line in enumerate(text.splitlines(), 1)
+                if line.strip() and not line.lstrip().startswith("#")]
     points = []
-    for record in csv.DictReader(lines):
-        try:
-            ips = record["ips"].strip()
-            points.append(PaperPoint(strategy=record["strategy"].strip(), batch_size=int(record["batch_size"]),
-                                     samples_per_s=float(ips) if ips else None, status=record["status"].strip()))
-        except (KeyError, ValueError, AttributeError):
-            raise ValueError(f"paper throughput CSV '{path}': bad line {record}") from None
+    try:
+        for (lineno, _), record in zip(numbered[1:], csv.DictReader(line for _, line in numbered)):
+            try:
+                points.append(_paper_point(record))
+            except (KeyError, ValueError, AttributeError) as exc:
+                raise ValueError(one_line(f"paper throughput CSV '{path}' line {lineno}: {exc}")) from None
+    except csv.Error as exc:
+        raise ValueError(one_line(f"paper throughput CSV '{path}' is not a CSV table: {exc}")) from None
     if not points:
         raise ValueError(f"paper throughput CSV '{path}' has no points")
     return tuple(points)
+
+
+def _paper_point(record: Mapping[str, str | None]) -> PaperPoint:
+    """One line's point; ValueError naming the field and what it may be."""
+    fields = {name: (record.get(name) or "").strip() for name in ("strategy", "batch_size", "ips", "status")}
+    if None in record or None in record.values():
+        raise ValueError("must have exactly the columns strategy,batch_size,ips,status")
+    if not _LABEL.fullmatch(fields["strategy"]):
+        raise ValueError(f"strategy must be a label of letters, digits and _.+@- (up to 64), got {fields['strategy']!r:.80}")
+    batch = fields["batch_size"]
+    if not (batch.isascii() and batch.isdigit() and 1 <= int(batch) <= LIMITS["batch"]):
+        raise ValueError(f"batch_size must be an integer in 1..{LIMITS['batch']}, got {batch!r:.80}")
+    try:
+        ips = float(fields["ips"]) if fields["ips"] else None
+    except ValueError:
+        ips = math.nan
+    if ips is not None and not (math.isfinite(ips) and ips > 0):
+        raise ValueError(f"ips must be a positive number of images/s or empty, got {fields['ips']!r:.80}")
+    if fields["status"] not in PAPER_STATUSES:
+        raise ValueError(f"status must be one of {', '.join(PAPER_STATUSES)}, got {fields['status']!r:.80}")
+    return PaperPoint(fields["strategy"], int(batch), ips, fields["status"])
 
 
 def paper_throughput_at(points: tuple[PaperPoint, ...], strategy: str, batch_size: int,

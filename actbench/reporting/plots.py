@@ -18,6 +18,7 @@ carry their spread (IQR) as error bars.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
@@ -304,8 +305,19 @@ def _save(figures: Sequence[NamedFigure], out_dir: Path) -> list[Path]:
 
 def _figure_targets(results_dir: Path, out_dir: Path | None, folders: Iterable[Path]) -> dict[Path, Path]:
     """Where each folder's figures go: ``FOLDER/figures``, or ``out_dir/<folder relative to results_dir>``."""
-    return {folder: folder / "figures" if out_dir is None else out_dir / folder.relative_to(results_dir)
+    return {folder: default_figures(folder) if out_dir is None else out_dir / folder.relative_to(results_dir)
             for folder in folders}
+
+
+def default_figures(folder: Path) -> Path:
+    """``folder/figures``; ValueError (one line) when it is a symbolic link: a results folder from
+    elsewhere could otherwise point it anywhere and have figures written there unasked."""
+    target = folder / "figures"
+    if target.is_symlink():
+        raise ValueError(f"'{target}' is a symbolic link (to '{os.readlink(target)}'): figures are drawn "
+                         "into a real folder beside the runs; name another folder to draw them elsewhere "
+                         "(plot --out, report --figures)")
+    return target
 
 
 def write_figures_per_folder(results_dir: Path, out_dir: Path | None = None, with_paper: bool = False,
@@ -343,5 +355,5 @@ def write_figures(results_dir: Path, out_dir: Path | None = None, with_paper: bo
     """
     found = find_result_runs(results_dir)
     points = paper_ref.load_checked(paper_csv) if with_paper else None
-    out_dir = results_dir / "figures" if out_dir is None else out_dir
+    out_dir = default_figures(results_dir) if out_dir is None else out_dir
     return tuple(_save(figures_for(found.harness, points) + accuracy_figures(found.accuracy), out_dir))

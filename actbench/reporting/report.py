@@ -449,12 +449,11 @@ def write_report(results_dir: Path, out_file: Path | None = None, figures_dir: P
             raise
         points = None  # the report still gives max-batch and memory ratios; throughput column omitted
     check_output(out_file, inputs)
-    if draw_figures:
-        check_output(results_dir / "figures" if figures_dir is None else figures_dir, inputs, directory=True)
     figures: tuple[Path, ...] = ()
     if draw_figures:
-        from actbench.reporting.plots import write_figures  # matplotlib: only when figures are drawn
+        from actbench.reporting.plots import default_figures, write_figures  # matplotlib: only when figures are drawn
 
+        check_output(default_figures(results_dir) if figures_dir is None else figures_dir, inputs, directory=True)
         figures = write_figures(results_dir, figures_dir, with_paper=points is not None, paper_csv=paper_csv)
     parts = []
     if found.harness:

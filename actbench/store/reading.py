@@ -1,19 +1,21 @@
 """Reading run files within limits: a file of the wrong kind (a FIFO, a device, a directory) is a
 one-line :class:`RunFileError` before it is opened, never a hang; JSON is read within limits on size,
-nesting and digits; each unreadable line of a JSONL file is skipped with one warning naming it.
+nesting and digits; each unreadable line of a JSONL file is skipped with one warning naming it, and
+each unreadable line of a CSV table is named for its reader to skip or refuse.
 
 Torch-free and row-agnostic: :mod:`actbench.store.results` checks what a result row holds.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import logging
 import os
 import stat
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, BinaryIO, Callable, Iterator, Sequence, TypeVar
 
 from actbench.schema import one_line
 
@@ -256,3 +258,82 @@ def warn_incomplete_tail(path: Path, lineno: int, tail: bytes) -> None:
         log.warning("%s:%d: skipped: incomplete last line (%d bytes, an interrupted write or one in progress)",
                     path, lineno, len(tail))
 
+
+
+# --- reading CSV tables --------------------------------------------------------------------------
+#: One CSV row: its line in the file and its cells by column name.
+CsvRow = tuple[int, dict[str, str]]
+
+
+def read_csv(path: Path, required: Sequence[str]) -> tuple[list[CsvRow], list[tuple[int, str]]] | None:
+    """The rows of a CSV table actbench wrote (``trust``'s, a re-prediction's), None when it is absent:
+    ``(rows, problems)``, one ``(line, why)`` per line that is not a row (past
+    :data:`MAX_LINE_BYTES`, not UTF-8, not CSV, another count of cells than the header's), for the
+    caller to skip with a warning or to refuse. RunFileError (one line naming it) when it is not a
+    regular file, cannot be read, or its header lacks a ``required`` column."""
+    if not check_kind(path):
+        return None
+    line = [0]  # the physical line the CSV reader has reached
+    problems: list[tuple[int, str]] = []
+    try:
+        with path.open("rb") as fh:
+            reader = csv.reader(_csv_lines(fh, line, problems))
+            header = _csv_header(path, reader, problems, required)
+            rows = list(_csv_rows(reader, header, line, problems))
+    except OSError as exc:
+        raise RunFileError(f"'{path}' cannot be read: {exc.strerror or exc}") from None
+    return rows, problems
+
+
+def _csv_lines(fh: BinaryIO, line: list[int], problems: list[tuple[int, str]]) -> Iterator[str]:
+    """The lines of ``fh`` as text, each read within :data:`MAX_LINE_BYTES`; a line past it or not
+    UTF-8 goes to ``problems`` instead."""
+    while True:
+        raw = fh.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        line[0] += 1
+        if len(raw) > MAX_LINE_BYTES:
+            size = len(raw)
+            while raw and not raw.endswith(b"\n"):  # the rest of the line, a chunk at a time
+                raw = fh.readline(1 << 20)
+                size += len(raw)
+            problems.append((line[0], f"a line of {size} bytes (at most {MAX_LINE_BYTES})"))
+            continue
+        try:
+            yield raw.decode("utf-8-sig" if line[0] == 1 else "utf-8")  # a spreadsheet's byte-order mark
+        except UnicodeDecodeError as exc:
+            problems.append((line[0], f"not UTF-8 (byte {exc.start + 1})"))
+
+
+def _csv_header(path: Path, reader: Any, problems: list[tuple[int, str]], required: Sequence[str]) -> list[str]:
+    """The column names of the first line; RunFileError when that line is unreadable or lacks a column."""
+    try:
+        header = next(reader, [])
+    except csv.Error as exc:
+        raise RunFileError(f"'{path}': its header line is not CSV ({exc})") from None
+    if problems:
+        raise RunFileError(f"'{path}': its header line is unreadable ({problems[0][1]})")
+    missing = [c for c in required if c not in header]
+    if missing:
+        has = f"its columns are {one_line(', '.join(header), 120)}" if header else "its first line is empty"
+        raise RunFileError(f"'{path}': missing column(s) {', '.join(missing)} ({has})")
+    return header
+
+
+def _csv_rows(reader: Any, header: list[str], line: list[int], problems: list[tuple[int, str]]) -> Iterator[CsvRow]:
+    """Each row after the header with as many cells as it; an empty line is passed over."""
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            problems.append((line[0], f"not CSV ({exc})"))
+            continue
+        if not cells:
+            continue
+        if len(cells) != len(header):
+            problems.append((line[0], f"{len(cells)} cells, the header names {len(header)}"))
+            continue
+        yield line[0], dict(zip(header, cells))

@@ -216,7 +216,11 @@ class RunStore:
             if not check_kind(self.run_dir, directory=True):
                 self.run_dir.mkdir(parents=True, exist_ok=True)
             self.check_files()
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise RunFileError(f"'{self.lock_path}' cannot be opened: {exc.strerror or exc} (a run folder "
+                                   "must be writable to add or resume rows; another --out starts a new run)") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
             except BaseException:
@@ -239,12 +243,13 @@ class RunStore:
     def _repair_tail(self) -> None:
         """Under the lock: a last line without its newline is an interrupted write (no live writer is
         mid-append). A complete row gets its newline; anything else moves to ``rows.jsonl.torn``."""
-        try:
-            if not check_kind(self.rows_path):
-                return
-            fh = self.rows_path.open("rb+")
-        except FileNotFoundError:
+        if not self._torn_tail():
             return
+        try:
+            fh = self.rows_path.open("rb+")
+        except OSError as exc:
+            raise RunFileError(f"'{self.rows_path}' cannot be repaired: {exc.strerror or exc} (its last line is "
+                               "incomplete, and mending it needs write access)") from None
         with fh:
             size = os.fstat(fh.fileno()).st_size
             if size == 0:
@@ -278,6 +283,23 @@ class RunStore:
             os.fsync(fh.fileno())
         if start < self._read_pos:  # cannot happen for complete lines; be safe
             self._reset()
+
+    def _torn_tail(self) -> bool:
+        """Whether ``rows.jsonl`` ends without its newline, found by reading only: a complete file (a
+        resume with nothing left to add) needs no write access."""
+        try:
+            if not check_kind(self.rows_path):
+                return False
+            with self.rows_path.open("rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size == 0:
+                    return False
+                fh.seek(size - 1)
+                return fh.read(1) != b"\n"
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise RunFileError(f"'{self.rows_path}' cannot be read: {exc.strerror or exc}") from None
 
     @staticmethod
     def _last_newline(fh: Any, size: int) -> int:

@@ -167,5 +167,6 @@ def ratio_rows(samples: dict[str, list[float]], model: str, batch_size: int, ima
         rows.append(ActnnBenchRow(
             model, batch_size, image_size, device, name, batch_size / statistics.median(times),
             quartiles[2] - quartiles[0], ratio, f">= {need}" if need else "",
-            None if need is None else ratio >= need, command, len(times), min(ratios), max(ratios)))
+            None if need is None else ratio >= need, command, len(times),
+            round(min(ratios), 3), round(max(ratios), 3)))  # rounded alike, so the median lies between
     return rows

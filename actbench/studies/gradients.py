@@ -21,7 +21,8 @@ from torch import nn
 
 from actbench.actnn.convert import convert
 from actbench.actnn.levels import LevelConfig, resolve
-from actbench.schema import DEFAULT_PRECISION, InputSize
+from actbench.execution.parsing import check_int
+from actbench.schema import DEFAULT_PRECISION, MAX_SEEDS, InputSize
 from actbench.training.precision import check_precision, uses_loss_scaling
 
 if TYPE_CHECKING:
@@ -48,10 +49,8 @@ class VerifyConfig:
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
-        if self.batch_size < 1:
-            raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
-        if self.seeds < 2:
-            raise ValueError(f"seeds must be >= 2 (a variance needs two draws), got {self.seeds}")
+        check_int(self.batch_size)
+        check_int(self.seeds, "seeds (compressed draws: a variance needs two)", MAX_SEEDS, smallest=2)
         self.size()
 
     def size(self) -> InputSize:

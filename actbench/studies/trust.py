@@ -1,8 +1,9 @@
 """How far ``meta`` predictions are from measurements: the same points on meta and on cpu or cuda.
 
-``actbench trust --device cuda`` writes ``meta_vs_<device>.csv`` (one row per point: both byte
-counts and their ratio meta / measured; ``meta_vs_<device>_<precision>.csv`` at bf16 or fp16, where
-both sides run under the same autocast); ``tests/test_meta.py`` holds the cpu ratios within 5%. On
+``actbench trust --device cuda`` writes ``meta_vs_<device>.csv`` (one row per point, kept across runs: a
+point measured again replaces its row; both byte counts and their ratio meta / measured;
+``meta_vs_<device>_<precision>.csv`` at bf16 or fp16, where both sides run under the same autocast);
+``tests/test_meta.py`` holds the cpu ratios within 5%. On
 cuda the peak ratio includes what cuDNN workspaces add, which meta does not see; ``reserved_ratio``
 compares meta's caching-allocator model (docs/design.md §10, no GPU spec: no cuBLAS workspaces)
 with the allocator's measured reserved peak. Points are measured in this process (the in-process
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from actbench.core.devices import PROFILES
 from actbench.execution.executors import InProcessExecutor
@@ -22,6 +23,7 @@ from actbench.schema import DEFAULT_PRECISION, Measurement, ModelSpec, PointConf
 from actbench.store.outputs import atomic_write_csv
 
 if TYPE_CHECKING:
+    from actbench.measure.meta import MetaSessions
     from actbench.planning.device_models import DeviceModel
 
 TRUST_MODELS = ("resnet18", "resnet50", "densenet121", "mobilenet_v2")
@@ -104,15 +106,52 @@ def csv_name(device: str, precision: str = DEFAULT_PRECISION) -> str:
     return f"meta_vs_{device}.csv" if precision == DEFAULT_PRECISION else f"meta_vs_{device}_{precision}.csv"
 
 
-def write_csv(rows: list[Comparison], path: Path) -> None:
+def write_csv(rows: list[Comparison], path: Path, kept: Sequence[Mapping[str, str]] = ()) -> None:
     """Columns as before precision existed, then ``precision``, then the reserved-bytes comparison (readers by
-    position keep working)."""
+    position keep working); ``kept``: the table's earlier rows (:func:`read_table`), which ``rows`` join."""
     later = ("precision", "meta_reserved_bytes")
     sizes = ("image_width", "frames")
     fields = [n for n in Comparison.__dataclass_fields__ if n not in later + sizes]
     names = fields + ["activation_ratio", "peak_ratio", *later, "reserved_ratio", *sizes]
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_csv(path, names, ([_cell(getattr(r, n), ".4f") for n in names] for r in rows), "CSV")
+    atomic_write_csv(path, names, _merged(names, kept, rows, ".4f"), "CSV")
+
+
+#: What names a point in a trust table: a point measured again replaces its row, every other row stays.
+POINT_COLUMNS = ("model", "strategy", "batch_size", "image_size", "image_width", "frames", "device", "precision")
+
+
+def read_table(path: Path) -> list[dict[str, str]]:
+    """The rows a trust table (``meta_vs_*`` or ``speed_vs_*``) already holds, to keep when a run adds its
+    own; none when it is absent. ValueError (one line naming the file and line) when a line is not a row:
+    rewriting the table would lose it, so nothing is measured until it is moved aside."""
+    from actbench.store.reading import read_csv
+
+    found = read_csv(path, POINT_COLUMNS[:4])
+    if found is None:
+        return []
+    rows, problems = found
+    if problems:
+        lineno, why = problems[0]
+        raise ValueError(f"{path}:{lineno}: {why}: this table's rows are kept when points are added to it; "
+                         "repair or move it aside, or choose another --out")
+    return [cells for _, cells in rows]
+
+
+def _point(cells: Mapping[str, object]) -> tuple[str, ...]:
+    """A row's point as text, whether read back from the table or about to be written to it."""
+    values = ["" if cells.get(n) is None else str(cells.get(n)) for n in POINT_COLUMNS]
+    return (*values[:-1], values[-1] or DEFAULT_PRECISION)  # tables from before precision existed: fp32
+
+
+def _merged(names: Sequence[str], kept: Sequence[Mapping[str, str]], rows: Sequence[object],
+            spec: str) -> list[list[object]]:
+    """``kept`` rows of the points ``rows`` did not measure again, in their order, then ``rows``: a table
+    several runs add to, where a point's latest measurement replaces its earlier row."""
+    new = [{n: _cell(getattr(r, n), spec) for n in names} for r in rows]
+    measured = {_point(cells) for cells in new}
+    table = [old for old in kept if _point(old) not in measured] + new
+    return [[cells.get(n, "") for n in names] for cells in table]
 
 
 # --- speed: the step-time model against measured step times ----------------------------------------
@@ -163,9 +202,9 @@ def compare_speed(device: str, speed_model: "DeviceModel", models=("resnet18",),
     for model in models:
         size = input_size_for(model, image_size)
         for strategy in strategies:
-            predicted = sessions.measure_point(Point.resolve(PointConfig(
+            predicted = predict_point(sessions, PointConfig(
                 ModelSpec(model), strategy, batch_size, **size.point_fields(), device=PREDICTING_DEVICE,
-                timed_steps=0, precision=precision)))
+                timed_steps=0, precision=precision))
             point = Point.resolve(PointConfig(ModelSpec(model), strategy, batch_size, **size.point_fields(),
                                               device=device, warmup_steps=1, timed_steps=timed_steps,
                                               precision=precision))
@@ -182,6 +221,17 @@ def compare_speed(device: str, speed_model: "DeviceModel", models=("resnet18",),
             if on_point is not None:
                 on_point(out[-1])
     return out
+
+
+def predict_point(sessions: "MetaSessions", config: PointConfig) -> Measurement:
+    """``config`` predicted on meta; an exception (a model its size cannot be built at) is an ``error``
+    row with its one-line message, not the end of the comparison."""
+    from actbench.worker import error_measurement
+
+    try:
+        return sessions.measure_point(Point.resolve(config))
+    except Exception as exc:
+        return error_measurement(exc)
 
 
 @dataclass(frozen=True)
@@ -245,11 +295,12 @@ def speed_csv_name(device: str, precision: str = DEFAULT_PRECISION) -> str:
     return f"speed_vs_{device}.csv" if precision == DEFAULT_PRECISION else f"speed_vs_{device}_{precision}.csv"
 
 
-def write_speed_csv(rows: list[SpeedComparison], path: Path) -> None:
-    """One row per point: both step times, the measured spread and the ratio predicted ÷ measured."""
+def write_speed_csv(rows: list[SpeedComparison], path: Path, kept: Sequence[Mapping[str, str]] = ()) -> None:
+    """One row per point: both step times, the measured spread and the ratio predicted ÷ measured;
+    ``kept``: the table's earlier rows (:func:`read_table`), which ``rows`` join."""
     names = [*SpeedComparison.__dataclass_fields__, "step_ratio"]
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_csv(path, names, ([_cell(getattr(r, n), ".6g") for n in names] for r in rows), "CSV")
+    atomic_write_csv(path, names, _merged(names, kept, rows, ".6g"), "CSV")
 
 
 def _cell(value: object, spec: str) -> object:

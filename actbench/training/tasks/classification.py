@@ -28,6 +28,43 @@ TORCHVISION_CLASSIFIERS: tuple[str, ...] = (
     "vit_l_16", "vit_l_32", "wide_resnet101_2", "wide_resnet50_2",
 )
 
+#: The smallest side, in pixels, each classifier trains at where :data:`~actbench.schema.MIN_IMAGE_SIZE`
+#: is too small: below it a pooling or convolution window outgrows the feature map it slides over
+#: (inception_v3: its auxiliary head's 5x5 convolution, which trains). Found by trying every side on
+#: meta (a training step at batch 2) with torchvision 0.29.1; tests/test_model_input_sizes.py tries
+#: each side and the one below it again. A side's minimum holds for either side of an HxW input.
+MIN_SIDES: dict[str, int] = {
+    "alexnet": 63, "inception_v3": 299, "squeezenet1_0": 21, "squeezenet1_1": 17,
+    **dict.fromkeys(("convnext_base", "convnext_large", "convnext_small", "convnext_tiny"), 32),
+    **dict.fromkeys(("densenet121", "densenet161", "densenet169", "densenet201"), 29),
+    **dict.fromkeys(("vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn"), 32),
+}
+#: MaxViT's attention partitions (7x7 windows and grids) tile the feature map after its stem and after
+#: each of its 4 stages' first, strided, convolution: each of those sides is a multiple of 7.
+MAXVIT_PARTITION, MAXVIT_STAGES = 7, 4
+
+
+def size_problem(model: str, size: InputSize) -> str | None:
+    """Why classifier ``model`` cannot train at ``size`` (one line naming both and what it takes), or None."""
+    if model in MIN_SIDES and min(size.height, size.width) < MIN_SIDES[model]:
+        return (f"{model} needs image sides of at least {MIN_SIDES[model]} px (a smaller input leaves a pooling or "
+                f"convolution window larger than its feature map), got {size.text()}")
+    if model.startswith("vit_"):
+        patch = int(model.rsplit("_", 1)[1])
+        if not size.square or size.height % patch:
+            return (f"{model} takes square images whose side is a multiple of {patch} (its patch; one position "
+                    f"embedding per patch), got {size.text()}")
+    if model.startswith("maxvit"):
+        for side in (size.height, size.width):
+            maps = [side]
+            for _ in range(MAXVIT_STAGES + 1):  # the stem's stride-2 convolution, then each stage's
+                maps.append((maps[-1] + 1) // 2)
+            if any(m % MAXVIT_PARTITION for m in maps[2:]):
+                return (f"{model} takes sides whose feature maps stay multiples of {MAXVIT_PARTITION} (its "
+                        f"{MAXVIT_PARTITION}x{MAXVIT_PARTITION} attention partitions) at each of its "
+                        f"{MAXVIT_STAGES} stages, e.g. 224 or 448, got {size.text()}")
+    return None
+
 
 @register
 class Classification(Task):
@@ -39,6 +76,9 @@ class Classification(Task):
         import torchvision
 
         return tuple(sorted(torchvision.models.list_models(module=torchvision.models)))
+
+    def size_problem(self, model: str, size: InputSize) -> str | None:
+        return size_problem(model, size)
 
     def build(self, spec: ModelSpec, size: InputSize) -> "nn.Module":
         from actbench.training.models import build_model
