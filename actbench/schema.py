@@ -83,7 +83,7 @@ class InputSize:
     def parse(cls, text: str | int, frames: int | None = None) -> "InputSize":
         """``"224"``/``224`` (square) or ``"512x1024"`` (height × width); SizeError (one line) otherwise."""
         sides = str(text).strip().lower().replace("×", "x").split("x")
-        if len(sides) not in (1, 2) or not all(side.strip().isdigit() for side in sides):
+        if len(sides) not in (1, 2) or not all(side.strip().isascii() and side.strip().isdigit() for side in sides):
             raise SizeError("image_size", f"must be N or HxW (e.g. 224 or 512x1024), got '{text}'")
         height, width = int(sides[0]), int(sides[-1])
         return cls(height, width, frames)

@@ -19,12 +19,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# two worker processes where there are two cores (run refuses more jobs than cores)
+JOBS=$(( $(nproc) < 2 ? 1 : 2 ))
 "$PY" -m actbench run experiments/memory_per_level.toml --device meta --out results/meta
 "$PY" -m actbench run experiments/planned_max_batch.toml --out results/meta
 "$PY" -m actbench run experiments/modern_baselines.toml --out results/meta
 "$PY" -m actbench run experiments/paper_t4.toml --out results/meta
-"$PY" -m actbench run experiments/max_scale_resnet152_meta.toml --jobs 2 --out results/meta
-"$PY" -m actbench run experiments/dense_tasks.toml --jobs 2 --out results/meta
+"$PY" -m actbench run experiments/max_scale_resnet152_meta.toml --jobs "$JOBS" --out results/meta
+"$PY" -m actbench run experiments/dense_tasks.toml --jobs "$JOBS" --out results/meta
 "$PY" -m actbench report results/meta --out results/meta/report.md
 # ActNN on one model per torchvision family, with its own figures and report under results/zoo/model_zoo/
 # (apart from results/meta, whose report covers the paper's grid; about 50 minutes on 2 loaded cores; resumes)

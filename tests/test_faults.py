@@ -244,6 +244,20 @@ def test_a_torn_read_only_rows_file_or_an_unmakeable_lock_is_one_line(tmp_path: 
     assert "\n" not in str(caught.value) and rows_path.read_bytes() == before
 
 
+@pytest.mark.parametrize("name", ["rows.jsonl", ".lock", "rows.jsonl.torn"])
+def test_a_run_file_that_is_a_link_is_refused_and_its_target_untouched(tmp_path: Path, name: str) -> None:
+    from actbench.store.reading import RunFileError
+    run_dir = tmp_path / "run"
+    runner(run_dir, Scripted()).run(point(1))
+    target = tmp_path / "someone_elses_file"
+    target.write_bytes(b"not a row, and no newline at its end")
+    (run_dir / name).unlink(missing_ok=True)
+    (run_dir / name).symlink_to(target)
+    with pytest.raises(RunFileError, match=f"{name}' is a symbolic link .*put a copy of the target in its place"):
+        runner(run_dir, Scripted()).run(point(2))
+    assert target.read_bytes() == b"not a row, and no newline at its end"
+
+
 def test_last_row_without_its_newline_is_kept(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     runner(run_dir, Scripted()).run(point(1))
@@ -332,11 +346,12 @@ def test_accuracy_rows_with_unreadable_lines_warn(tmp_path: Path, caplog) -> Non
     path = tmp_path / "acc" / "accuracy.jsonl"
     path.parent.mkdir()
     bad = [b"123", b"[1,2]", b'{"key": "\xff"}', json.dumps(asdict(good) | {"steps": "ten"}).encode(),
-           json.dumps({"key": "x"}).encode()]
+           json.dumps({"key": "x"}).encode(), json.dumps(asdict(good) | {"setting": "weird"}).encode(),
+           json.dumps(asdict(good) | {"target_bits": 2.0}).encode()]  # a setting that is not its bits' name
     path.write_bytes(json.dumps(asdict(good)).encode() + b"\n" + b"\n".join(bad) + b"\n" + b'{"key": "torn')
     rows = AccuracyStore(path.parent).read_rows()
     assert [r.key for r in rows] == [good.key]
-    for lineno in range(2, 8):
+    for lineno in range(2, 10):
         assert warnings_about(caplog, f"{path}:{lineno}: skipped"), (lineno, caplog.text)
 
 

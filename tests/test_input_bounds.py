@@ -125,3 +125,8 @@ def test_run_refuses_more_jobs_than_cores_like_the_measuring_commands(tmp_path: 
     path = tmp_path / "jobs.toml"
     path.write_text(STEP.format(command="memory", strategy="fp32", device="meta", extra=""))
     _one_line_refusal(tmp_path, ["run", str(path), "--jobs", "1000"], "--jobs must be between 1 and")
+
+
+def test_run_refuses_more_jobs_than_cores_for_a_file_of_accuracy_steps_too(tmp_path: Path) -> None:
+    accuracy_only = Path(__file__).resolve().parent.parent / "experiments" / "accuracy_vs_bits.toml"
+    _one_line_refusal(tmp_path, ["run", str(accuracy_only), "--quick", "--jobs", "1000"], "--jobs must be between 1 and")

@@ -356,3 +356,6 @@ def test_fastest_command_answers_for_a_named_gpu_and_refuses_bad_input() -> None
     table = result.stdout[result.stdout.index("strategy"):]
     assert table.index("fp32") < table.index("swap")  # both fit; swap crosses PCIe: slower
     assert "samples/s" in table and "predicted" in result.stdout
+    wide = runner.invoke(app, ["fastest", "resnet18", "--gpu", "t4", "--batch", "8", "--image-size", "32x48",
+                               "--strategies", "fp32"], catch_exceptions=False)  # HxW, as every command takes it
+    assert wide.exit_code == 0 and "32x48px" in wide.stdout, wide.output

@@ -77,6 +77,18 @@ def test_trust_keeps_the_rows_of_earlier_runs_and_replaces_a_point_measured_agai
     assert [p.name for p in out.iterdir()] == ["meta_vs_cpu.csv"]  # written through a temporary file
 
 
+def test_two_runs_adding_to_one_table_at_once_keep_each_others_rows(tmp_path: Path) -> None:
+    """Each write reads the table again: run A's second write keeps the row run B wrote between A's two."""
+    path = tmp_path / "trust" / "meta_vs_cpu.csv"
+    first = [_comparison("resnet18", "fp32")]
+    trust.add_to_table(path, first, trust.write_csv)
+    trust.add_to_table(path, [_comparison("resnet34", "fp32")], trust.write_csv)  # run B, meanwhile
+    trust.add_to_table(path, first + [_comparison("resnet18", "L3", 15)], trust.write_csv)
+    assert [(r["model"], r["strategy"]) for r in _table(path)] == [
+        ("resnet34", "fp32"), ("resnet18", "fp32"), ("resnet18", "L3")]
+    assert [p.name for p in path.parent.iterdir()] == ["meta_vs_cpu.csv"]
+
+
 def test_trust_for_speed_keeps_the_rows_of_earlier_runs(tmp_path: Path, monkeypatch) -> None:
     out = tmp_path / "trust"
     out.mkdir()
@@ -186,6 +198,7 @@ def device_model(tmp_path: Path) -> Path:
      "field 'measured_spread' is 'inf' (expected a finite number at least 0, or empty)"),
     ("resnet18,fp32,2,32,cpu", "5 cells, the header names 13"),
     ("x" * 200 + ",fp32,2,32,cpu,m,ok,ok,0.1,0.5,0.02,,fp32", "field 'model' is 200 characters long"),
+    ("resnet18,fp32,2,32,cpu," + "m" * 200 + ",ok,ok,0.1,0.5,0.02,,fp32", "field 'device_model' is 200 characters long"),
 ])
 def test_repredict_skips_a_bad_row_with_one_warning_and_writes_nothing_without_a_row(
         tmp_path: Path, device_model: Path, caplog, row: str, needle: str) -> None:

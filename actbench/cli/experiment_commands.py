@@ -110,7 +110,7 @@ def _checked_execution(exp, executor, jobs: int, gpus: Optional[str], isolate: b
     """How the experiment's steps execute, refused in one line where a step's device cannot take it."""
     from actbench.execution.execution_options import ExecutionOptions, SlurmOptions, parse_gpus
 
-    devices = dict.fromkeys(getattr(s, "device", None) for s in exp.steps if hasattr(s, "device"))
+    devices = dict.fromkeys(getattr(s, "device", "cpu") for s in exp.steps)  # accuracy steps train on the cpu
     if exp.slurm is not None and executor.value != "slurm":
         fail(f"{exp.name}: the file's [slurm] table applies to --executor slurm only, got --executor "
              f"{executor.value}; add --executor slurm, or run a copy of the file without [slurm]")

@@ -146,6 +146,9 @@ def _refuse_idle_switches(spec, execution, switches: dict[str, Any]) -> None:
              "memory runs out): give one of them")
     if switches.get("force") and switches.get("no_retry"):
         fail("--no-retry keeps recorded error rows and --force measures every point again: give one of them")
+    if spec.dim == "resolution" and spec.image_size is not None:
+        fail(f"--image-size {spec.image_size} does nothing with --dim resolution: the search sets the side, "
+             "from --low to --high (their defaults: --dim resolution's range)")
 
 
 def _strategies(strategies: Optional[str], levels: Optional[str], no_baseline: bool) -> tuple[str, ...]:

@@ -102,14 +102,15 @@ def _print_model(model, path: Path) -> None:
 
 
 def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...], batch_size: int, image_size: str,
-                precision: str, path: Path, kept: list[dict[str, str]], model_path: Path) -> None:
+                precision: str, path: Path, model_path: Path) -> None:
     """``actbench trust --device-model FILE``: predicted ÷ measured step time per point, printed as each
-    finishes, ``path`` (``OUT/speed_vs_<device>.csv``) kept current with its ``kept`` rows and this run's;
+    finishes, ``path`` (``OUT/speed_vs_<device>.csv``) kept current with the rows it holds and this run's;
     exit 1 if a point failed."""
     from rich.console import Console
     from rich.table import Table
 
-    from actbench.studies.trust import compare_speed, describe_speed_order, speed_order_misses, write_speed_csv
+    from actbench.studies.trust import (add_to_table, compare_speed, describe_speed_order, speed_order_misses,
+                                        write_speed_csv)
     from actbench.planning.device_models import load_device_model
     from actbench.store.outputs import OutputError
 
@@ -121,7 +122,7 @@ def speed_trust(device: str, models: tuple[str, ...], strategies: tuple[str, ...
 
     def on_point(c) -> None:
         done.append(c)
-        write_speed_csv(done, path, kept)
+        add_to_table(path, done, write_speed_csv)
         console.print(f"{c.model:12s} {c.strategy:10s} predicted {_seconds(c.predicted_step_s)}  measured "
                       f"{_seconds(c.measured_step_s)} (spread {_share(c.measured_spread)})  ratio "
                       f"{_share(c.step_ratio, '.3f')}  {c.predicted_status}/{c.measured_status} {c.message}",
@@ -164,7 +165,8 @@ def fastest_command(
     model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
     gpu: Annotated[Gpu, typer.Option("--gpu", help="The GPU to plan for (a profile of actbench/core/gpus.py).")],
     batch_size: Annotated[int, typer.Option("--batch", help="Batch size to train at.")],
-    image_size: Annotated[int, typer.Option("--image-size", help="Input side in pixels.")] = 224,
+    image_size: Annotated[str, typer.Option("--image-size", help=(
+        "Input size in pixels: N (square) or HxW, as every command takes it."))] = "224",
     strategies: Annotated[str, typer.Option("--strategies", help="Comma list of strategies and levels.")] = FASTEST_DEFAULT,
 ) -> None:
     """Which strategy trains MODEL at BATCH fastest on a GPU you may not have (predicted on meta).
@@ -187,7 +189,7 @@ def fastest_command(
     try:
         spec = gpu_spec(gpu.value)
         validate_model_spec(ModelSpec(model))
-        input_size_for(model, image_size)  # the sizes every command takes, and the least this model trains at
+        size = input_size_for(model, image_size)  # the sizes every command takes, and the least this model trains at
         chosen = parse_strategies(strategies)
     except SizeError as exc:
         fail(exc.as_option())
@@ -196,10 +198,10 @@ def fastest_command(
     require_train_batch(batch_size)
     if not chosen:
         fail("--strategies is empty: give at least one of fp32, swap, checkpoint, L0..L5")
-    _print_choices(model, spec, batch_size, image_size, _choices(model, spec, batch_size, image_size, chosen))
+    _print_choices(model, spec, batch_size, size.text(), _choices(model, spec, batch_size, size, chosen))
 
 
-def _choices(model: str, gpu, batch_size: int, image_size: int, chosen: tuple[str, ...]) -> list:
+def _choices(model: str, gpu, batch_size: int, size, chosen: tuple[str, ...]) -> list:
     from actbench.measure.meta import MetaSessions
     from actbench.planning.device_models import gpu_speed_model
     from actbench.planning.point import Point
@@ -210,9 +212,10 @@ def _choices(model: str, gpu, batch_size: int, image_size: int, chosen: tuple[st
     sessions = MetaSessions(speed_model=gpu_speed_model(gpu.name))
     out = []
     for strategy in chosen:
-        typer.echo(f"predicting {model} {strategy} b{batch_size} {image_size}px on {gpu.name} ...", err=True)
-        point = Point.resolve(PointConfig(ModelSpec(model), strategy, batch_size, image_size, "meta",
-                                          budget_bytes=gpu.usable_bytes, timed_steps=0, gpu=gpu.name))
+        typer.echo(f"predicting {model} {strategy} b{batch_size} {size.text()}px on {gpu.name} ...", err=True)
+        point = Point.resolve(PointConfig(ModelSpec(model), strategy, batch_size, **size.point_fields(),
+                                          device="meta", budget_bytes=gpu.usable_bytes, timed_steps=0,
+                                          gpu=gpu.name))
         try:
             m = sessions.measure_point(point)
         except Exception as exc:  # a step that cannot run: its row says why in one line, as every command's
@@ -222,7 +225,7 @@ def _choices(model: str, gpu, batch_size: int, image_size: int, chosen: tuple[st
     return out
 
 
-def _print_choices(model: str, gpu, batch_size: int, image_size: int, choices: list) -> None:
+def _print_choices(model: str, gpu, batch_size: int, image_size: str, choices: list) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -68,12 +68,12 @@ def trust_command(
     path = out / (csv_name if device_model is None else speed_csv_name)(device.value, precision.value)
     try:
         check_writable(out)
-        kept = read_table(path)  # checked before anything is measured: its rows are written back
+        read_table(path)  # checked before anything is measured: its rows are written back
     except ValueError as exc:
         fail(one_line(exc))
     if device_model is not None:
-        return _speed(device.value, names, chosen, batch_size, image_size, precision.value, path, kept, device_model)
-    _memory_trust(device.value, names, chosen, batch_size, image_size, precision.value, path, kept)
+        return _speed(device.value, names, chosen, batch_size, image_size, precision.value, path, device_model)
+    _memory_trust(device.value, names, chosen, batch_size, image_size, precision.value, path)
 
 
 def _checked_points(models: str, strategies: str, batch_size: int, image_size: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -103,11 +103,11 @@ def _checked_points(models: str, strategies: str, batch_size: int, image_size: s
 
 
 def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch_size: int, image_size: str,
-                  precision: str, path: Path, kept: list[dict[str, str]]) -> None:
-    """meta ÷ measured bytes per point, printed as each finishes, the CSV at ``path`` kept current (its
-    ``kept`` rows and this run's); exit 1 if one failed."""
+                  precision: str, path: Path) -> None:
+    """meta ÷ measured bytes per point, printed as each finishes, the CSV at ``path`` kept current (the
+    rows it holds and this run's: :func:`~actbench.studies.trust.add_to_table`); exit 1 if one failed."""
     from actbench.store.outputs import OutputError
-    from actbench.studies.trust import compare, write_csv
+    from actbench.studies.trust import add_to_table, compare, write_csv
 
     tag = "" if precision == DEFAULT_PRECISION else f" {precision}"
     console = Console()
@@ -116,7 +116,7 @@ def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], 
 
     def on_point(c) -> None:
         done.append(c)
-        write_csv(done, path, kept)
+        add_to_table(path, done, write_csv)
         console.print(f"{c.model:14s} {c.strategy + tag:10s} activation {_ratio(c.activation_ratio)}  "
                       f"peak {_ratio(c.peak_ratio)}  {c.meta_status}/{c.measured_status} {c.message}",
                       highlight=False, markup=False, soft_wrap=True)
@@ -147,7 +147,7 @@ def _memory_trust(device: str, names: tuple[str, ...], chosen: tuple[str, ...], 
 
 
 def _speed(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch_size: int, image_size: str,
-           precision: str, path: Path, kept: list[dict[str, str]], device_model: Path) -> None:
+           precision: str, path: Path, device_model: Path) -> None:
     """--device-model: trust for speed (actbench.cli.speed_commands), with the options checked above."""
     from actbench.cli.speed_commands import speed_trust
 
@@ -155,4 +155,4 @@ def _speed(device: str, names: tuple[str, ...], chosen: tuple[str, ...], batch_s
         problem = ensure_extension(chosen, device, lambda text: typer.echo(text, err=True))
         if problem is not None:
             fail(problem, code=1)
-        speed_trust(device, names, tuple(chosen), batch_size, image_size, precision, path, kept, device_model)
+        speed_trust(device, names, tuple(chosen), batch_size, image_size, precision, path, device_model)

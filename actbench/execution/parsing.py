@@ -32,10 +32,12 @@ def parse_bytes(text: str, what: str = "budget") -> int:
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
     if not match or match.group(2).lower() not in _UNITS:
         raise ValueError(f"cannot parse {what} '{text}': it must be {SIZE_ALLOWED}")
-    value = int(Decimal(match.group(1)) * _UNITS[match.group(2).lower()])
-    if not 1 <= value <= MAX_SIZE_BYTES:
+    exact = Decimal(match.group(1)) * _UNITS[match.group(2).lower()]
+    if not 1 <= exact <= MAX_SIZE_BYTES:
         raise ValueError(f"{what} must be {SIZE_ALLOWED}, got '{text}'")
-    return value
+    if exact != int(exact):
+        raise ValueError(f"{what} '{text}' is not a whole number of bytes: it must be {SIZE_ALLOWED}")
+    return int(exact)
 
 
 def parse_levels(text: str | None) -> tuple[str, ...]:
@@ -56,6 +58,8 @@ def parse_levels(text: str | None) -> tuple[str, ...]:
             out.extend(LEVEL_NAMES[LEVEL_NAMES.index(lo):LEVEL_NAMES.index(hi) + 1])
         elif part in LEVEL_NAMES:
             out.append(part)
+        elif part == "ALL":
+            raise ValueError(f"bad levels '{text}': 'all' stands alone (it names every level); {allowed}")
         else:
             raise ValueError(f"bad level '{part}': {allowed}")
     return tuple(dict.fromkeys(out))
@@ -107,22 +111,22 @@ def parse_int_range(text: str, what: str = "batch", largest: int = LIMITS["batch
     spec = text.strip()
     try:
         if ":" in spec:
-            parts = [int(p) for p in spec.split(":")]
+            parts = [_whole(p) for p in spec.split(":")]
             if len(parts) == 2:
                 parts.append(1)
             if len(parts) != 3:
                 raise ValueError
             values: Sequence[int] = range(parts[0], parts[1] + 1, parts[2]) if parts[2] > 0 else ()
         else:
-            values = tuple(int(p) for p in spec.split(","))
+            values = tuple(_whole(p) for p in spec.split(","))
     except ValueError:
         raise ValueError(f"bad {what} '{text}': use START:STOP:STEP (e.g. 16:1024:16), N, or N,M,...") from None
     if ":" in spec and parts[2] <= 0:
         raise ValueError(f"bad {what} range '{text}': STEP must be at least 1 in START:STOP:STEP")
     if isinstance(values, range):
-        if max(values.start, values.stop - 1) > largest:
-            raise ValueError(f"{what} sizes must be at most {largest}, got {max(values.start, values.stop - 1)} "
-                             f"in '{text}'")
+        last = values[-1] if values else values.start
+        if max(values.start, last) > largest:
+            raise ValueError(f"{what} sizes must be at most {largest}, got {max(values.start, last)} in '{text}'")
         if max_values is not None and len(values) > max_values:
             raise ValueError(f"bad {what} range '{text}': {len(values)} values, at most {max_values} "
                              f"(use a larger step, or --find-max to search a range)")
@@ -136,4 +140,15 @@ def parse_int_range(text: str, what: str = "batch", largest: int = LIMITS["batch
     huge = [v for v in values if v > largest]
     if huge:
         raise ValueError(f"{what} sizes must be at most {largest}, got {huge[0]} in '{text}'")
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:
+        raise ValueError(f"bad {what} '{text}': it lists {twice[0]} twice (each value once)")
     return values
+
+
+def _whole(text: str) -> int:
+    """An integer written in ASCII digits with an optional sign: Python's int() also takes '1_0' and
+    other scripts' digits, which a size on the command line should not be."""
+    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", text):
+        raise ValueError(text)
+    return int(text)

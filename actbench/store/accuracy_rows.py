@@ -54,6 +54,11 @@ _FRACTIONS = ("train_accuracy_final", "test_accuracy", "chance_accuracy")
 _COUNTS = ("steps", "batch_size", "image_size", "num_classes")
 
 
+def setting_label(bits: float | None) -> str:
+    """A setting's name in rows, tables and figures: ``fp32`` or ``2 bits``; derived from ``target_bits``."""
+    return "fp32" if bits is None else f"{bits:g} bits"
+
+
 def accuracy_row_problem(data: Any) -> str | None:
     """Why ``data`` is not an accuracy row: types, then values (fractions within 0..1, counts at least
     1, every other number finite and non-negative, a known status), or None."""
@@ -68,6 +73,9 @@ def accuracy_row_problem(data: Any) -> str | None:
         problem = number_problem(name, data.get(name), low, high)
     if problem is None and data["status"] not in STATUSES:
         problem = f"unknown status {data['status'][:40]!r} (expected one of {', '.join(STATUSES)})"
+    if problem is None and data["setting"] != setting_label(data["target_bits"]):
+        problem = (f"field 'setting' is {data['setting'][:40]!r} (expected "
+                   f"{setting_label(data['target_bits'])!r}, the name of its target_bits)")
     return problem
 
 

@@ -138,6 +138,10 @@ class RunStore:
         for path in (self.rows_path, self.torn_path, self.lock_path, self.run_dir / "env.json",
                      self.run_dir / "config.json"):
             check_kind(path)
+        for path in (self.rows_path, self.torn_path, self.lock_path):  # opened for appending or writing in place
+            if path.is_symlink():
+                raise RunFileError(f"'{path}' is a symbolic link (to '{os.readlink(path)}'): a run writes only its "
+                                   "own files, not what a link points to; put a copy of the target in its place")
         check_kind(self.claims_dir, directory=True)
 
     # reading -------------------------------------------------------------------------------------

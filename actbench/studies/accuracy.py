@@ -26,7 +26,8 @@ from torch.nn import functional as F
 
 from actbench.schema import error_line
 from actbench.store.accuracy_rows import (ROW_COLUMNS, ROWS_FILE, TABLE_FILE, AccuracyRow,  # noqa: F401 (public)
-                                           AccuracyStore, accuracy_row_problem, find_accuracy_runs)
+                                           AccuracyStore, accuracy_row_problem, find_accuracy_runs,
+                                           setting_label)
 from actbench.studies.accuracy_task import (MODELS, VIT_FIELDS, CifarResNet,  # noqa: F401 (CifarResNet: public)
                                             build_cifar_resnet, build_small_vit, make_gratings)
 
@@ -136,10 +137,6 @@ class AccuracyConfig:
     def run_name(self) -> str:
         blob = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
         return f"accuracy_{self.model_tag()}_{self.image_size}px_{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
-
-
-def setting_label(bits: float | None) -> str:
-    return "fp32" if bits is None else f"{bits:g} bits"
 
 
 def setting_key(cfg: AccuracyConfig, bits: float | None) -> str:

@@ -71,10 +71,11 @@ def speed_row(cells: dict[str, str]) -> SpeedComparison:
     if cells.get("predicted_status"):
         _choice("predicted_status", cells["predicted_status"], STATUSES)
     return SpeedComparison(model, _strategy(_name(cells, "strategy")), _count(cells, "batch_size", 2, LIMITS["batch"]),
-                           _image_size(model, cells), cells["device"], cells["device_model"],
+                           _image_size(model, cells), cells["device"], _name(cells, "device_model"),
                            cells.get("predicted_status") or "", cells["measured_status"],
                            _seconds(cells, "predicted_step_s"), _seconds(cells, "measured_step_s"),
-                           _seconds(cells, "measured_spread", low=0.0), cells.get("message") or "", precision)
+                           _seconds(cells, "measured_spread", low=0.0), one_line(cells.get("message") or ""),
+                           precision)
 
 
 def _name(cells: dict[str, str], field: str) -> str:

@@ -12,6 +12,8 @@ executor, no child per point).
 
 from __future__ import annotations
 
+import fcntl
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
@@ -136,6 +138,19 @@ def read_table(path: Path) -> list[dict[str, str]]:
         raise ValueError(f"{path}:{lineno}: {why}: this table's rows are kept when points are added to it; "
                          "repair or move it aside, or choose another --out")
     return [cells for _, cells in rows]
+
+
+def add_to_table(path: Path, rows: Sequence[object], write: Callable[..., None]) -> None:
+    """``write(rows, path, kept)`` with ``kept`` the rows the table at ``path`` holds at this moment, read
+    again under an exclusive lock on its folder: two runs adding to one table keep each other's rows
+    (the lock is the folder's own, so the folder gains no file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        write(list(rows), path, read_table(path))
+    finally:
+        os.close(folder)  # and with it the lock
 
 
 def _point(cells: Mapping[str, object]) -> tuple[str, ...]:
