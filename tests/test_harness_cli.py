@@ -22,7 +22,8 @@ from actbench.cli import app
 
 pytestmark = pytest.mark.slow
 
-TINY = ["--image-size", "32", "--device", "cpu", "--warmup-steps", "1", "--timed-steps", "2"]
+ON_CPU = ["--device", "cpu", "--warmup-steps", "1", "--timed-steps", "2"]
+TINY = ["--image-size", "32", *ON_CPU]
 #: fp32 alone (without --levels/--strategies the commands compare fp32 with ActNN L3)
 FP32 = ["--strategies", "fp32"]
 REPO = Path(__file__).resolve().parent.parent
@@ -213,7 +214,7 @@ def test_maximum_without_a_failure_is_a_lower_bound(tmp_path) -> None:
 
 def test_max_scale_resolution(tmp_path) -> None:
     result = invoke(["max-scale", "resnet18", *FP32, "--dim", "resolution", "--low", "32", "--high", "96", "--step",
-                     "32", "--batch", "2", *TINY, "--out", str(tmp_path)], fault="oom@image>64")
+                     "32", "--batch", "2", *ON_CPU, "--out", str(tmp_path)], fault="oom@image>64")  # no --image-size
     assert result.exit_code == 0, result.output
     run_dir = only_run_dir(tmp_path)
     got = rows(run_dir)
