@@ -45,6 +45,9 @@ MAX_LIST_VALUES = 10_000
 #: Most compressed draws one verify-grads takes: hundreds of times the 8 to 16 a bias check needs, yet a
 #: typo like 100000000 is refused instead of training for months (each draw is a training step).
 MAX_SEEDS = 10_000
+#: Longest name read from a file (a model, a strategy, a device model's name or label): far past any real
+#: one (``checkpoint+L3``, ``fasterrcnn_..._fpn``), short enough for every row, table and figure it reaches.
+MAX_NAME_CHARS = 100
 
 STATUSES: tuple[str, ...] = ("ok", "oom", "over_budget", "host_over_budget", "error", "timeout")
 #: Statuses that mean "does not fit": what bounds a search (error and timeout say nothing about memory).

@@ -434,7 +434,8 @@ def test_outputs_never_replace_what_the_command_reads(tmp_path: Path, command: s
     (["report", "--figures", "{dir}/figs\x1b"], "/figs\\x1b'"),
     (["plot", "--out", "{dir}/figs\r"], "/figs\\r'"),
     (["report", "--paper-csv", "/dev/zero", "--out", "{dir}/r.md"], "'/dev/zero' is a character device"),
-    (["report", "--paper-csv", "{file}", "--out", "{dir}/r.md", "--no-figures"], "has no points"),
+    (["report", "--paper-csv", "{file}", "--out", "{dir}/r.md", "--no-figures"],
+     "/file': missing column(s) strategy, batch_size, ips, status (it has no line but notes and blank ones)"),
 ])
 def test_output_paths_are_checked_before_any_work(tmp_path: Path, args: list[str], needle: str) -> None:
     run_dir = hand_made_run(tmp_path)

@@ -283,7 +283,34 @@ def test_glued_row_from_an_older_version_is_recovered(tmp_path: Path, caplog) ->
     rows_path.write_bytes(one[:-150] + two + b"\n")
     store = RunStore(run_dir)
     assert [row.batch_size for row in store.rows] == [2]
-    assert warnings_about(caplog, "rows.jsonl:1: recovered")
+    assert warnings_about(caplog, "rows.jsonl:1: recovered") == [
+        f"{rows_path}:1: recovered a row glued after a torn one; skipped the torn start ({len(one) - 150} bytes)"]
+
+
+def test_a_line_that_is_not_json_is_named_without_its_content(tmp_path: Path, caplog) -> None:
+    """rows.jsonl may be a link to any file (/etc/passwd): a warning names the line and the decoder's
+    reason, never what the line holds."""
+    run_dir = tmp_path / "run"
+    runner(run_dir, Scripted()).run(point(1))
+    rows_path = run_dir / "rows.jsonl"
+    with rows_path.open("ab") as fh:
+        fh.write(b"root:x:0:0:secret:/root:/bin/bash\n")
+        fh.write(b'{"key": "secret", "status": \n')
+        fh.write(b'{"key": "secret-start' + rows_path.read_bytes().splitlines()[0] + b"\n")
+    passwd = tmp_path / "passwd"
+    passwd.write_bytes(b"root:x:0:0:secret:/root:/bin/bash\n")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "rows.jsonl").symlink_to(passwd)
+    assert [row.batch_size for row in RunStore(run_dir).rows] == [1]  # the recovered row is the same point
+    assert [row.batch_size for row in RunStore(linked).rows] == []
+    assert "secret" not in caplog.text
+    assert warnings_about(caplog, "skipped:") == [
+        f"{rows_path}:2: skipped: not valid JSON (Expecting value at column 1)",
+        f"{rows_path}:3: skipped: not valid JSON (Expecting value at column 29)",
+        f"{linked / 'rows.jsonl'}:1: skipped: not valid JSON (Expecting value at column 1)"]
+    assert warnings_about(caplog, "recovered") == [
+        f"{rows_path}:4: recovered a row glued after a torn one; skipped the torn start (21 bytes)"]
 
 
 BAD_LINES = {

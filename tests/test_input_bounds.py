@@ -55,7 +55,13 @@ def test_values_a_row_cannot_hold_are_refused_up_front(tmp_path: Path, args: lis
 
 @pytest.mark.parametrize("args, needle", [
     (["verify-grads", "resnet18", "--batch", "100000000", "--seeds", "2"],
-     "batch size must be between 1 and 1048576, got 100000000"),
+     "--batch must be between 1 and 1048576, got 100000000"),
+    # below the range: the same one line naming the value and the range, not the parser's own wording
+    (["verify-grads", "resnet18", "--batch", "0", "--seeds", "2"], "--batch must be between 1 and 1048576, got 0"),
+    (["verify-grads", "resnet18", "--batch", "-3"], "--batch must be between 1 and 1048576, got -3"),
+    (["verify-grads", "resnet18", "--batch", "2", "--seeds", "1"],
+     "--seeds (compressed draws: a variance needs two) must be between 2 and 10000, got 1"),
+    (["verify-grads", "resnet18", "--seeds", "0", "--device", "cuda"], "must be between 2 and 10000, got 0"),
     # cuda: refused before the device is asked for (where there is one, before a run of months)
     (["verify-grads", "resnet18", "--batch", "2", "--seeds", "100000000", "--device", "cuda"],
      "must be between 2 and 10000, got 100000000"),

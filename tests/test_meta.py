@@ -134,7 +134,7 @@ def test_trust_command_keeps_finished_points_and_exits_1_on_a_failed_one(tmp_pat
 @pytest.mark.parametrize("args,message", [
     (["--models", "resnet1800"], "resnet1800"),
     (["--strategies", "fp33"], "unknown strategy 'fp33'"),
-    (["--batch", "1"], "--batch must be in 2..1048576"),
+    (["--batch", "1"], "--batch must be between 2 and 1048576, got 1 (BatchNorm"),
     (["--image-size", "8"], "--image-size height must be in 16..16384 pixels, got 8"),
 ])
 def test_trust_command_bad_input_is_one_line(tmp_path, args, message):

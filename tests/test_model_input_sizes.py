@@ -89,6 +89,18 @@ def test_a_minimum_holds_for_either_side_of_an_input() -> None:
     assert size_problem("alexnet", InputSize(63, 200)) is None
 
 
+def test_a_model_that_cannot_take_its_task_s_default_side_defaults_to_its_smallest() -> None:
+    """Without --image-size every command trains at the task's default side (224), except where the model
+    refuses it: inception_v3 then defaults to 299 instead of refusing every command that leaves it out."""
+    assert size_problem("inception_v3", InputSize(224, 224)) is not None
+    assert input_size_for("inception_v3") == InputSize(299, 299)
+    assert input_size_for("resnet18") == InputSize(224, 224)
+    assert all(size_problem(name, input_size_for(name)) is None for name in TORCHVISION_CLASSIFIERS)
+    result = CliRunner().invoke(app, ["fastest", "inception_v3", "--gpu", "t4", "--batch", "2", "--strategies", "fp32"])
+    assert result.exit_code == 0, result.output
+    assert "299" in result.output
+
+
 @pytest.mark.heavy  # every classifier on meta, some at 299 px: minutes on 2 cores
 @pytest.mark.parametrize("name", TORCHVISION_CLASSIFIERS)
 def test_every_classifier_trains_at_its_smallest_side_and_no_smaller(name: str) -> None:
@@ -158,3 +170,20 @@ def test_fastest_turns_a_failed_prediction_into_its_row(monkeypatch) -> None:
                                       "--strategies", "fp32"], env={"COLUMNS": "250"})
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert "RuntimeError: Output size is too small" in result.stdout and "Traceback" not in result.output
+
+
+def test_a_vit_resolution_search_on_meta_probes_multiples_of_its_patch(tmp_path: Path) -> None:
+    """Sides 224..300 every 10 px: the search moves along vit_b_16's multiples of 16 instead, so no probe
+    is an error row and the maximum is a side it takes."""
+    import json
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["max-scale", "vit_b_16", "--dim", "resolution", "--device", "meta",
+                                      "--budget", "1080MB", "--batch", "2", "--strategies", "fp32", "--low", "224",
+                                      "--high", "300", "--step", "10", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
+    rows = [json.loads(line) for line in (run_dir / "rows.jsonl").read_text().splitlines()]
+    assert rows and all(r["image_size"] % 16 == 0 and r["status"] in ("ok", "over_budget") for r in rows), rows
+    best = json.loads((run_dir / "summary.json").read_text())["max"]["fp32"]["max"]
+    assert best is not None and best % 16 == 0 and 224 <= best <= 300

@@ -230,10 +230,14 @@ def test_paper_overlay_only_in_the_papers_setting(results: Path) -> None:
     (b"L3,0,80,ok", "line 2: batch_size must be an integer in 1..1048576, got '0'"),
     (b"L3,64,80,weird", "line 2: status must be one of ok, oom, got 'weird'"),
     (b"../x,64,80,ok", "line 2: strategy must be a label"),
-    (b"L3,64", "line 2: must have exactly the columns"),
-    (b"L3,64," + b"9" * 200_000 + b",ok", "is not a CSV table"),
-    (b"L3,64,80,ok\n\xfe\xff", "is not UTF-8 text"),
-])
+    (b"L3,64", "line 2: 2 cells, the header names 4"),
+    (b"L3,64," + b"9" * 200_000 + b",ok", "line 2: not CSV"),
+    (b"L3,64,80,ok\n\xfe\xff", "line 3: not UTF-8"),
+    (b"# a note\nL3,64,80,ok\nL3,64,80,bad", "line 4: status must be one of"),
+    (b"L3,64,80,bad\n\xfe\xff", "line 2: status must be one of"),
+    (b"L3,64,80,ok\n\xfe\xff\nL3,64,80,bad", "line 3: not UTF-8"),
+], ids=["ips-negative", "ips-inf", "batch", "status", "strategy", "columns", "field-limit",
+        "utf8", "comment-counted", "row-first", "problem-first"])
 def test_a_paper_csv_with_a_bad_line_is_one_line_naming_file_and_line(tmp_path: Path, body: bytes,
                                                                       needle: str) -> None:
     path = tmp_path / "paper.csv"
@@ -241,6 +245,23 @@ def test_a_paper_csv_with_a_bad_line_is_one_line_naming_file_and_line(tmp_path: 
     with pytest.raises(ValueError) as caught:
         paper.load_throughput(path)
     assert needle in str(caught.value) and str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_paper_csv_passes_over_notes_and_a_byte_order_mark(tmp_path: Path) -> None:
+    path = tmp_path / "paper.csv"
+    path.write_bytes(b"\xef\xbb\xbf# a note\n\n  # another\nstrategy,batch_size,ips,status\n# mid\nL3,64,80,ok\n")
+    assert paper.load_throughput(path) == (paper.PaperPoint("L3", 64, 80.0, "ok"),)
+    path.write_bytes(b"# a note\nstrategy,batch,ips,status\nL3,64,80,ok\n")
+    with pytest.raises(ValueError, match="paper throughput CSV .*paper.csv'.*missing column.*batch_size"):
+        paper.load_throughput(path)
+    with pytest.raises(ValueError, match="paper throughput CSV .*absent.csv' cannot be read"):
+        paper.load_throughput(tmp_path / "absent.csv")
+    path.write_bytes(b"# a note\nstrategy,batch_size,ips,status\n# no points yet\n")
+    with pytest.raises(ValueError, match="paper throughput CSV .*paper.csv' has no points"):
+        paper.load_throughput(path)
+    path.write_bytes(b"# only a note\n\n")
+    with pytest.raises(ValueError, match=r"paper.csv': missing column.* \(it has no line but notes and blank ones\)"):
+        paper.load_throughput(path)
 
 
 def test_predicted_rows_are_hollow_and_labelled(results: Path) -> None:

@@ -363,6 +363,56 @@ def test_scan_summary_counts_its_points() -> None:
     assert entry["method"] == "scan" and entry["probes"] == len(outcome.rows) == 4 and entry["max"] == 8
 
 
+def _takes(model: str, side: int) -> bool:
+    from actbench.training.tasks.classification import size_problem
+
+    return size_problem(model, InputSize(side, side)) is None
+
+
+@pytest.mark.parametrize("command", ["max-scale", "plan"])
+@pytest.mark.parametrize("model, sides", [
+    ("resnet152", tuple(range(224, 1201, 10))),  # every side: the range as before
+    ("vit_b_16", tuple(range(224, 1201, 16))),  # each next multiple of its patch at least --step on
+    ("maxvit_t", (224, 445, 669, 893, 1117)),  # each next side its partitions tile
+])
+def test_a_resolution_search_probes_only_sides_the_model_takes(command: str, model: str, sides: tuple) -> None:
+    from actbench.planning.configs import validate_max_scale
+
+    budget = 16 * GiB
+    settings = MeasureSettings(device=PROFILES["meta"], budget_bytes=budget, warmup_steps=1, timed_steps=0)
+    cfg = ScaleConfig("resolution", model, _strategies("fp32", "L3"), 64, InputSize(224, 224), 224, 1200, 10,
+                      settings, command=command)
+    validate_max_scale(cfg)
+    assert cfg.candidates() == sides and all(_takes(model, side) for side in sides)
+    runner = FakeRunner(budget)
+    outcome = (run_plan if command == "plan" else run_max_scale)(cfg, runner)
+    assert runner.asked and all(_takes(model, p.image_size) for p in runner.asked)
+    for strategy, best in outcome.maxima.items():
+        expected = binary_search_largest(sides, lambda v, s=strategy: _synthetic(
+            cfg.point(strategies.get(s), v)) <= budget)
+        assert best == expected and best in sides, (strategy, best)
+
+
+@pytest.mark.parametrize("model, low, high, rule", [
+    ("vit_b_16", 225, 239, "vit_b_16 takes square images whose side is a multiple of 16"),
+    ("maxvit_t", 225, 440, "maxvit_t takes sides whose feature maps stay multiples of 7"),
+    ("inception_v3", 224, 298, "inception_v3 needs image sides of at least 299 px"),
+])
+def test_a_resolution_range_without_a_side_the_model_takes_is_refused(model: str, low: int, high: int,
+                                                                      rule: str) -> None:
+    from actbench.planning.configs import validate_max_scale, validate_plan
+
+    settings = MeasureSettings(device=PROFILES["meta"], budget_bytes=GiB, warmup_steps=1, timed_steps=0)
+    for command, validate in (("max-scale", validate_max_scale), ("plan", validate_plan)):
+        cfg = ScaleConfig("resolution", model, _strategies("fp32"), 2, InputSize(224, 224), low, high, 1, settings,
+                          command=command)
+        with pytest.raises(ValueError) as exc:
+            validate(cfg)
+        message = str(exc.value)
+        assert "\n" not in message and message.startswith(
+            f"--dim resolution: --low {low} .. --high {high} holds no side {model} trains at: {rule}"), message
+
+
 def test_a_probe_that_errs_ends_a_plan_without_a_maximum() -> None:
     budget = 16 * GiB
     settings = MeasureSettings(device=PROFILES["meta"], budget_bytes=budget, warmup_steps=1, timed_steps=0)

@@ -165,7 +165,8 @@ def test_trust_refuses_a_batch_outside_what_every_command_takes(tmp_path: Path, 
                      "--out", str(tmp_path / "out")])
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
-        f"actbench: error: --batch must be in 2..1048576 (BatchNorm in train mode needs two samples), got {batch}"]
+        f"actbench: error: --batch must be between 2 and 1048576, got {batch} "
+        "(BatchNorm in train mode needs two samples)"]
     assert not (tmp_path / "out").exists()
 
 
@@ -184,6 +185,12 @@ def device_model(tmp_path: Path) -> Path:
      "field 'precision' is 'fp8' (expected one of fp32, bf16, fp16)"),
     ("resnet18,fp32,-2,32,cpu,m,ok,ok,0.1,0.5,0.02,,fp32",
      "field 'batch_size' is '-2' (expected a whole number from 2 to 1048576)"),
+    ("resnet18,fp32,+2,32,cpu,m,ok,ok,0.1,0.5,0.02,,fp32",
+     "field 'batch_size' is '+2' (expected a whole number from 2 to 1048576)"),
+    ("resnet18,fp32,1_0,32,cpu,m,ok,ok,0.1,0.5,0.02,,fp32",
+     "field 'batch_size' is '1_0' (expected a whole number from 2 to 1048576)"),
+    ("resnet18,fp32,\u0662,32,cpu,m,ok,ok,0.1,0.5,0.02,,fp32",
+     "field 'batch_size' is '\u0662' (expected a whole number from 2 to 1048576)"),
     ("resnet18,fp32,100000000,32,cpu,m,ok,ok,0.1,0.5,0.02,,fp32",
      "field 'batch_size' is '100000000' (expected a whole number from 2 to 1048576)"),
     ("resnet18,fp32,2,99999,cpu,m,ok,ok,0.1,0.5,0.02,,fp32",

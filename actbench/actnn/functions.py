@@ -52,6 +52,20 @@ def load_mask(ctx) -> torch.Tensor:
     return slot.load_mask(tuple(ctx.saved_tensors), ctx.spec)
 
 
+def save_argmax(ctx, slot: LayerSlot, argmax: torch.Tensor, shape: torch.Size, params: object) -> None:
+    """Keep a max pool's int8 window offsets, its input's shape and its ``params`` for backward: the
+    2-D and 3-D pool twins keep nothing else, so they share this and :func:`load_argmax`."""
+    tensors, spec = slot.save_argmax(argmax, shape)
+    save(ctx, *tensors)
+    ctx.slot, ctx.spec, ctx.p = slot, spec, params
+
+
+def load_argmax(ctx) -> torch.Tensor:
+    """The offsets :func:`save_argmax` kept; tells the slot its backward ran."""
+    ctx.slot.after_backward()
+    return ctx.slot.load_argmax(tuple(ctx.saved_tensors), ctx.spec)
+
+
 def masked_grad(ctx, grad: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """grad * scale where the mask :func:`save_mask` packed is set, else 0, in one kernel pass
     (no bool tensor, no type-promoting multiply); tells the slot its backward ran."""
@@ -268,16 +282,12 @@ class MaxPool2dFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p: PoolParams, slot: LayerSlot):
         out, argmax = ops.max_pool2d_with_argmax(x, p.kernel_size, p.stride, p.padding, p.dilation, p.ceil_mode)
-        tensors, spec = slot.save_argmax(argmax, x.shape)
-        save(ctx, *tensors)
-        ctx.slot, ctx.spec, ctx.p = slot, spec, p
+        save_argmax(ctx, slot, argmax, x.shape, p)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        slot, p = ctx.slot, ctx.p
-        slot.after_backward()
-        argmax = slot.load_argmax(tuple(ctx.saved_tensors), ctx.spec)
+        p, argmax = ctx.p, load_argmax(ctx)
         gx = ops.max_pool2d_backward(grad.contiguous(), argmax, ctx.spec.shape, p.kernel_size, p.stride, p.padding, p.dilation)
         return gx, None, None
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from actbench.actnn.controller import LayerSlot
-from actbench.actnn.functions import save
+from actbench.actnn.functions import load_argmax, save_argmax
 
 Triple = tuple[int, int, int]
 
@@ -78,16 +78,12 @@ class MaxPool3dFunction(torch.autograd.Function):
     def forward(ctx, x, p: Pool3dParams, slot: LayerSlot):
         out, indices = F.max_pool3d(x, p.kernel_size, p.stride, p.padding, p.dilation, p.ceil_mode,
                                     return_indices=True)
-        tensors, spec = slot.save_argmax(window_offsets(indices, x.shape, p), x.shape)
-        save(ctx, *tensors)
-        ctx.slot, ctx.spec, ctx.p = slot, spec, p
+        save_argmax(ctx, slot, window_offsets(indices, x.shape, p), x.shape, p)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        slot, p = ctx.slot, ctx.p
-        slot.after_backward()
-        offsets = slot.load_argmax(tuple(ctx.saved_tensors), ctx.spec)
+        p, offsets = ctx.p, load_argmax(ctx)
         like = torch.empty(ctx.spec.shape, dtype=grad.dtype, device=grad.device)
         gx = torch.ops.aten.max_pool3d_with_indices_backward(
             grad.contiguous(), like, list(p.kernel_size), list(p.stride), list(p.padding), list(p.dilation),

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from actbench.cli.app import (PRECISION_HELP, MeasuringDevice, Precision, app, checked_out_dir, fail,
                               require_device)
-from actbench.schema import DEFAULT_PRECISION, LEVEL_NAMES, MAX_SEEDS
+from actbench.schema import DEFAULT_PRECISION, LEVEL_NAMES, LIMITS, MAX_SEEDS
 
 
 Level = enum.Enum("Level", {name: name for name in LEVEL_NAMES}, type=str)
@@ -26,12 +26,25 @@ class QuantBackend(str, enum.Enum):
     reference = "oracle"
 
 
-def _check_model_and_size(model: str, batch_size: int, image_size: str, frames: int | None) -> None:
-    """The model's name, its size (its task's rules) and, for one sample, BatchNorm: one line each."""
+def _check_counts(batch_size: int, seeds: int) -> None:
+    """--batch and --seeds in their bounds (VerifyConfig's), before the model is looked at: one line each
+    naming the value and the range, exit 2."""
+    from actbench.execution.parsing import check_int
+
+    try:
+        check_int(batch_size, "--batch")
+        check_int(seeds, "--seeds (compressed draws: a variance needs two)", MAX_SEEDS, smallest=2)
+    except ValueError as exc:
+        fail(str(exc))
+
+
+def _check_model_and_size(model: str, batch_size: int, seeds: int, image_size: str, frames: int | None) -> None:
+    """The counts, the model's name, its size (its task's rules) and, for one sample, BatchNorm: one line each."""
     from actbench.schema import SizeError
     from actbench.training.model_names import ModelSpec, validate_model_spec
     from actbench.training.tasks import input_size_for
 
+    _check_counts(batch_size, seeds)
     try:
         validate_model_spec(ModelSpec(model))
         size = input_size_for(model, image_size, frames)
@@ -74,8 +87,8 @@ def _print_grad_table(rows, title: str) -> None:
 def verify_grads_command(
     model: Annotated[str, typer.Argument(help="torchvision model name, e.g. resnet18.")],
     level: Annotated[Level, typer.Option("--level", help="ActNN level.")] = Level.L3,
-    batch_size: Annotated[int, typer.Option("--batch", min=1, help="Batch size.")] = 4,
-    seeds: Annotated[int, typer.Option("--seeds", min=2, help=f"Compressed draws K (2..{MAX_SEEDS}).")] = 8,
+    batch_size: Annotated[int, typer.Option("--batch", help=f"Batch size (1..{LIMITS['batch']}).")] = 4,
+    seeds: Annotated[int, typer.Option("--seeds", help=f"Compressed draws K (2..{MAX_SEEDS}).")] = 8,
     image_size: Annotated[str, typer.Option("--image-size", help=(
         "Input size: N (square) or HxW (RAFT: multiples of 8, at least 128)."))] = "64",
     frames: Annotated[Optional[int], typer.Option("--frames", show_default=False, help=(
@@ -106,7 +119,7 @@ def verify_grads_command(
     from actbench.store.outputs import OutputError
     from actbench.execution.executors import InProcessExecutor, Task
     precision = precision.value
-    _check_model_and_size(model, batch_size, image_size, frames)
+    _check_model_and_size(model, batch_size, seeds, image_size, frames)
     try:  # the batch and the seeds, in their bounds (VerifyConfig's own checks)
         config = VerifyConfig(model, level_config(level.value, backend=backend.value), batch_size, seeds, image_size,
                               device.value, precision=precision, frames=frames)

@@ -7,13 +7,13 @@ import re
 import signal
 import threading
 from pathlib import Path
-from typing import Iterator, NoReturn
+from typing import Any, Iterator, NoReturn, Sequence
 
 import typer
 
 from actbench.core.devices import DEVICE_NAMES, MEASURING_DEVICES, profile
 from actbench.core.gpus import GPU_NAMES
-from actbench.schema import LIMITS, PRECISIONS
+from actbench.schema import PRECISIONS
 
 app = typer.Typer(
     name="actbench",
@@ -74,8 +74,12 @@ def refuse_run_file(option: str, path: Path) -> None:
 def require_train_batch(batch_size: int) -> None:
     """Exit 2 with one line unless ``--batch`` is in 2..LIMITS["batch"] (the cap every command keeps):
     BatchNorm in train mode needs two samples, and a typo is refused before a step allocates for it."""
-    if not 2 <= batch_size <= LIMITS["batch"]:
-        fail(f"--batch must be in 2..{LIMITS['batch']} (BatchNorm in train mode needs two samples), got {batch_size}")
+    from actbench.execution.parsing import check_int
+
+    try:
+        check_int(batch_size, what="--batch", smallest=2)
+    except ValueError as exc:
+        fail(f"{exc} (BatchNorm in train mode needs two samples)")
 
 
 def checked_out_dir(value: str | Path, option: str = "--out") -> Path:
@@ -131,6 +135,20 @@ def new_bench_dir(out: Path, name: str, device: str) -> Path:
         fail(f"cannot create output directory {out / base}: 999 folders of that second exist")
     atomic_write_text(run_dir / "env.json", json.dumps(capture_environment(profile(device)), indent=2, default=str))
     return run_dir
+
+
+def write_bench_csv(path: Path, row_type: type, rows: Sequence[Any]) -> None:
+    """A benchmark's rows (dataclasses of ``row_type``) as ``path``, one column per field; exit 2 with
+    one line when it cannot be written (the previous file stays whole)."""
+    import dataclasses
+
+    from actbench.store.outputs import OutputError, atomic_write_csv
+
+    names = [f.name for f in dataclasses.fields(row_type)]
+    try:
+        atomic_write_csv(path, names, ([getattr(row, n) for n in names] for row in rows), "CSV")
+    except OutputError as exc:
+        fail(str(exc))
 
 
 #: --device choices, from the device profiles (actbench/core/devices.py).

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from actbench.cli.app import app, checked_out_dir, fail, new_bench_dir
+from actbench.cli.app import app, checked_out_dir, fail, new_bench_dir, write_bench_csv
 
 console = Console()
 err_console = Console(stderr=True)
@@ -39,7 +38,6 @@ def bench_harness(
       actbench bench-harness --only plan --jobs 2  # only plan's speed-up from a second job
       actbench bench-harness --quick               # a first look in under a minute
     """
-    from actbench.store.outputs import OutputError, atomic_write_csv
     from actbench.studies import harness_cost as harness_bench
 
     which = tuple(dict.fromkeys(w.strip() for w in only.split(",") if w.strip()))
@@ -59,11 +57,7 @@ def bench_harness(
     except RuntimeError as err:
         fail(str(err), code=1)
     csv_path = run_dir / "harness.csv"
-    names = [f.name for f in dataclasses.fields(harness_bench.HarnessBenchRow)]
-    try:
-        atomic_write_csv(csv_path, names, ([getattr(row, n) for n in names] for row in rows), "CSV")
-    except OutputError as exc:
-        fail(str(exc))
+    write_bench_csv(csv_path, harness_bench.HarnessBenchRow, rows)
     table = Table(title="bench-harness" + (" (quick: not the targets' sizes)" if quick else ""))
     for name in ("benchmark", "wall s", "reference s", "ratio", "target", "", "detail"):
         table.add_column(name)

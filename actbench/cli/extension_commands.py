@@ -11,7 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from actbench.cli.app import MeasuringDevice, app, checked_out_dir, fail, new_bench_dir, require_device
+from actbench.cli.app import (MeasuringDevice, app, checked_out_dir, fail, new_bench_dir, require_device,
+                              write_bench_csv)
 
 console = Console()
 err_console = Console(stderr=True)
@@ -198,7 +199,6 @@ def bench_actnn(
       actbench bench-actnn --in-turn       # ten steps of each strategy in turn, one process
       actbench bench-actnn --quick         # a check in about a minute
     """
-    from actbench.store.outputs import OutputError, atomic_write_csv
     from actbench.studies import actnn_cost as actnn_bench
 
     device = device.value
@@ -211,11 +211,7 @@ def bench_actnn(
     except RuntimeError as err:
         fail(str(err), code=1)
     csv_path = run_dir / "actnn.csv"
-    names = [f.name for f in dataclasses.fields(actnn_bench.ActnnBenchRow)]
-    try:
-        atomic_write_csv(csv_path, names, ([getattr(row, n) for n in names] for row in rows), "CSV")
-    except OutputError as exc:
-        fail(str(exc))
+    write_bench_csv(csv_path, actnn_bench.ActnnBenchRow, rows)
     table = Table(title=f"bench-actnn on {device}" + (" (quick: not the targets' sizes)" if quick else ""))
     for name in ("model", "batch", "px", "strategy", "img/s", "x fp32", "range", "target", ""):
         table.add_column(name, justify="right")

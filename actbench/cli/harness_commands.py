@@ -36,6 +36,10 @@ PlanDim = enum.Enum("PlanDim", {name: name for name in PLAN_DIMENSIONS}, type=st
 #: --task choices, from the task registry (actbench/training/tasks/).
 TaskChoice = enum.Enum("TaskChoice", {name: name for name in TASK_NAMES}, type=str)
 
+#: The model argument of sweep-batch, throughput and memory, and the batch list throughput and memory take.
+ModelArg = Annotated[str, typer.Argument(help="Model name (see `actbench models`).")]
+BatchesOpt = Annotated[str, typer.Option("--batch", help="Batch size(s): N, N,M or START:STOP:STEP.")]
+
 
 def plan_jobs(jobs: Optional[int], gpus: Optional[str], executor: Any) -> int:
     """plan's --jobs: as given; otherwise one per core (at most PLAN_MAX_DEFAULT_JOBS) on this machine,
@@ -275,7 +279,7 @@ def models_command(pattern: Annotated[Optional[str], typer.Argument(help="Glob f
 @app.command("sweep-batch")
 @shared_options(SELECTION, TARGET, RUN, SIZE, GROWTH, STEPS, EXECUTION)
 def sweep_batch(
-    model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
+    model: ModelArg,
     batch: Annotated[str, typer.Option("--batch", help="START:STOP:STEP, N, or N,M,...")] = "16:1024:16",
     stop_after: Annotated[Optional[int], typer.Option("--stop-after", show_default=False, help=(
         "Stop a strategy's scan after k consecutive failures (default 2; not with --find-max)."))] = None,
@@ -342,8 +346,8 @@ def max_scale(
 @app.command("throughput")
 @shared_options(SELECTION, TARGET, RUN, SIZE, GROWTH, STEPS, EXECUTION)
 def throughput(
-    model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
-    batch: Annotated[str, typer.Option("--batch", help="Batch size(s): N, N,M or START:STOP:STEP.")] = "64",
+    model: ModelArg,
+    batch: BatchesOpt = "64",
     shared: SharedOptions = SharedOptions(),
 ) -> None:
     """Training throughput (images/s, median and IQR) per strategy and batch size.
@@ -366,8 +370,8 @@ def throughput(
 @shared_options(SELECTION, TARGET, RUN, SIZE, GROWTH, STEPS, EXECUTION, replace=(Shared("timed_steps", Annotated[int, typer.Option(
     "--timed-steps", help="Timed steps (default 0: memory only).")], 0),))
 def memory(
-    model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
-    batch: Annotated[str, typer.Option("--batch", help="Batch size(s): N, N,M or START:STOP:STEP.")] = "64",
+    model: ModelArg,
+    batch: BatchesOpt = "64",
     shared: SharedOptions = SharedOptions(),
 ) -> None:
     """One point's memory breakdown: activations, peak, reserved, parameters, gradients, optimizer state.

@@ -18,7 +18,6 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from actbench.cli.app import DEFAULT_OUT, Device, Gpu, Precision, checked_out_dir
-from actbench.cli.speed_commands import DeviceModelOpt
 from actbench.core.devices import PROFILES
 from actbench.core.gpus import GPU_NAMES
 from actbench.execution.specs import DEFAULT_STRATEGIES
@@ -38,9 +37,14 @@ StrategiesOpt = Annotated[Optional[str], typer.Option(
 NoBaselineOpt = Annotated[bool, typer.Option("--no-baseline", help="Do not add fp32 as the baseline.")]
 #: each task's default size, in words (video: frames x side)
 TASK_SIZES = ", ".join(f"{task.name} {task.default_size.label()}" for task in registered().values())
+#: ``--device-model FILE``, shared by the commands whose rows carry a predicted step time.
+DeviceModelOpt = Annotated[Optional[Path], typer.Option("--device-model", help=(
+    "Device-model JSON file (from `actbench calibrate`) to predict each row's step time on; meta rows "
+    "with --gpu use that GPU's built-in model without it."))]
 ImageSizeOpt = Annotated[Optional[str], typer.Option("--image-size", show_default=False, help=(
     "Input size in pixels: N (square) or HxW, e.g. 512x1024. Default: the model's task's, as torchvision's "
-    f"reference trains it ({TASK_SIZES}; `actbench models --task T` lists each task's models)."))]
+    f"reference trains it ({TASK_SIZES}; `actbench models --task T` lists each task's models), or the "
+    "smallest side above it a model takes (inception_v3: 299)."))]
 FramesOpt = Annotated[Optional[int], typer.Option("--frames", show_default=False, help=(
     "Video models only: frames per clip (default: the video task's, as torchvision's reference trains)."))]
 DeviceOpt = Annotated[Device, typer.Option(

@@ -14,12 +14,8 @@ import typer
 
 from actbench.cli.app import (Gpu, MeasuringDevice, app, fail, refuse_control_characters, refuse_run_file,
                               require_device, require_train_batch)
+from actbench.cli.options import ImageSizeOpt
 from actbench.schema import one_line
-
-#: ``--device-model FILE``, shared by the commands whose rows carry a predicted step time.
-DeviceModelOpt = Annotated[Optional[Path], typer.Option("--device-model", help=(
-    "Device-model JSON file (from `actbench calibrate`) to predict each row's step time on; meta rows "
-    "with --gpu use that GPU's built-in model without it."))]
 
 
 def use_device_model(path: Optional[Path]) -> None:
@@ -165,8 +161,7 @@ def fastest_command(
     model: Annotated[str, typer.Argument(help="Model name (see `actbench models`).")],
     gpu: Annotated[Gpu, typer.Option("--gpu", help="The GPU to plan for (a profile of actbench/core/gpus.py).")],
     batch_size: Annotated[int, typer.Option("--batch", help="Batch size to train at.")],
-    image_size: Annotated[str, typer.Option("--image-size", help=(
-        "Input size in pixels: N (square) or HxW, as every command takes it."))] = "224",
+    image_size: ImageSizeOpt = None,
     strategies: Annotated[str, typer.Option("--strategies", help="Comma list of strategies and levels.")] = FASTEST_DEFAULT,
 ) -> None:
     """Which strategy trains MODEL at BATCH fastest on a GPU you may not have (predicted on meta).

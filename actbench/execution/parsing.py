@@ -111,14 +111,14 @@ def parse_int_range(text: str, what: str = "batch", largest: int = LIMITS["batch
     spec = text.strip()
     try:
         if ":" in spec:
-            parts = [_whole(p) for p in spec.split(":")]
+            parts = [whole_number(p) for p in spec.split(":")]
             if len(parts) == 2:
                 parts.append(1)
             if len(parts) != 3:
                 raise ValueError
             values: Sequence[int] = range(parts[0], parts[1] + 1, parts[2]) if parts[2] > 0 else ()
         else:
-            values = tuple(_whole(p) for p in spec.split(","))
+            values = tuple(whole_number(p) for p in spec.split(","))
     except ValueError:
         raise ValueError(f"bad {what} '{text}': use START:STOP:STEP (e.g. 16:1024:16), N, or N,M,...") from None
     if ":" in spec and parts[2] <= 0:
@@ -146,9 +146,10 @@ def parse_int_range(text: str, what: str = "batch", largest: int = LIMITS["batch
     return values
 
 
-def _whole(text: str) -> int:
-    """An integer written in ASCII digits with an optional sign: Python's int() also takes '1_0' and
-    other scripts' digits, which a size on the command line should not be."""
-    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", text):
+def whole_number(text: str, signed: bool = True) -> int:
+    """An integer written in ASCII digits, with an optional sign when ``signed``, white space around it
+    allowed; ValueError(text) otherwise. Python's int() also takes '1_0' and other scripts' digits,
+    which a count on the command line or in a table actbench wrote should not be."""
+    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*" if signed else r"\s*[0-9]+\s*", text):
         raise ValueError(text)
     return int(text)

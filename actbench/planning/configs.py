@@ -8,7 +8,7 @@ from typing import Any
 
 from actbench.planning.point import Point
 from actbench.planning.settings import MeasureSettings
-from actbench.schema import DIMENSIONS, GROWABLE_MODEL, PLAN_DIMENSIONS, InputSize, ModelSpec
+from actbench.schema import DIMENSIONS, GROWABLE_MODEL, MIN_IMAGE_SIZE, PLAN_DIMENSIONS, InputSize, ModelSpec
 from actbench.strategies import Strategy
 
 
@@ -107,7 +107,21 @@ class ScaleConfig:
                 "low": self.low, "high": self.high, "step": self.step, **self.settings.identity()}
 
     def candidates(self) -> tuple[int, ...]:
-        return tuple(range(self.low, self.high + 1, self.step))
+        if self.dim != "resolution":
+            return tuple(range(self.low, self.high + 1, self.step))
+        task, frames = self.point(self.strategies[0], self.low).task, self.size.frames
+        sides, side = [], task.next_side(self.model_name, self.low, frames, self.high)
+        while side is not None:  # each the next side the model trains at, at least --step past the last
+            sides.append(side)
+            side = task.next_side(self.model_name, side + self.step, frames, self.high)
+        return tuple(sides)
+
+    def side_rule(self) -> str:
+        """Why a resolution search's range holds no side the model trains at: its task's rule, at --low."""
+        task = self.point(self.strategies[0], self.low).task
+        side = max(self.low, MIN_IMAGE_SIZE)
+        problem = task.size_problem(self.model_name, InputSize(side, side, self.size.frames))
+        return problem or f"sides are at least {MIN_IMAGE_SIZE} px"
 
     def point(self, strategy: Strategy, value: int) -> Point:
         if self.dim == "batch":
@@ -148,6 +162,9 @@ def validate_max_scale(cfg: ScaleConfig) -> None:
     if cfg.dim in ("depth", "width") and cfg.model_name != GROWABLE_MODEL:
         raise ValueError(f"--dim {cfg.dim} grows {GROWABLE_MODEL} only, got model '{cfg.model_name}'")
     check_search_range(cfg.dim, cfg.low, cfg.high, cfg.step)
+    if cfg.dim == "resolution" and not cfg.candidates():
+        raise ValueError(f"--dim resolution: --low {cfg.low} .. --high {cfg.high} holds no side {cfg.model_name} "
+                         f"trains at: {cfg.side_rule()}")
 
 
 def check_search_range(dim: str, low: int, high: int, step: int) -> None:

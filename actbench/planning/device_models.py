@@ -19,7 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from actbench.schema import MAX_COLUMN_VALUE
+from actbench.schema import MAX_COLUMN_VALUE, MAX_NAME_CHARS
 
 #: The environment variable naming a device-model file (``--device-model FILE``), read where points are
 #: measured, as child processes inherit it.
@@ -173,8 +173,6 @@ RATE_BOUNDS: tuple[float, float] = (1.0, 1e21)
 FRACTION_BOUNDS: tuple[float, float] = (1e-6, 1e3)
 #: PCIe generations a model may name (null: not a PCIe device, as a CPU).
 PCIE_GENERATIONS: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7)
-#: Longest model name or label: the name is a column of every row priced on it, both label tables and figures.
-MAX_NAME_CHARS = 100
 _SECONDS, _BYTES, _SHARE = "a number of seconds", "a number of bytes/s", "a number (a share of peak)"
 #: A model file's scalar numbers: (bounds, what they are, null allowed).
 _NUMBERS: Mapping[str, tuple[tuple[float, float], str, bool]] = MappingProxyType({

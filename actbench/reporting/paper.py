@@ -7,7 +7,6 @@ size and memory budget, so :func:`matches` is the single gate every caller goes 
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 
 from actbench.schema import LIMITS, InputSize, one_line
-from actbench.store.reading import check_kind
+from actbench.store.reading import RunFileError, check_kind, read_csv
 
 if TYPE_CHECKING:
     from actbench.reporting.runs import ResultRuns
@@ -111,31 +110,34 @@ def paper_max_batch(strategy: str) -> int | None:
 
 #: what a paper point's status may be: measured, or the figure's cross (the first batch that failed)
 PAPER_STATUSES = ("ok", "oom")
+#: the columns of the paper's throughput CSV
+PAPER_COLUMNS = ("strategy", "batch_size", "ips", "status")
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+@-]{0,63}")
 
 
 def load_throughput(path: Path | None = None) -> tuple[PaperPoint, ...]:
     """Points of the paper's throughput-vs-batch figure; ValueError (one line naming the file, the line
     and the field) when the CSV is missing or any line is bad: a reference that is silently wrong would
-    be drawn beside every measurement."""
+    be drawn beside every measurement, so the first bad line refuses the file rather than being skipped."""
     path = DEFAULT_THROUGHPUT_CSV if path is None else path
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"paper throughput CSV '{path}' cannot be read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"paper throughput CSV '{path}' is not UTF-8 text (byte {exc.start})") from None
-    numbered = [(n, line) for n, line in enumerate(text.splitlines(), 1)
-                if line.strip() and not line.lstrip().startswith("#")]
+        found = read_csv(path, PAPER_COLUMNS, comments=True)
+    except RunFileError as exc:
+        raise ValueError(f"paper throughput CSV {exc}") from None
+    if found is None:
+        raise ValueError(f"paper throughput CSV '{path}' cannot be read: No such file or directory")
+    rows, problems = found
+    first_bad = min(problems, default=None)
     points = []
-    try:
-        for (lineno, _), record in zip(numbered[1:], csv.DictReader(line for _, line in numbered)):
-            try:
-                points.append(_paper_point(record))
-            except (KeyError, ValueError, AttributeError) as exc:
-                raise ValueError(one_line(f"paper throughput CSV '{path}' line {lineno}: {exc}")) from None
-    except csv.Error as exc:
-        raise ValueError(one_line(f"paper throughput CSV '{path}' is not a CSV table: {exc}")) from None
+    for lineno, record in rows:
+        if first_bad is not None and first_bad[0] < lineno:
+            break
+        try:
+            points.append(_paper_point(record))
+        except (KeyError, ValueError, AttributeError) as exc:
+            raise ValueError(one_line(f"paper throughput CSV '{path}' line {lineno}: {exc}")) from None
+    if first_bad is not None:
+        raise ValueError(one_line(f"paper throughput CSV '{path}' line {first_bad[0]}: {first_bad[1]}"))
     if not points:
         raise ValueError(f"paper throughput CSV '{path}' has no points")
     return tuple(points)
@@ -143,7 +145,7 @@ def load_throughput(path: Path | None = None) -> tuple[PaperPoint, ...]:
 
 def _paper_point(record: Mapping[str, str | None]) -> PaperPoint:
     """One line's point; ValueError naming the field and what it may be."""
-    fields = {name: (record.get(name) or "").strip() for name in ("strategy", "batch_size", "ips", "status")}
+    fields = {name: (record.get(name) or "").strip() for name in PAPER_COLUMNS}
     if None in record or None in record.values():
         raise ValueError("must have exactly the columns strategy,batch_size,ips,status")
     if not _LABEL.fullmatch(fields["strategy"]):

@@ -161,7 +161,8 @@ def row_problem(cls: type, data: Any) -> str | None:
         if types is None:
             continue  # unknown columns (a newer version's) are ignored
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-            return f"field '{name}' has the wrong type ({type(value).__name__}: {str(value)[:40]!r})"
+            wanted = " or ".join(sorted({"null" if t is type(None) else t.__name__ for t in types}))
+            return f"field '{name}' has the wrong type ({type(value).__name__}; expected {wanted})"
     return None
 
 
@@ -195,14 +196,14 @@ def parse_jsonl(path: Path, data: bytes, first_lineno: int, cls: type[T],
         except LimitError as exc:
             warn("%s:%d: skipped: %s", path, lineno, exc)
             continue
-        except (ValueError, RecursionError):
+        except (ValueError, RecursionError) as exc:
             salvaged = _salvage(text, check)
             if salvaged is None:
-                warn("%s:%d: skipped: not valid JSON (%s)", path, lineno, _preview(text))
+                warn("%s:%d: skipped: not valid JSON (%s)", path, lineno, _json_why(exc))
             else:
-                warn("%s:%d: recovered a row glued after a torn one; skipped the torn start (%s)",
-                     path, lineno, _preview(text))
-                yield start, cls.from_dict(salvaged)
+                warn("%s:%d: recovered a row glued after a torn one; skipped the torn start (%d bytes)",
+                     path, lineno, salvaged[0])
+                yield start, cls.from_dict(salvaged[1])
             continue
         why = check(obj)
         if why is not None:
@@ -218,12 +219,19 @@ def _quiet(*args: Any) -> None:
     """A warning already given by another reader of the same lines."""
 
 
-def _preview(text: str) -> str:
-    return repr(text[:40] + ("…" if len(text) > 40 else ""))
+def _json_why(exc: BaseException) -> str:
+    """Why a line is not JSON, from the decoder's position and message only: a warning never shows
+    what the line holds (a run file may be a link to any file on the machine)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at column {exc.colno}"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return type(exc).__name__
 
 
-def _salvage(text: str, check: Callable[[Any], str | None]) -> dict[str, Any] | None:
-    """The complete row at the end of a line whose start is torn, if there is one."""
+def _salvage(text: str, check: Callable[[Any], str | None]) -> tuple[int, dict[str, Any]] | None:
+    """The complete row at the end of a line whose start is torn, if there is one, with the length
+    in bytes of the torn start before it."""
     pos = text.find('{"', 1)
     while pos > 0:
         try:
@@ -231,7 +239,7 @@ def _salvage(text: str, check: Callable[[Any], str | None]) -> dict[str, Any] | 
         except (ValueError, RecursionError):
             obj = None
         if obj is not None and check(obj) is None:
-            return obj
+            return len(text[:pos].encode("utf-8")), obj
         pos = text.find('{"', pos + 1)
     return None
 
@@ -265,29 +273,33 @@ def warn_incomplete_tail(path: Path, lineno: int, tail: bytes) -> None:
 CsvRow = tuple[int, dict[str, str]]
 
 
-def read_csv(path: Path, required: Sequence[str]) -> tuple[list[CsvRow], list[tuple[int, str]]] | None:
+def read_csv(path: Path, required: Sequence[str],
+             comments: bool = False) -> tuple[list[CsvRow], list[tuple[int, str]]] | None:
     """The rows of a CSV table actbench wrote (``trust``'s, a re-prediction's), None when it is absent:
     ``(rows, problems)``, one ``(line, why)`` per line that is not a row (past
     :data:`MAX_LINE_BYTES`, not UTF-8, not CSV, another count of cells than the header's), for the
     caller to skip with a warning or to refuse. RunFileError (one line naming it) when it is not a
-    regular file, cannot be read, or its header lacks a ``required`` column."""
+    regular file, cannot be read, or its header lacks a ``required`` column. With ``comments``, blank
+    lines and lines starting with ``#`` (a hand-kept table's notes, the paper's CSV) are passed over,
+    before the header too; line numbers stay the file's own."""
     if not check_kind(path):
         return None
     line = [0]  # the physical line the CSV reader has reached
     problems: list[tuple[int, str]] = []
     try:
         with path.open("rb") as fh:
-            reader = csv.reader(_csv_lines(fh, line, problems))
-            header = _csv_header(path, reader, problems, required)
+            reader = csv.reader(_csv_lines(fh, line, problems, comments))
+            header = _csv_header(path, reader, problems, required, comments)
             rows = list(_csv_rows(reader, header, line, problems))
     except OSError as exc:
         raise RunFileError(f"'{path}' cannot be read: {exc.strerror or exc}") from None
     return rows, problems
 
 
-def _csv_lines(fh: BinaryIO, line: list[int], problems: list[tuple[int, str]]) -> Iterator[str]:
+def _csv_lines(fh: BinaryIO, line: list[int], problems: list[tuple[int, str]],
+               comments: bool = False) -> Iterator[str]:
     """The lines of ``fh`` as text, each read within :data:`MAX_LINE_BYTES`; a line past it or not
-    UTF-8 goes to ``problems`` instead."""
+    UTF-8 goes to ``problems`` instead; with ``comments``, blank and ``#`` lines are passed over."""
     while True:
         raw = fh.readline(MAX_LINE_BYTES + 1)
         if not raw:
@@ -301,13 +313,18 @@ def _csv_lines(fh: BinaryIO, line: list[int], problems: list[tuple[int, str]]) -
             problems.append((line[0], f"a line of {size} bytes (at most {MAX_LINE_BYTES})"))
             continue
         try:
-            yield raw.decode("utf-8-sig" if line[0] == 1 else "utf-8")  # a spreadsheet's byte-order mark
+            text = raw.decode("utf-8-sig" if line[0] == 1 else "utf-8")  # a spreadsheet's byte-order mark
         except UnicodeDecodeError as exc:
             problems.append((line[0], f"not UTF-8 (byte {exc.start + 1})"))
+            continue
+        if not (comments and (not text.strip() or text.lstrip().startswith("#"))):
+            yield text
 
 
-def _csv_header(path: Path, reader: Any, problems: list[tuple[int, str]], required: Sequence[str]) -> list[str]:
-    """The column names of the first line; RunFileError when that line is unreadable or lacks a column."""
+def _csv_header(path: Path, reader: Any, problems: list[tuple[int, str]], required: Sequence[str],
+                comments: bool = False) -> list[str]:
+    """The column names of the first line (the first that is not a note, with ``comments``); RunFileError
+    when that line is unreadable or lacks a column."""
     try:
         header = next(reader, [])
     except csv.Error as exc:
@@ -316,7 +333,8 @@ def _csv_header(path: Path, reader: Any, problems: list[tuple[int, str]], requir
         raise RunFileError(f"'{path}': its header line is unreadable ({problems[0][1]})")
     missing = [c for c in required if c not in header]
     if missing:
-        has = f"its columns are {one_line(', '.join(header), 120)}" if header else "its first line is empty"
+        empty = "it has no line but notes and blank ones" if comments else "its first line is empty"
+        has = f"its columns are {one_line(', '.join(header), 120)}" if header else empty
         raise RunFileError(f"'{path}': missing column(s) {', '.join(missing)} ({has})")
     return header
 

@@ -246,7 +246,9 @@ class RunStore:
 
     def _repair_tail(self) -> None:
         """Under the lock: a last line without its newline is an interrupted write (no live writer is
-        mid-append). A complete row gets its newline; anything else moves to ``rows.jsonl.torn``."""
+        mid-append). A complete row gets its newline; anything else moves to ``rows.jsonl.torn``.
+        :meth:`_torn_tail` has found the file non-empty and without its final newline, and every writer
+        appends under the lock this holder has, so the file is not checked a second time."""
         if not self._torn_tail():
             return
         try:
@@ -256,11 +258,6 @@ class RunStore:
                                "incomplete, and mending it needs write access)") from None
         with fh:
             size = os.fstat(fh.fileno()).st_size
-            if size == 0:
-                return
-            fh.seek(size - 1)
-            if fh.read(1) == b"\n":
-                return
             start = self._last_newline(fh, size) + 1
             fh.seek(start)
             tail = fh.read()

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from actbench.core.devices import MEASURING_DEVICES
-from actbench.schema import DEFAULT_PRECISION, LIMITS, PRECISIONS, STATUSES, ModelSpec, PointConfig, one_line
+from actbench.schema import (DEFAULT_PRECISION, LIMITS, MAX_NAME_CHARS, PRECISIONS, STATUSES, ModelSpec, PointConfig,
+                             one_line)
 from actbench.studies.trust import PREDICTING_DEVICE, SpeedComparison, predict_point
 
 if TYPE_CHECKING:
@@ -24,8 +25,6 @@ log = logging.getLogger(__name__)
 #: Columns a speed CSV must have for its rows to be re-predicted.
 REQUIRED = ("model", "strategy", "batch_size", "image_size", "device", "device_model", "measured_status",
             "predicted_step_s", "measured_step_s")
-#: Longest model or strategy name read: far past any real one (``checkpoint+L3``, ``fasterrcnn_..._fpn``).
-MAX_NAME = 100
 
 
 def read_speed_csv(path: Path) -> list[SpeedComparison]:
@@ -79,9 +78,10 @@ def speed_row(cells: dict[str, str]) -> SpeedComparison:
 
 
 def _name(cells: dict[str, str], field: str) -> str:
-    """A name cell, refused past :data:`MAX_NAME` characters before any lookup compares it with the known ones."""
-    if len(cells[field]) > MAX_NAME:
-        raise ValueError(f"field '{field}' is {len(cells[field])} characters long (a name has at most {MAX_NAME})")
+    """A name cell, refused past :data:`MAX_NAME_CHARS` characters before any lookup compares it with
+    the known ones."""
+    if len(cells[field]) > MAX_NAME_CHARS:
+        raise ValueError(f"field '{field}' is {len(cells[field])} characters long (a name has at most {MAX_NAME_CHARS})")
     return cells[field]
 
 
@@ -105,10 +105,17 @@ def _strategy(value: str) -> str:
 
 
 def _count(cells: dict[str, str], field: str, low: int, high: int) -> int:
+    """A count cell from ``low`` to ``high``, sized before it is converted; ValueError naming the field."""
+    from actbench.execution.parsing import whole_number
+
     text = cells[field].strip()
-    if not (text.isascii() and text.isdigit() and len(text) <= len(str(high)) and low <= int(text) <= high):
+    try:
+        value = whole_number(text, signed=False) if len(text) <= len(str(high)) else None
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
         raise ValueError(f"field '{field}' is {one_line(text, 40)!r} (expected a whole number from {low} to {high})")
-    return int(text)
+    return value
 
 
 def _image_size(model: str, cells: dict[str, str]) -> int:

@@ -41,15 +41,21 @@ def task_of(model_name: str) -> Task:
 
 def input_size_for(model_name: str, image_size: str | int | None = None, frames: int | None = None) -> InputSize:
     """The size ``model_name`` trains at: ``image_size`` (N or HxW) and ``frames``, each defaulting to its
-    task's. SizeError (one line) for a size that is not N or HxW, frames for a model without them, or a
-    size the model cannot be built for (the task's ``size_problem``)."""
+    task's; a model that cannot train at its task's default side (inception_v3 needs 299) defaults to the
+    smallest square side above it that it takes. SizeError (one line) for a size that is not N or HxW,
+    frames for a model without them, or a size the model cannot be built for (the task's ``size_problem``)."""
     task = task_of(model_name)
     default = task.default_size
     if frames is not None and default.frames is None:
         raise SizeError("frames", f"applies to video models; '{model_name}' is a {task.name} model, got {frames}")
     frames = default.frames if frames is None else frames
-    size = (InputSize(default.height, default.width, frames) if image_size is None
-            else InputSize.parse(image_size, frames))
+    if image_size is None:
+        size = InputSize(default.height, default.width, frames)
+        if task.size_problem(model_name, size) is not None:
+            side = task.next_side(model_name, max(default.height, default.width), frames)
+            size = size if side is None else InputSize(side, side, frames)
+    else:
+        size = InputSize.parse(image_size, frames)
     size.check(MIN_IMAGE_SIZE, LIMITS["resolution"])
     problem = task.size_problem(model_name, size)
     if problem is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
-from actbench.schema import InputSize, ModelSpec
+from actbench.schema import LIMITS, MIN_IMAGE_SIZE, InputSize, ModelSpec
 
 if TYPE_CHECKING:
     import torch
@@ -45,6 +45,15 @@ class Task:
     def size_problem(self, model: str, size: InputSize) -> str | None:
         """Why ``model`` cannot be built for ``size`` (one line naming both and what it takes), or None.
         Imports no torch: a command checks it with its other values, before anything is built."""
+        return None
+
+    def next_side(self, model: str, side: int, frames: int | None = None,
+                  high: int = LIMITS["resolution"]) -> int | None:
+        """The smallest square side in ``side..high`` (and ``MIN_IMAGE_SIZE..``) that :meth:`size_problem`
+        lets ``model`` train at, or None when there is none: the grid a resolution search moves along."""
+        for candidate in range(max(side, MIN_IMAGE_SIZE), min(high, LIMITS["resolution"]) + 1):
+            if self.size_problem(model, InputSize(candidate, candidate, frames)) is None:
+                return candidate
         return None
 
     def require_size(self, model: str, size: InputSize) -> None:
