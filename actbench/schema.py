@@ -408,5 +408,5 @@ def row_value_problem(data: dict[str, Any]) -> str | None:
             return problem
     precision = data.get("precision", DEFAULT_PRECISION)
     if precision not in PRECISIONS:
-        return f"unknown precision {precision!r} (expected one of {', '.join(PRECISIONS)})"
+        return f"unknown precision {one_line(precision, 40)!r} (expected one of {', '.join(PRECISIONS)})"
     return None

@@ -370,6 +370,7 @@ def hand_made_run(tmp_path: Path, *bad: dict) -> Path:
     ({"activation_bytes": -1}, "'activation_bytes' is -1"),
     ({"device": "tpu"}, "unknown device 'tpu'"),
     ({"precision": "fp8"}, "unknown precision 'fp8'"),
+    ({"precision": "fp8" + "x" * 5000}, "unknown precision 'fp8" + "x" * 36 + "…' (expected"),  # cut, as device's
     ({"strategy": "magic"}, "unknown strategy 'magic'"),
     ({"gpu": "voodoo2"}, "unknown GPU spec 'voodoo2'"),
 ])
