@@ -8,6 +8,10 @@ the last one (a collection after every test would add minutes to the run), and s
 a file that left the process ``_TRIM_AT_FILE_END`` larger: a file's fixtures are gone by then, and the
 next file's largest test then starts from what is really alive, not from what the files before it
 freed (in the default run, the zoo's AlexNet peaked 1.6 GB above what the files before it had left).
+
+CI runs the heavy tests on two workers (``-n 2 --dist loadgroup``, .ci/run). Those that take 6 GB or
+more carry ``xdist_group("large_memory")``: one worker runs them all, one after another, so two of them
+never add up on one machine; the other worker meanwhile runs tests of a few GB at most.
 """
 
 from __future__ import annotations

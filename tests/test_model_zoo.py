@@ -19,7 +19,8 @@ from actbench.measure.meta import MetaSessions
 from actbench.planning.point import Point
 from actbench.training.model_names import list_model_names
 from actbench.training.models import FAMILY_REPRESENTATIVES, build_model, model_family
-from actbench.schema import LEVEL_NAMES, ModelSpec, PointConfig
+from actbench.schema import LEVEL_NAMES, MIN_IMAGE_SIZE, InputSize, ModelSpec, PointConfig
+from actbench.training.tasks.classification import size_problem
 
 #: The smallest input each model accepts in training where 32 px is too small.
 SMALL_SIZE = {"maxvit_t": 224, "inception_v3": 299, "vit_h_14": 28, "alexnet": 64}
@@ -83,29 +84,27 @@ def test_models_that_failed_on_meta_measure_fp32_and_l3(name):
     assert rows["L3"].activation_bytes < rows["fp32"].activation_bytes
 
 
-def _meta_points_ok(name: str, strategies: tuple[str, ...]) -> None:
+def _meta_points_ok(name: str, strategies: tuple[str, ...], size: int | None = None) -> None:
     sessions = MetaSessions()
     for strategy in strategies:
-        row = sessions.measure_point(meta_point(name, strategy))
+        row = sessions.measure_point(meta_point(name, strategy, size=size))
         assert row.status == "ok", (name, strategy, row.message)
         assert row.activation_bytes > 0 and row.peak_alloc_bytes > row.model_bytes > 0
 
 
-@pytest.mark.heavy  # every torchvision classifier: many minutes on 2 cores (CI runs it with -m heavy)
-@pytest.mark.slow
-@pytest.mark.heavy  # 80 models: minutes on its own
+def smallest_side(name: str) -> int:
+    """The smallest side ``name``'s task accepts (classification.MIN_SIDES, ViT's patch, MaxViT's partitions)."""
+    return next(side for side in range(MIN_IMAGE_SIZE, 1024) if size_problem(name, InputSize(side, side)) is None)
+
+
+@pytest.mark.heavy  # 80 models on fake tensors, 22 of them at every level: many minutes on 2 cores
 @pytest.mark.parametrize("name", list_model_names())
-def test_every_model_runs_on_meta(name):
-    """Every model in `actbench models`, fp32 and L3 (the build is what used to fail)."""
-    _meta_points_ok(name, ("fp32", "L3"))
-
-
-@pytest.mark.heavy  # every family at every level: many minutes on 2 cores (CI runs it with -m heavy)
-@pytest.mark.slow
-@pytest.mark.heavy  # 22 families x 7 strategies on fake tensors: minutes
-@pytest.mark.parametrize("name", FAMILY_REPRESENTATIVES)
-def test_every_family_runs_on_meta_at_every_level(name):
-    _meta_points_ok(name, ("fp32", *LEVEL_NAMES))
+def test_every_model_runs_on_meta_at_its_smallest_side(name):
+    """Every model in `actbench models` at the smallest side its task accepts: fp32 and L3 (the build is
+    what used to fail), and every level for a family's representative. That each trains there is the
+    other half of the size rules (tests/test_model_input_sizes.py checks that none trains a pixel below)."""
+    levels = LEVEL_NAMES if name in FAMILY_REPRESENTATIVES else ("L3",)
+    _meta_points_ok(name, ("fp32", *levels), smallest_side(name))
 
 
 # --- ActNN on every family -----------------------------------------------------
@@ -153,11 +152,13 @@ _HEAVY_L0 = ("maxvit_t", "inception_v3", "vgg16", "wide_resnet50_2", "resnext50_
             "efficientnet_v2_s", "densenet121")
 #: At 32 px these end in 1x1 maps, where BatchNorm over 2 values makes fp32's own gradients chaotic
 #: (scales of 1e6-1e9): 64 px keeps every family's gradients well conditioned.
+#: VGG-16's 6 GB: the heavy ones never run beside another large test (tests/conftest.py)
+LARGE_MEMORY = pytest.mark.xdist_group("large_memory")
 _L0_SIZE = {"mobilenet_v2": 64, "mobilenet_v3_large": 64, "efficientnet_b0": 64, "efficientnet_v2_s": 64,
             "mnasnet1_0": 64, "shufflenet_v2_x1_0": 64, "densenet121": 64}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.heavy) if n in _HEAVY_L0 else n
+@pytest.mark.parametrize("name", [pytest.param(n, marks=(pytest.mark.heavy, LARGE_MEMORY)) if n in _HEAVY_L0 else n
                                   for n in FAMILY_REPRESENTATIVES])
 def test_l0_gives_fp32_outputs_and_gradients_on_every_family(backend, name):
     """L0 keeps everything exact (full precision, lossless masks and argmax; the hook path packs nothing):

@@ -26,26 +26,15 @@ class QuantBackend(str, enum.Enum):
     reference = "oracle"
 
 
-def _check_counts(batch_size: int, seeds: int) -> None:
-    """--batch and --seeds in their bounds (VerifyConfig's), before the model is looked at: one line each
-    naming the value and the range, exit 2."""
-    from actbench.execution.parsing import check_int
-
-    try:
-        check_int(batch_size, "--batch")
-        check_int(seeds, "--seeds (compressed draws: a variance needs two)", MAX_SEEDS, smallest=2)
-    except ValueError as exc:
-        fail(str(exc))
-
-
 def _check_model_and_size(model: str, batch_size: int, seeds: int, image_size: str, frames: int | None) -> None:
     """The counts, the model's name, its size (its task's rules) and, for one sample, BatchNorm: one line each."""
     from actbench.schema import SizeError
+    from actbench.studies.gradients import check_counts
     from actbench.training.model_names import ModelSpec, validate_model_spec
     from actbench.training.tasks import input_size_for
 
-    _check_counts(batch_size, seeds)
     try:
+        check_counts(batch_size, seeds, prefix="--")  # before the model is looked at
         validate_model_spec(ModelSpec(model))
         size = input_size_for(model, image_size, frames)
     except SizeError as exc:
@@ -120,7 +109,7 @@ def verify_grads_command(
     from actbench.execution.executors import InProcessExecutor, Task
     precision = precision.value
     _check_model_and_size(model, batch_size, seeds, image_size, frames)
-    try:  # the batch and the seeds, in their bounds (VerifyConfig's own checks)
+    try:  # the config's own checks: the precision (the counts and the size passed above)
         config = VerifyConfig(model, level_config(level.value, backend=backend.value), batch_size, seeds, image_size,
                               device.value, precision=precision, frames=frames)
     except ValueError as exc:

@@ -31,6 +31,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def check_counts(batch_size: int, seeds: int, prefix: str = "") -> None:
+    """The batch and the number of compressed draws in their bounds (ValueError, one line); ``prefix``
+    turns the names into the command line's options (``--``)."""
+    check_int(batch_size, f"{prefix}batch" if prefix else "batch size")
+    check_int(seeds, f"{prefix}seeds (compressed draws: a variance needs two)", MAX_SEEDS, smallest=2)
+
+
 @dataclass(frozen=True)
 class VerifyConfig:
     """One verification: model (torchvision name, any task), level, batch size, K seeds, input size (N or
@@ -49,8 +56,7 @@ class VerifyConfig:
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
-        check_int(self.batch_size)
-        check_int(self.seeds, "seeds (compressed draws: a variance needs two)", MAX_SEEDS, smallest=2)
+        check_counts(self.batch_size, self.seeds)
         self.size()
 
     def size(self) -> InputSize:
