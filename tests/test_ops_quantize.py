@@ -313,9 +313,9 @@ def test_batch_over_65535_on_cpu():
     assert bool(((y - x).abs() <= 1 / scale + 1e-6).all())
 
 
+@pytest.mark.xdist_group("large_memory")  # ~9 GiB: never beside another large test (tests/conftest.py)
 @pytest.mark.heavy
 @pytest.mark.slow
-@pytest.mark.xdist_group("large_memory")  # ~9 GiB: never beside another large test (tests/conftest.py)
 def test_tensor_over_2_pow_31_values_on_cpu():
     """Values past index 2^31 are quantized and restored (int64 indexing in every CPU loop). ~9 GiB."""
     n = 2**31 + 2**12
