@@ -150,10 +150,10 @@ def _step_grads(model, x, y):
 #: sets of gradients.
 _HEAVY_L0 = ("maxvit_t", "inception_v3", "vgg16", "wide_resnet50_2", "resnext50_32x4d", "resnet50",
             "efficientnet_v2_s", "densenet121")
-#: At 32 px these end in 1x1 maps, where BatchNorm over 2 values makes fp32's own gradients chaotic
-#: (scales of 1e6-1e9): 64 px keeps every family's gradients well conditioned.
 #: VGG-16's 6 GB: the heavy ones never run beside another large test (tests/conftest.py)
 LARGE_MEMORY = pytest.mark.xdist_group("large_memory")
+#: At 32 px these end in 1x1 maps, where BatchNorm over 2 values makes fp32's own gradients chaotic
+#: (scales of 1e6-1e9): 64 px keeps every family's gradients well conditioned.
 _L0_SIZE = {"mobilenet_v2": 64, "mobilenet_v3_large": 64, "efficientnet_b0": 64, "efficientnet_v2_s": 64,
             "mnasnet1_0": 64, "shufflenet_v2_x1_0": 64, "densenet121": 64}
 
