@@ -147,6 +147,7 @@ def test_time_calls_takes_each_functions_samples_in_turn(monkeypatch):
     assert result["extension"][0] / result["copy"][0] == pytest.approx(2.0)  # the drift reaches both alike
 
 
+@pytest.mark.memory_gb(3.1)  # 2.99 GB measured, children included
 def test_bench_actnn_quick_writes_ratios_to_fp32(tmp_path):
     """The quick variant runs throughput in a child and writes each strategy's img/s and ratio to fp32."""
     result = runner.invoke(app, ["bench-actnn", "--quick", "--out", str(tmp_path)])
@@ -205,6 +206,7 @@ def test_bench_actnn_in_turn_quick_times_every_strategy_in_one_process(tmp_path)
     assert rows["L0"]["command"].startswith("actbench bench-actnn --in-turn --device cpu --rounds 3: resnet18, batch 2")
 
 
+@pytest.mark.memory_gb(1.9)  # 1.80 GB measured, children included
 def test_l0_twin_costs_script_times_l0_with_its_relu_twins_run_as_torchs_layers(capsys):
     """scripts/l0_twin_costs.py, which split L0's gap to fp32 by twin in docs/design.md §2, still runs, and
     its variant does run torch's own ReLU (ResNet-18: 9 ReLU modules); L0's batch norms are torch's already."""

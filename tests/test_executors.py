@@ -64,6 +64,7 @@ def test_the_device_profile_chooses_the_executor() -> None:
 VERIFY_ARGS = dict(model="resnet18", level="L3", batch_size=2, seeds=2, image_size=32, device="cpu")
 
 
+@pytest.mark.memory_gb(2.9)  # 2.83 GB measured, children included
 def test_verify_grads_task_gives_the_same_rows_in_a_child_and_here() -> None:
     here = InProcessExecutor().call(Task("verify-grads", VERIFY_ARGS))["rows"]
     there = ChildProcessExecutor(timeout_s=600).call(Task("verify-grads", VERIFY_ARGS))["rows"]
@@ -73,6 +74,7 @@ def test_verify_grads_task_gives_the_same_rows_in_a_child_and_here() -> None:
         assert a["rel_std"] == pytest.approx(b["rel_std"], rel=1e-3, abs=1e-9)
 
 
+@pytest.mark.memory_gb(2.4)  # 2.28 GB measured, children included
 def test_a_failing_task_in_a_child_is_one_line_task_error() -> None:
     with pytest.raises(TaskError, match="unknown model 'resnet19'"):
         ChildProcessExecutor(timeout_s=300).call(Task("verify-grads", {**VERIFY_ARGS, "model": "resnet19"}))
@@ -106,6 +108,7 @@ def _worker_pids(marker: str) -> list[int]:
     return live_workers(lambda p: marker in p.cmdline)
 
 
+@pytest.mark.memory_gb(2.0)  # 1.88 GB measured, children included
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_a_worker_dies_with_its_parent(tmp_path: Path, how: signal.Signals) -> None:
     """kill -9 (or TERM) of the process that started a worker leaves no worker behind."""

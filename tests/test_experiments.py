@@ -160,6 +160,7 @@ device = "cpu"
 """
 
 
+@pytest.mark.memory_gb(2.0)  # 1.90 GB measured, children included
 @pytest.mark.slow
 def test_run_quick_end_to_end_writes_rows_figures_report(tmp_path: Path) -> None:
     path = _write(tmp_path, TINY)

@@ -159,6 +159,7 @@ def test_latest_row_wins_in_analysis(tmp_path: Path) -> None:
     assert len(RunStore(run_dir).read_rows()) == 2  # the history
 
 
+@pytest.mark.memory_gb(2.1)  # 2.01 GB measured, children included
 @pytest.mark.slow
 def test_timeout_from_a_real_child_is_retried(tmp_path: Path, monkeypatch) -> None:
     """a point killed by --timeout is measured again by a rerun with a longer one."""
@@ -530,6 +531,7 @@ def test_a_writer_waits_for_the_run_lock(tmp_path: Path) -> None:
     assert ex.calls == [2] and len(lines(run_dir)) == 2
 
 
+@pytest.mark.memory_gb(2.7)  # 2.58 GB measured, children included
 @pytest.mark.slow
 def test_three_concurrent_cli_runs_write_one_row_per_key(tmp_path: Path) -> None:
     """three copies of one meta sweep at once into one run directory."""
@@ -569,6 +571,7 @@ def _compilers_under(folder: Path) -> list[int]:
     return pids
 
 
+@pytest.mark.memory_gb(2.1)  # 2.01 GB measured, children included
 @pytest.mark.parametrize("args", [["build"], ["memory", "resnet18", "--levels", "L3", "--no-baseline", "--device",
                                                "cpu", "--batch", "2", "--image-size", "16"]])
 def test_sigterm_during_the_first_build_kills_the_compilers(tmp_path: Path, args: list[str]) -> None:

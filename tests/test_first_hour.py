@@ -394,6 +394,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.memory_gb(2.2)  # 2.11 GB measured, children included
 @pytest.mark.slow
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143),
                                           pytest.param(signal.SIGHUP, 129, marks=pytest.mark.heavy)])  # same path

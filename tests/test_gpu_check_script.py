@@ -17,6 +17,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
@@ -90,6 +92,7 @@ def test_gpu_check_is_valid_bash() -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.memory_gb(2.0)  # 1.86 GB measured, children included
 def test_gpu_check_rehearsal_parses_every_step(tmp_path: Path) -> None:
     """Every step's command line parses, every step reports rc=0, and what comes back is packed."""
     env = _rehearsal_env(tmp_path, GPU_CHECK_SECONDS="540")

@@ -62,6 +62,7 @@ def test_models_lists_torchvision_names() -> None:
     assert "vgg16" not in result.stdout
 
 
+@pytest.mark.memory_gb(2.8)  # 2.68 GB measured, children included
 def test_sweep_writes_rows_table_env_for_every_strategy(swept) -> None:
     _, run_dir, _ = swept
     assert run_dir.name.startswith("sweep-batch_resnet18_cpu_32px_")
@@ -135,6 +136,7 @@ def test_dry_run_prints_points_and_writes_nothing(tmp_path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.memory_gb(2.1)  # 2.04 GB measured, children included
 def test_throughput_and_memory_commands(tmp_path) -> None:
     result = invoke(["throughput", "resnet18", "--strategy", "checkpoint", "--no-baseline", "--batch", "2",
                      *TINY, "--out", str(tmp_path)])
@@ -152,6 +154,7 @@ def test_throughput_and_memory_commands(tmp_path) -> None:
     assert "optimizer state" in result.stdout
 
 
+@pytest.mark.memory_gb(2.1)  # 2.01 GB measured, children included
 def test_tiny_budget_gives_over_budget_row(tmp_path) -> None:
     result = invoke(["memory", "resnet18", *FP32, "--batch", "2", *TINY, "--budget", "1MiB", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
@@ -160,6 +163,7 @@ def test_tiny_budget_gives_over_budget_row(tmp_path) -> None:
     assert row["peak_alloc_bytes"] > 2**20
 
 
+@pytest.mark.memory_gb(2.1)  # 2.04 GB measured, children included
 def test_crashing_child_becomes_error_row_and_sweep_goes_on(tmp_path) -> None:
     result = invoke(["sweep-batch", "resnet18", *FP32, "--batch", "2,4", *TINY, "--timed-steps", "0",
                      "--out", str(tmp_path)], fault="crash@batch=2")
@@ -178,6 +182,7 @@ def test_hanging_child_times_out(tmp_path) -> None:
     assert "every point failed to measure" in result.stderr
 
 
+@pytest.mark.memory_gb(2.0)  # 1.89 GB measured, children included
 def test_oom_rows_and_stop_after(tmp_path) -> None:
     result = invoke(["sweep-batch", "resnet18", *FP32, "--batch", "2,4,6", "--stop-after", "2", *TINY,
                      "--out", str(tmp_path)], fault="oom")
@@ -187,6 +192,7 @@ def test_oom_rows_and_stop_after(tmp_path) -> None:
     assert "injected out-of-memory" in got[0]["message"]
 
 
+@pytest.mark.memory_gb(2.2)  # 2.07 GB measured, children included
 def test_find_max_binary_search(tmp_path) -> None:
     """Candidates 4, 8, 12, 16; points above 8 'run out of memory': probes 8 (ok) then 12 (oom)."""
     result = invoke(["sweep-batch", "resnet18", *FP32, "--batch", "4:16", "--find-max", *TINY, "--timed-steps", "0",
@@ -201,6 +207,7 @@ def test_find_max_binary_search(tmp_path) -> None:
     assert "≥" not in result.stdout  # 12 was seen failing: 8 is the maximum, not a lower bound
 
 
+@pytest.mark.memory_gb(2.1)  # 1.99 GB measured, children included
 def test_maximum_without_a_failure_is_a_lower_bound(tmp_path) -> None:
     """Everything tried fits: the table says ≥ and why, and summary.json says bounded = false."""
     result = invoke(["sweep-batch", "resnet18", *FP32, "--batch", "2,4", *TINY, "--timed-steps", "0",
@@ -212,6 +219,7 @@ def test_maximum_without_a_failure_is_a_lower_bound(tmp_path) -> None:
     assert summary["max_batch"]["fp32"]["max"] == 4 and summary["max_batch"]["fp32"]["bounded"] is False
 
 
+@pytest.mark.memory_gb(2.1)  # 2.02 GB measured, children included
 def test_max_scale_resolution(tmp_path) -> None:
     result = invoke(["max-scale", "resnet18", *FP32, "--dim", "resolution", "--low", "32", "--high", "96", "--step",
                      "32", "--batch", "2", *ON_CPU, "--out", str(tmp_path)], fault="oom@image>64")  # no --image-size
@@ -234,6 +242,7 @@ def test_max_scale_depth_grows_resnet152(tmp_path) -> None:
     assert got[0]["depth"] == 152 and got[0]["model"] == "resnet152"
 
 
+@pytest.mark.memory_gb(2.6)  # 2.49 GB measured, children included
 def test_ctrl_c_keeps_finished_rows(tmp_path) -> None:
     """SIGINT while the second point runs: exit 130, the first row is on disk, CSV rebuilt from it."""
     # A shell starts commands with SIGINT at its default. Restore it explicitly: a child inherits
@@ -272,6 +281,7 @@ def test_ctrl_c_keeps_finished_rows(tmp_path) -> None:
     assert len((rows_path.parent / "table.csv").read_text().splitlines()) == 2
 
 
+@pytest.mark.memory_gb(2.1)  # 2.03 GB measured, children included
 def test_actnn_level_through_the_cli_gets_its_allocator_setting(tmp_path) -> None:
     """L5's PYTORCH_CUDA_ALLOC_CONF comes from actbench.actnn's level config and is set in the child's
     environment at start (before CUDA could start); the child reports what it saw. Needs actbench.actnn."""

@@ -46,6 +46,7 @@ def _uncompressed_share(census: str) -> float:
     return float(CENSUS.match(census)[1])
 
 
+@pytest.mark.memory_gb(2.2)  # 2.10 GB measured, children included
 def test_classifier_trains_at_l3_with_the_allocation_from_its_second_step() -> None:
     steps, census = _run("own_loop_classifier.py")
     (_, first, bits_1), (_, second, bits_2) = steps
@@ -63,6 +64,7 @@ def test_classifier_at_l0_keeps_activations_in_full_precision() -> None:
     assert _uncompressed_share(census) > 50.0 and "full precision by level" in census, census
 
 
+@pytest.mark.memory_gb(2.3)  # 2.19 GB measured, children included
 def test_segmentation_trains_at_l3() -> None:
     steps, census = _run("own_loop_segmentation.py")
     assert steps[1][1] < steps[0][1], steps  # one fixed batch of rectangles to find

@@ -210,6 +210,7 @@ def test_several_writers_keep_the_run_directory_consistent(tmp_path: Path) -> No
     assert json.loads((run_dir / "env.json").read_text())["scripted"] is True
 
 
+@pytest.mark.memory_gb(2.7)  # 2.59 GB measured, children included
 @pytest.mark.slow
 def test_meta_with_jobs_predicts_in_workers_what_one_process_predicts(tmp_path: Path) -> None:
     """--jobs 2 on meta: predictions in two worker children, same keys, statuses and bytes as in process."""
@@ -227,6 +228,7 @@ def test_meta_with_jobs_predicts_in_workers_what_one_process_predicts(tmp_path: 
     assert env["points_at_once"] == 2
 
 
+@pytest.mark.memory_gb(2.7)  # 2.58 GB measured, children included
 @pytest.mark.slow
 def test_a_plan_with_a_spare_slot_certifies_side_by_side_and_finds_the_same_maxima(tmp_path: Path) -> None:
     """One strategy, two jobs: the guided search probes its predicted answer with the neighbour that
@@ -280,6 +282,7 @@ def cpu_point(batch: int, strategy: str = "fp32") -> Point:
 MEMORY = ("status", "activation_bytes", "peak_alloc_bytes", "model_bytes", "host_bytes")
 
 
+@pytest.mark.memory_gb(2.7)  # 2.64 GB measured, children included
 @pytest.mark.slow
 def test_a_persistent_worker_gives_the_memory_figures_of_a_fresh_child(monkeypatch) -> None:
     """Also: with a spare (one more strategy than slots), the next strategy's first point goes to a
@@ -319,6 +322,7 @@ def test_a_persistent_worker_gives_the_memory_figures_of_a_fresh_child(monkeypat
 @pytest.mark.slow
 # Heavy: oom rows are also tests/test_harness_cli.py's; a hanging worker is killed at its timeout in
 # test_harness_cli.py's test_hanging_child_times_out, and a failed worker's successor is the crash case's.
+@pytest.mark.memory_gb(2.2)  # 2.07 GB measured, children included
 @pytest.mark.parametrize("fault", ["crash", pytest.param("oom", marks=pytest.mark.heavy),
                                    pytest.param("hang", marks=pytest.mark.heavy)])
 def test_a_failure_costs_one_row_and_the_next_point_gets_a_fresh_worker(monkeypatch, tmp_path: Path,
@@ -401,6 +405,7 @@ def cpu_plan():
 SLURM = ExecutionOptions(executor="slurm", slurm=SlurmOptions(poll_s=0.2, time_min=20))
 
 
+@pytest.mark.memory_gb(2.2)  # 2.06 GB measured, children included
 @pytest.mark.slow
 def test_slurm_path_runs_real_points_through_the_debug_executor_and_resumes(tmp_path: Path, monkeypatch) -> None:
     import submitit

@@ -431,6 +431,7 @@ def test_a_probe_that_errs_ends_a_plan_without_a_maximum() -> None:
 # --- one real plan on meta, through the CLI ----------------------------------------------------------------
 
 
+@pytest.mark.memory_gb(2.7)  # 2.60 GB measured, children included
 @pytest.mark.slow
 def test_plan_on_meta_records_how_each_maximum_was_reached(tmp_path) -> None:
     from typer.testing import CliRunner

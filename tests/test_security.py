@@ -156,6 +156,7 @@ def poisoned(tmp_path: Path, monkeypatch) -> Path:
     return marker
 
 
+@pytest.mark.memory_gb(2.0)  # 1.93 GB measured, children included
 def test_bench_harness_children_ignore_the_cwd_and_pythonpath(poisoned: Path, tmp_path: Path) -> None:
     from actbench.studies.harness_cost import _run
 
@@ -164,6 +165,7 @@ def test_bench_harness_children_ignore_the_cwd_and_pythonpath(poisoned: Path, tm
     assert list((tmp_path / "out").glob("*/rows.jsonl"))
 
 
+@pytest.mark.memory_gb(2.2)  # 2.06 GB measured, children included
 def test_workers_ignore_the_users_pythonpath(poisoned: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["memory", "resnet18", "--device", "cpu", "--batch", "2", "--image-size", "16",
                                       "--strategies", "fp32", "--no-baseline", "--out", str(tmp_path / "out")])

@@ -140,6 +140,7 @@ def test_segmentation_meta_predicts_cpu_bytes(segmentation_rows, strategy) -> No
     assert_meta_predicts_cpu(segmentation_rows, strategy)
 
 
+@pytest.mark.memory_gb(2.0)  # 1.90 GB measured, children included
 def test_verify_grads_trains_a_segmentation_models_own_loss() -> None:
     """verify-grads builds the model, batch and loss of its task: every parameter the segmentation loss
     trains gets a finite compressed gradient (the auxiliary head's too), and an unknown name is one line."""

@@ -113,6 +113,7 @@ def test_trust_for_speed_keeps_the_rows_of_earlier_runs(tmp_path: Path, monkeypa
                                                                                            ("resnet18", "t4")]
 
 
+@pytest.mark.memory_gb(2.1)  # 2.04 GB measured, children included
 def test_a_failing_point_is_one_line_and_keeps_the_earlier_rows(tmp_path: Path) -> None:
     """A point that fails while it is measured (the test hook's injected error, on meta and on the cpu)
     is an error row with a one-line message, no traceback, and the table keeps its earlier rows."""

@@ -28,7 +28,7 @@ from actbench.training.models import FAMILY_REPRESENTATIVES, ModelSpec, build_mo
 SIZES = {"maxvit_t": (224, 2), "inception_v3": (299, 2)}
 
 @pytest.mark.heavy
-@pytest.mark.xdist_group("large_memory")  # vgg16's 11 GB: never beside another large test (tests/conftest.py)
+@pytest.mark.memory_gb(11)  # vgg16's 11 GB: parallel workers keep the sum within a budget (tests/conftest.py)
 @pytest.mark.parametrize("name", FAMILY_REPRESENTATIVES)
 def test_verify_grads_on_every_family(name):
     """Every parameter fp32 trains gets a finite compressed gradient in every draw, every weight of

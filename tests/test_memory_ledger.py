@@ -1,0 +1,64 @@
+"""The memory ledger of parallel test workers (tests/memory_ledger.py): the declarations of the tests
+running at once stay within the budget, waiting tests go in order, and a dead worker's entries go."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from memory_ledger import MemoryLedger
+
+
+def _ledger(tmp_path: Path, budget_gb: float = 4.0) -> MemoryLedger:
+    path = tmp_path / "ledger.json"
+    path.touch()
+    return MemoryLedger(path, budget_gb)
+
+
+def _live_pids(n: int) -> list[subprocess.Popen]:
+    """Processes that stay alive while the test runs: the ledger drops entries of dead pids."""
+    return [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(n)]
+
+
+def test_tests_start_only_while_their_declarations_fit_the_budget(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    procs = _live_pids(3)
+    try:
+        a, b, c = (str(p.pid) for p in procs)
+        assert ledger.try_start(a, 2.0) and ledger.try_start(b, 2.0)  # 4 GB: fits exactly
+        assert not ledger.try_start(c, 1.0)  # 5 GB would not
+        ledger.finish(a)
+        assert ledger.try_start(c, 1.0)
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def test_a_waiting_large_test_is_not_passed_over_by_small_ones(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    procs = _live_pids(2)
+    try:
+        small, large = (str(p.pid) for p in procs)
+        assert ledger.try_start(small, 2.0)
+        assert not ledger.try_start(large, 9.0)  # over the whole budget: waits until nothing runs
+        ledger.finish(small)
+        assert not ledger.try_start(small, 2.0)  # the large one is first in line
+        assert ledger.try_start(large, 9.0)
+        assert not ledger.try_start(small, 2.0)  # ... and runs alone
+        ledger.finish(large)
+        assert ledger.try_start(small, 2.0)
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def test_a_dead_workers_entries_are_dropped(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert ledger.try_start(str(dead.pid), 4.0)  # it crashed without finishing
+    with ledger.hold(3.0):  # this process: would wait for ever if the dead entry stayed
+        assert str(os.getpid()) in (tmp_path / "ledger.json").read_text()
+    assert str(os.getpid()) not in (tmp_path / "ledger.json").read_text()
