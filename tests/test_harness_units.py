@@ -263,7 +263,7 @@ def test_checkpoint_reduces_activation_bytes(fp32_measurement) -> None:
     assert fewer.activation_bytes < ckpt.activation_bytes
 
 
-@pytest.mark.memory_gb(2.4)  # 2.31 GB measured, children included
+@pytest.mark.memory_gb(2.6)  # 2.31-2.45 GB measured, children included
 def test_checkpoint_never_starts_a_segment_with_an_inplace_module() -> None:
     """VGG's features interleave Conv2d and ReLU(inplace=True); a segment starting at the ReLU would
     overwrite the previous segment's output that checkpoint keeps for recompute."""

@@ -7,6 +7,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
+
+import pytest
 
 from memory_ledger import MemoryLedger
 
@@ -17,41 +20,36 @@ def _ledger(tmp_path: Path, budget_gb: float = 4.0) -> MemoryLedger:
     return MemoryLedger(path, budget_gb)
 
 
-def _live_pids(n: int) -> list[subprocess.Popen]:
-    """Processes that stay alive while the test runs: the ledger drops entries of dead pids."""
-    return [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(n)]
+@pytest.fixture
+def workers() -> Iterator[list[str]]:
+    """Pids of processes alive while the test runs (the ledger drops entries of dead pids)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(3)]
+    yield [str(p.pid) for p in procs]
+    for p in procs:
+        p.kill()
+        p.wait()
 
 
-def test_tests_start_only_while_their_declarations_fit_the_budget(tmp_path: Path) -> None:
+def test_tests_start_only_while_their_declarations_fit_the_budget(tmp_path: Path, workers: list[str]) -> None:
     ledger = _ledger(tmp_path)
-    procs = _live_pids(3)
-    try:
-        a, b, c = (str(p.pid) for p in procs)
-        assert ledger.try_start(a, 2.0) and ledger.try_start(b, 2.0)  # 4 GB: fits exactly
-        assert not ledger.try_start(c, 1.0)  # 5 GB would not
-        ledger.finish(a)
-        assert ledger.try_start(c, 1.0)
-    finally:
-        for p in procs:
-            p.kill()
+    a, b, c = workers
+    assert ledger.try_start(a, 2.0) and ledger.try_start(b, 2.0)  # 4 GB: fits exactly
+    assert not ledger.try_start(c, 1.0)  # 5 GB would not
+    ledger.finish(a)
+    assert ledger.try_start(c, 1.0)
 
 
-def test_a_waiting_large_test_is_not_passed_over_by_small_ones(tmp_path: Path) -> None:
+def test_a_waiting_large_test_is_not_passed_over_by_small_ones(tmp_path: Path, workers: list[str]) -> None:
     ledger = _ledger(tmp_path)
-    procs = _live_pids(2)
-    try:
-        small, large = (str(p.pid) for p in procs)
-        assert ledger.try_start(small, 2.0)
-        assert not ledger.try_start(large, 9.0)  # over the whole budget: waits until nothing runs
-        ledger.finish(small)
-        assert not ledger.try_start(small, 2.0)  # the large one is first in line
-        assert ledger.try_start(large, 9.0)
-        assert not ledger.try_start(small, 2.0)  # ... and runs alone
-        ledger.finish(large)
-        assert ledger.try_start(small, 2.0)
-    finally:
-        for p in procs:
-            p.kill()
+    small, large, _ = workers
+    assert ledger.try_start(small, 2.0)
+    assert not ledger.try_start(large, 9.0)  # over the whole budget: waits until nothing runs
+    ledger.finish(small)
+    assert not ledger.try_start(small, 2.0)  # the large one is first in line
+    assert ledger.try_start(large, 9.0)
+    assert not ledger.try_start(small, 2.0)  # ... and runs alone
+    ledger.finish(large)
+    assert ledger.try_start(small, 2.0)
 
 
 def test_a_dead_workers_entries_are_dropped(tmp_path: Path) -> None:

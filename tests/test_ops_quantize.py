@@ -313,11 +313,11 @@ def test_batch_over_65535_on_cpu():
     assert bool(((y - x).abs() <= 1 / scale + 1e-6).all())
 
 
-@pytest.mark.memory_gb(10)  # ~9 GiB: parallel workers keep the sum within a budget (tests/conftest.py)
+@pytest.mark.memory_gb(13.5)  # 13.2 GB measured: parallel workers keep the sum within a budget (tests/conftest.py)
 @pytest.mark.heavy
 @pytest.mark.slow
 def test_tensor_over_2_pow_31_values_on_cpu():
-    """Values past index 2^31 are quantized and restored (int64 indexing in every CPU loop). ~9 GiB."""
+    """Values past index 2^31 are quantized and restored (int64 indexing in every CPU loop). 13.2 GB at its peak."""
     n = 2**31 + 2**12
     x = torch.ones(2, n // 2, dtype=torch.bfloat16)
     x[1, -300:] = torch.linspace(-3, 3, 300, dtype=torch.float32).to(torch.bfloat16)

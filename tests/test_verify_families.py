@@ -47,6 +47,7 @@ def test_verify_grads_on_every_family(name):
 
 
 @pytest.mark.heavy
+@pytest.mark.memory_gb(5.4)  # 2.55-5.24 GB measured (ViT-B/16 the largest)
 @pytest.mark.parametrize("name, layers", [
     ("vit_b_16", ("encoder.layers.encoder_layer_0.self_attention.in_proj_weight",
                   "encoder.layers.encoder_layer_0.ln_1.weight", "encoder.layers.encoder_layer_11.mlp.0.weight")),
@@ -81,6 +82,7 @@ TASK_REPRESENTATIVES = [("lraspp_mobilenet_v3_large", "64", 4, None), ("r3d_18",
 
 
 @pytest.mark.heavy
+@pytest.mark.memory_gb(3.2)  # 2.53-3.04 GB measured (R3D-18 the largest)
 @pytest.mark.parametrize("name, size, batch, frames", TASK_REPRESENTATIVES)
 def test_verify_grads_on_one_model_per_task(name, size, batch, frames):
     """As for the families, with each task's own batch and loss: finite gradients for every parameter
