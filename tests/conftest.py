@@ -90,7 +90,6 @@ class _MemoryBudget:
     the cores' share of each worker, and the tests that outgrew their declaration."""
 
     def __init__(self, config, budget_gb: float) -> None:
-        self.budget_gb = budget_gb
         self.own_path: Path | None = None
         self.over: list[tuple[str, float, float]] = []
         if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
@@ -122,9 +121,10 @@ class _MemoryBudget:
     def pytest_runtest_makereport(self, item, call):
         """After teardown, the test's own peak goes into its report (on a worker, that is how it reaches
         the controller)."""
-        peak = _peak_gb() if call.when == "teardown" else None
-        if peak is not None and peak > _declared_gb(item):
-            item.user_properties.append(("memory_gb_over", (round(peak, 2), _declared_gb(item))))
+        if call.when == "teardown":
+            peak, declared = _peak_gb(), _declared_gb(item)
+            if peak is not None and peak > declared:
+                item.user_properties.append(("memory_gb_over", (round(peak, 2), declared)))
         yield
 
     def pytest_runtest_logreport(self, report) -> None:

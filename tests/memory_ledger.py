@@ -8,7 +8,9 @@ test that declares more than the whole budget runs when nothing else does. Waiti
 come, first served, so a large test is not passed over for ever by a stream of small ones.
 
 The file is a JSON object ``{"running": {pid: gb}, "queue": [pid, ...]}`` read and written under an
-exclusive ``flock``; the entries of a worker that died are dropped by whoever reads them next.
+exclusive ``flock``; the entries of a worker that died (gone, or a zombie not yet reaped) are dropped
+by whoever reads them next. Liveness is read from /proc (tests/workers.py): Linux, as the suite's other
+process checks.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from workers import is_alive
+
 #: what a worker with torch, torchvision and a small model's step holds: every unmarked test of the
 #: default run measured at most this, children included (one process, sampled every 0.3 s)
 DEFAULT_GB = 1.8
@@ -29,16 +33,6 @@ DEFAULT_BUDGET_GB = 3.9
 #: environment variable through which the workers find the ledger the controller made
 LEDGER_ENV = "ACTBENCH_TEST_MEMORY_LEDGER"
 _POLL_S = 0.05
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 class MemoryLedger:
@@ -54,8 +48,8 @@ class MemoryLedger:
             fcntl.flock(f, fcntl.LOCK_EX)
             text = f.read()
             state = json.loads(text) if text.strip() else {"running": {}, "queue": []}
-            state["running"] = {pid: gb for pid, gb in state["running"].items() if _alive(int(pid))}
-            state["queue"] = [pid for pid in state["queue"] if _alive(int(pid))]
+            state["running"] = {pid: gb for pid, gb in state["running"].items() if is_alive(int(pid))}
+            state["queue"] = [pid for pid in state["queue"] if is_alive(int(pid))]
             yield state
             f.seek(0)
             f.truncate()

@@ -27,7 +27,7 @@ from actbench.cli import harness_commands, tables
 from actbench.cli import progress as progress_mod
 from actbench.cli.progress import EXTENSION_NOTICE, PointProgress
 from actbench.schema import ModelSpec, PointConfig, ResultRow
-from workers import live_workers
+from workers import is_alive, live_workers
 
 REPO = Path(__file__).resolve().parent.parent
 META = ["--image-size", "16", "--device", "meta"]
@@ -386,14 +386,6 @@ def _workers_of(parent: int) -> list[int]:
     return live_workers(lambda p: p.ppid == parent)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.memory_gb(2.2)  # 2.11 GB measured, children included
 @pytest.mark.slow
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143),
@@ -424,9 +416,9 @@ def test_sigterm_and_sighup_end_the_run_like_ctrl_c(tmp_path: Path, signum: int,
     assert proc.returncode == code, err.decode()
     assert f"{signal.Signals(signum).name} received: 0 finished rows kept" in err.decode()
     deadline = time.monotonic() + 10
-    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+    while any(is_alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(_alive(w) for w in workers), "a worker outlived its parent"
+    assert not any(is_alive(w) for w in workers), "a worker outlived its parent"
     rows_path = run_dir_of(out) / "rows.jsonl"
     assert not rows_path.exists() or not rows_path.read_text().strip()  # the hanging point left no row
 

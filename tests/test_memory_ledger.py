@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from memory_ledger import MemoryLedger
+from workers import is_alive
 
 
 def _ledger(tmp_path: Path, budget_gb: float = 4.0) -> MemoryLedger:
@@ -52,11 +54,24 @@ def test_a_waiting_large_test_is_not_passed_over_by_small_ones(tmp_path: Path, w
     assert ledger.try_start(small, 2.0)
 
 
-def test_a_dead_workers_entries_are_dropped(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reaped", [True, False], ids=["gone", "zombie"])
+def test_a_dead_workers_entries_are_dropped(tmp_path: Path, reaped: bool) -> None:
     ledger = _ledger(tmp_path)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    assert ledger.try_start(str(dead.pid), 4.0)  # it crashed without finishing
-    with ledger.hold(3.0):  # this process: would wait for ever if the dead entry stayed
-        assert str(os.getpid()) in (tmp_path / "ledger.json").read_text()
-    assert str(os.getpid()) not in (tmp_path / "ledger.json").read_text()
+    if reaped:
+        dead.wait()
+    else:  # exited, not yet waited for: its pid still answers a signal of 0
+        deadline = time.monotonic() + 30
+        while is_alive(dead.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert Path(f"/proc/{dead.pid}").exists()
+    try:
+        assert ledger.try_start(str(dead.pid), 4.0)  # it crashed without finishing
+        me = str(os.getpid())
+        assert ledger.try_start(me, 3.0)  # 7 GB with the dead entry: it fits only if that entry went
+        ledger.finish(me)
+        with ledger.hold(3.0):
+            assert str(os.getpid()) in (tmp_path / "ledger.json").read_text()
+        assert str(os.getpid()) not in (tmp_path / "ledger.json").read_text()
+    finally:
+        dead.wait()

@@ -35,3 +35,12 @@ def live_workers(keep: Callable[[Process], bool] = lambda p: True, command: str 
         if command in cmdline and state != "Z" and keep(Process(int(entry.name), int(ppid), cmdline, cwd)):
             pids.append(int(entry.name))
     return pids
+
+
+def is_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process: running or sleeping, not a zombie and not gone."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
